@@ -1,0 +1,123 @@
+//! The time limiters decide with: the server's own clock, in microseconds.
+//!
+//! Loading the module with the `TESTCLOCK` argument replaces it with a clock that only the
+//! `RL.TESTCLOCK` command moves, and routes every `TIME` call (from clients and from scripts) to
+//! that clock, so that the module and the Lua twins can be compared at identical instants.
+//! Without that load argument neither the command nor the routing exists.
+
+use std::ffi::c_int;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis_module::raw::{self, RedisModuleCommandFilterCtx, RedisModuleCtx, RedisModuleString};
+
+use super::api::{self, api, string_bytes};
+use crate::error::ErrorReply;
+use crate::number::parse_integer;
+
+static TEST_CLOCK_ON: AtomicBool = AtomicBool::new(false);
+static TEST_CLOCK_US: AtomicI64 = AtomicI64::new(0);
+
+/// Current time in Unix microseconds.
+pub fn now_us() -> i64 {
+    if TEST_CLOCK_ON.load(Ordering::Relaxed) {
+        return TEST_CLOCK_US.load(Ordering::Relaxed);
+    }
+    // Redis 7.2+ exports its clock; on 7.0 the process clock is the same clock (the module runs
+    // inside redis-server, and TIME reads it with gettimeofday).
+    // SAFETY: a plain read of a function pointer written once, at module load.
+    if let Some(micros) = unsafe { raw::RedisModule_Microseconds } {
+        // SAFETY: takes no arguments, only reads the clock.
+        return unsafe { micros() };
+    }
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// Switches to the test clock, starting at the real time. Called only from module load.
+pub fn enable_test_clock(ctx: *mut RedisModuleCtx) -> Result<(), &'static str> {
+    TEST_CLOCK_US.store(now_us(), Ordering::Relaxed);
+    TEST_CLOCK_ON.store(true, Ordering::Relaxed);
+    let register = api!(RedisModule_RegisterCommandFilter).map_err(|_| "no command filter API")?;
+    // SAFETY: valid load-time context; the callback is a plain extern "C" fn.
+    let filter = unsafe {
+        register(ctx, Some(route_time_to_test_clock), raw::REDISMODULE_CMDFILTER_NOSELF as c_int)
+    };
+    if filter.is_null() {
+        return Err("could not register the TIME filter");
+    }
+    Ok(())
+}
+
+/// Rewrites `TIME` into `RL.TESTCLOCK TIME`.
+unsafe extern "C" fn route_time_to_test_clock(fctx: *mut RedisModuleCommandFilterCtx) {
+    let (Ok(get), Ok(replace), Ok(insert), Ok(create)) = (
+        api!(RedisModule_CommandFilterArgGet),
+        api!(RedisModule_CommandFilterArgReplace),
+        api!(RedisModule_CommandFilterArgInsert),
+        api!(RedisModule_CreateString),
+    ) else {
+        return;
+    };
+    // SAFETY: the filter context is valid during the callback; strings created with a NULL
+    // context are handed over to the filter, which owns them from then on.
+    unsafe {
+        let name = get(fctx, 0);
+        if name.is_null() || !string_bytes(name).eq_ignore_ascii_case(b"time") {
+            return;
+        }
+        let command = create(ptr::null_mut(), c"RL.TESTCLOCK".as_ptr(), 12);
+        let sub = create(ptr::null_mut(), c"TIME".as_ptr(), 4);
+        replace(fctx, 0, command);
+        insert(fctx, 1, sub);
+    }
+}
+
+const TESTCLOCK_USAGE: ErrorReply =
+    ErrorReply(c"ERR usage: RL.TESTCLOCK GET | TIME | SET <unix_us> | ADVANCE <us>");
+
+/// `RL.TESTCLOCK GET | TIME | SET us | ADVANCE us`, registered only with the test clock.
+pub fn test_clock_command(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<c_int, ErrorReply> {
+    // SAFETY: argv strings live for the whole call.
+    let arg = |i: usize| argv.get(i).map(|s| unsafe { string_bytes(*s) });
+    let sub = arg(1).ok_or(TESTCLOCK_USAGE)?;
+    let value = || -> Result<i64, ErrorReply> {
+        let v = arg(2).and_then(parse_integer).ok_or(TESTCLOCK_USAGE)?;
+        if v.abs() < 9e15 { Ok(v as i64) } else { Err(TESTCLOCK_USAGE) }
+    };
+    let now = if sub.eq_ignore_ascii_case(b"get") && argv.len() == 2 {
+        TEST_CLOCK_US.load(Ordering::Relaxed)
+    } else if sub.eq_ignore_ascii_case(b"set") && argv.len() == 3 {
+        let v = value()?;
+        TEST_CLOCK_US.store(v, Ordering::Relaxed);
+        v
+    } else if sub.eq_ignore_ascii_case(b"advance") && argv.len() == 3 {
+        let v = value()?;
+        TEST_CLOCK_US.fetch_add(v, Ordering::Relaxed) + v
+    } else if sub.eq_ignore_ascii_case(b"time") && argv.len() == 2 {
+        return reply_time(ctx, TEST_CLOCK_US.load(Ordering::Relaxed));
+    } else {
+        return Err(TESTCLOCK_USAGE);
+    };
+    Ok(api::reply_integer(ctx, now))
+}
+
+/// Replies as `TIME` does: two bulk strings, seconds and microseconds.
+fn reply_time(ctx: *mut RedisModuleCtx, now_us: i64) -> Result<c_int, ErrorReply> {
+    let array = api!(RedisModule_ReplyWithArray)?;
+    let bulk = api!(RedisModule_ReplyWithStringBuffer)?;
+    let secs = now_us.div_euclid(1_000_000).to_string();
+    let micros = now_us.rem_euclid(1_000_000).to_string();
+    // SAFETY: valid context; two elements follow the array header.
+    unsafe {
+        array(ctx, 2);
+        bulk(ctx, secs.as_ptr().cast(), secs.len());
+        bulk(ctx, micros.as_ptr().cast(), micros.len());
+    }
+    Ok(raw::REDISMODULE_OK as c_int)
+}

@@ -1,0 +1,34 @@
+//! Pure limiter cores: state in, time in (integer microseconds), decision and new state out.
+//! Nothing here knows about Redis. Arithmetic is done in doubles, in the same order as the Lua
+//! twins, so that both paths produce bit-identical results.
+
+pub mod token_bucket;
+
+/// The reply every `RL.*` command shares: `[allowed, remaining, retry_after_ms, reset_after_ms, limit]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub allowed: bool,
+    pub remaining: i64,
+    /// 0 when allowed; -1 when the cost can never be admitted.
+    pub retry_after_ms: i64,
+    pub reset_after_ms: i64,
+    pub limit: i64,
+}
+
+impl Reply {
+    pub fn to_array(&self) -> [i64; 5] {
+        [
+            i64::from(self.allowed),
+            self.remaining,
+            self.retry_after_ms,
+            self.reset_after_ms,
+            self.limit,
+        ]
+    }
+}
+
+/// A number the core computed, as Redis returns a Lua number: truncated toward zero.
+/// All values reaching here are bounded well inside i64 by argument validation.
+pub(crate) fn lua_integer(x: f64) -> i64 {
+    x as i64
+}

@@ -1,0 +1,163 @@
+//! Number grammar and formatting shared by command arguments and stored state.
+//!
+//! The Lua twins accept exactly the same strings (see `lua-reference/`), so both paths agree on
+//! what is a number. Values are read as IEEE doubles with correct rounding, as C's `strtod` does
+//! (Lua's `tonumber`), and written the way Redis turns a Lua number into a string: `%.17g`.
+
+/// `[+-]?[0-9]+`
+pub fn is_integer(s: &[u8]) -> bool {
+    let digits = match s.first() {
+        Some(b'+' | b'-') => &s[1..],
+        _ => s,
+    };
+    !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
+}
+
+/// `[+-]?(digits[.digits?] | .digits)([eE][+-]?digits)?` — no `inf`, `nan`, hex or spaces.
+pub fn is_decimal(s: &[u8]) -> bool {
+    // Split off an exponent the way the Lua twin does: everything after the first e/E.
+    let (mantissa, exponent) = match s.iter().position(|&c| c == b'e' || c == b'E') {
+        Some(at) => (&s[..at], Some(&s[at + 1..])),
+        None => (s, None),
+    };
+    if let Some(exp) = exponent
+        && !is_integer(exp)
+    {
+        return false;
+    }
+    let unsigned = match mantissa.first() {
+        Some(b'+' | b'-') => &mantissa[1..],
+        _ => mantissa,
+    };
+    let (int_part, frac_part) = match unsigned.iter().position(|&c| c == b'.') {
+        Some(dot) => (&unsigned[..dot], Some(&unsigned[dot + 1..])),
+        None => (unsigned, None),
+    };
+    let all_digits = |p: &[u8]| p.iter().all(u8::is_ascii_digit);
+    match frac_part {
+        None => !int_part.is_empty() && all_digits(int_part),
+        Some(frac) => {
+            all_digits(int_part) && all_digits(frac) && !(int_part.is_empty() && frac.is_empty())
+        }
+    }
+}
+
+/// Reads a string that `is_decimal` (or `is_integer`) accepted. Rust's parser rounds correctly,
+/// as glibc's `strtod` does, so both paths get the same double; out-of-range exponents give
+/// infinity or zero, which callers reject by range.
+fn to_f64(s: &[u8]) -> Option<f64> {
+    std::str::from_utf8(s).ok()?.parse::<f64>().ok()
+}
+
+/// A decimal string as a double, or `None` if it is not in the grammar.
+pub fn parse_decimal(s: &[u8]) -> Option<f64> {
+    if is_decimal(s) { to_f64(s) } else { None }
+}
+
+/// An integer string as a double (Lua has no other number type), or `None` if not in the grammar.
+pub fn parse_integer(s: &[u8]) -> Option<f64> {
+    if is_integer(s) { to_f64(s) } else { None }
+}
+
+/// Longest `%.17g` output: sign, 17 digits, point, `e-308`.
+pub const G17_MAX_LEN: usize = 32;
+
+/// Writes `value` as C's `printf("%.17g")` does, which is what Redis stores for a Lua number
+/// passed to `redis.call`. Returns the used length of `buf`.
+pub fn format_g17(value: f64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
+    // Integers below 1e17 print as plain digits under %.17g; this covers timestamps and whole
+    // token counts without going through printf.
+    if value == value.trunc() && value.abs() < 1e17 && !(value == 0.0 && value.is_sign_negative())
+    {
+        return format_integer(value as i64, buf);
+    }
+    // SAFETY: the buffer is writable for its whole length, the format string is NUL-terminated
+    // and consumes exactly one double; snprintf never writes past the given size.
+    let written = unsafe {
+        libc::snprintf(
+            buf.as_mut_ptr().cast(),
+            G17_MAX_LEN,
+            c"%.17g".as_ptr(),
+            value,
+        )
+    };
+    usize::try_from(written).map_or(0, |n| n.min(G17_MAX_LEN - 1))
+}
+
+fn format_integer(value: i64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
+    let mut digits = [0u8; 20];
+    let mut n = value.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut at = 0;
+    if value < 0 {
+        buf[0] = b'-';
+        at = 1;
+    }
+    for d in digits[..len].iter().rev() {
+        buf[at] = *d;
+        at += 1;
+    }
+    at
+}
+
+/// Convenience for tests and cold paths.
+pub fn g17_string(value: f64) -> String {
+    let mut buf = [0u8; G17_MAX_LEN];
+    let len = format_g17(value, &mut buf);
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammar_accepts_plain_numbers_only() {
+        for ok in ["0", "-0", "+7", "12", "1.", ".5", "1.5", "1e5", "1E+5", "2.5e-3", "-.5e1"] {
+            assert!(is_decimal(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "", ".", "+", "-", "e5", "1e", "1e+", "1.5.2", "inf", "nan", "0x10", " 1", "1 ", "1e5e5",
+            "1,5", "--1", "1e5.0", "\u{0}1",
+        ] {
+            assert!(!is_decimal(bad.as_bytes()), "{bad:?}");
+        }
+        assert!(is_integer(b"-12") && is_integer(b"+0") && !is_integer(b"1.0"));
+        assert!(!is_integer(b"") && !is_integer(b"-") && !is_integer(b"1e3"));
+    }
+
+    #[test]
+    fn parses_with_correct_rounding() {
+        assert_eq!(parse_decimal(b"0.1"), Some(0.1));
+        assert_eq!(parse_decimal(b"1."), Some(1.0));
+        assert_eq!(parse_decimal(b".5"), Some(0.5));
+        assert_eq!(parse_decimal(b"1e999"), Some(f64::INFINITY));
+        assert_eq!(parse_integer(b"99999999999999999999"), Some(1e20));
+        assert_eq!(parse_decimal(b"abc"), None);
+    }
+
+    #[test]
+    fn g17_matches_redis_lua_number_conversion() {
+        // Values measured on Redis 7.0 (SET from a script, then GET).
+        assert_eq!(g17_string(0.1 + 0.2), "0.30000000000000004");
+        assert_eq!(g17_string(1.0 / 3.0), "0.33333333333333331");
+        assert_eq!(g17_string(1700000000123456.0), "1700000000123456");
+        assert_eq!(g17_string(1700000000123456.5), "1700000000123456.5");
+        assert_eq!(g17_string(2f64.powi(53) + 1.0), "9007199254740992");
+        assert_eq!(g17_string(99.99999999999999), "99.999999999999986");
+        assert_eq!(g17_string(1e21), "1e+21");
+        assert_eq!(g17_string(-0.0), "-0");
+        assert_eq!(g17_string(0.0), "0");
+        assert_eq!(g17_string(-42.0), "-42");
+        assert_eq!(g17_string(1e17), "1e+17");
+        assert_eq!(g17_string(1e-5), "1.0000000000000001e-05");
+    }
+}

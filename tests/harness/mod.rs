@@ -1,0 +1,261 @@
+//! Test harness: starts real `redis-server` processes with the module loaded, in a temporary
+//! directory, and always shuts them down (on drop, also when a test fails).
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use redis::{Connection, RedisError, Value};
+
+/// The module built by this `cargo test` run (cdylib next to the test binary in `deps/`),
+/// or `RL_MODULE` if set.
+pub fn module_path() -> PathBuf {
+    if let Ok(p) = std::env::var("RL_MODULE") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    for dir in [deps, deps.parent().unwrap_or(deps)] {
+        let candidate = dir.join("libredis_rate_limiter.so");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("libredis_rate_limiter.so not found next to {}", exe.display());
+}
+
+pub fn lua_script(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua-reference").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+}
+
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Load the module with `TESTCLOCK` (time moves only with `RL.TESTCLOCK`).
+    pub test_clock: bool,
+    /// Extra `redis-server` arguments, e.g. `["--appendonly", "yes"]`.
+    pub extra: Vec<String>,
+    /// Do not load the module (for `MODULE LOAD` tests).
+    pub without_module: bool,
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub socket: PathBuf,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Self::with(Options::default())
+    }
+
+    pub fn with_test_clock() -> Server {
+        Self::with(Options { test_clock: true, ..Options::default() })
+    }
+
+    pub fn with(opts: Options) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(dir, opts)
+    }
+
+    /// Starts a server in `dir` (reusing its data files, for restart tests).
+    pub fn start_in(dir: tempfile::TempDir, opts: Options) -> Server {
+        let socket = dir.path().join("redis.sock");
+        let port = free_port();
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--unixsocket".into(),
+            socket.display().to_string(),
+            "--unixsocketperm".into(),
+            "700".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--logfile".into(),
+            dir.path().join("redis.log").display().to_string(),
+            "--save".into(),
+            String::new(),
+            "--enable-module-command".into(),
+            "local".into(),
+            "--repl-diskless-sync-delay".into(),
+            "0".into(),
+        ];
+        if !opts.without_module {
+            args.push("--loadmodule".into());
+            args.push(module_path().display().to_string());
+            if opts.test_clock {
+                args.push("TESTCLOCK".into());
+            }
+        }
+        args.extend(opts.extra.iter().cloned());
+        let child = Command::new("redis-server")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (make test installs it)");
+        let mut server = Server { child: Some(child), dir, port, socket };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = self.try_connect()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("redis-server exited with {status}; log:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start; log:\n{}", self.log());
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn try_connect(&self) -> redis::RedisResult<Connection> {
+        let url = format!("redis+unix://{}", self.socket.display());
+        redis::Client::open(url)?.get_connection()
+    }
+
+    pub fn connect(&self) -> Connection {
+        self.try_connect().expect("connect to test server")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Makes this server a replica of `master` and waits until the link is up and synced.
+    pub fn replicate_from(&self, master: &Server) {
+        let mut c = self.connect();
+        let _: () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master.port).query(&mut c).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replica never synced:\n{info}");
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the server, keeping its directory (for restart tests).
+    pub fn stop(mut self) -> tempfile::TempDir {
+        self.shutdown();
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::mem::replace(&mut self.dir, dir)
+    }
+
+    fn shutdown(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        if let Ok(mut c) = self.try_connect() {
+            let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<Value>(&mut c);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A command's reply, or the server's error text exactly as sent (`ERR ...`, `WRONGTYPE ...`).
+pub type Reply = Result<Value, String>;
+
+pub fn error_text(e: &RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (Some(code), None) => code.to_string(),
+        _ => e.to_string(),
+    }
+}
+
+pub fn call(c: &mut Connection, args: &[&[u8]]) -> Reply {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).expect("command name"));
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query::<Value>(c).map_err(|e| error_text(&e))
+}
+
+/// `call` with string arguments.
+pub fn cmd(c: &mut Connection, args: &[&str]) -> Reply {
+    let raw: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    call(c, &raw)
+}
+
+/// A five-integer limiter reply.
+pub fn ints(reply: &Reply) -> Vec<i64> {
+    match reply {
+        Ok(Value::Array(items)) => items
+            .iter()
+            .map(|v| match v {
+                Value::Int(i) => *i,
+                other => panic!("not an integer: {other:?}"),
+            })
+            .collect(),
+        other => panic!("not an array reply: {other:?}"),
+    }
+}
+
+/// `HGETALL` as sorted (field, value) byte pairs.
+pub fn hash_bytes(c: &mut Connection, key: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL").arg(key).query(c).unwrap_or_default();
+    v.sort();
+    v
+}
+
+pub fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME").arg(key).query(c).expect("PEXPIRETIME")
+}
+
+pub fn info_field(c: &mut Connection, section: &str, field: &str) -> String {
+    let info: String = redis::cmd("INFO").arg(section).query(c).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_string()))
+        .unwrap_or_default()
+}
+
+/// Sets the test clock (servers started `with_test_clock`).
+pub fn set_clock(c: &mut Connection, unix_us: i64) {
+    let _: i64 = redis::cmd("RL.TESTCLOCK").arg("SET").arg(unix_us).query(c).expect("RL.TESTCLOCK SET");
+}
+
+pub fn advance_clock(c: &mut Connection, us: i64) {
+    let _: i64 = redis::cmd("RL.TESTCLOCK").arg("ADVANCE").arg(us).query(c).expect("RL.TESTCLOCK ADVANCE");
+}
+
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64
+}
