@@ -22,14 +22,22 @@ unsafe impl GlobalAlloc for ModuleAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged to an allocator that upholds GlobalAlloc's contract.
         unsafe {
-            if inside_redis() { RedisAlloc.alloc(layout) } else { System.alloc(layout) }
+            if inside_redis() {
+                RedisAlloc.alloc(layout)
+            } else {
+                System.alloc(layout)
+            }
         }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from the same allocator, since the choice never changes.
         unsafe {
-            if inside_redis() { RedisAlloc.dealloc(ptr, layout) } else { System.dealloc(ptr, layout) }
+            if inside_redis() {
+                RedisAlloc.dealloc(ptr, layout)
+            } else {
+                System.dealloc(ptr, layout)
+            }
         }
     }
 }

@@ -1,16 +1,23 @@
 //! Native rate-limiter commands for Redis.
 //!
 //! - `core`: one pure file per algorithm (no Redis types).
-//! - `args`, `codec`, `number`: command arguments and stored state, as bytes <-> numbers.
+//! - `command`: one file per command: its arguments and stored fields, wired to its core.
+//! - `pipeline`: load -> decide -> store, over a storage trait (Redis, or memory in tests).
+//! - `args`, `stored`, `number`: shared parsing and formatting of numbers.
 //! - `binding`: the thin Redis layer (key I/O, replication, replies).
+
+// Range checks are written as plain comparisons, the way the Lua twins must write them.
+#![allow(clippy::manual_range_contains)]
 
 pub mod allocator;
 pub mod args;
 mod binding;
-pub mod codec;
+pub mod command;
 pub mod core;
 pub mod error;
 pub mod number;
+pub mod pipeline;
+pub mod stored;
 
 use binding::on_load;
 

@@ -67,8 +67,7 @@ pub const G17_MAX_LEN: usize = 32;
 pub fn format_g17(value: f64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
     // Integers below 1e17 print as plain digits under %.17g; this covers timestamps and whole
     // token counts without going through printf.
-    if value == value.trunc() && value.abs() < 1e17 && !(value == 0.0 && value.is_sign_negative())
-    {
+    if value == value.trunc() && value.abs() < 1e17 && !(value == 0.0 && value.is_sign_negative()) {
         return format_integer(value as i64, buf);
     }
     // SAFETY: the buffer is writable for its whole length, the format string is NUL-terminated
@@ -121,12 +120,14 @@ mod tests {
 
     #[test]
     fn grammar_accepts_plain_numbers_only() {
-        for ok in ["0", "-0", "+7", "12", "1.", ".5", "1.5", "1e5", "1E+5", "2.5e-3", "-.5e1"] {
+        for ok in [
+            "0", "-0", "+7", "12", "1.", ".5", "1.5", "1e5", "1E+5", "2.5e-3", "-.5e1",
+        ] {
             assert!(is_decimal(ok.as_bytes()), "{ok}");
         }
         for bad in [
-            "", ".", "+", "-", "e5", "1e", "1e+", "1.5.2", "inf", "nan", "0x10", " 1", "1 ", "1e5e5",
-            "1,5", "--1", "1e5.0", "\u{0}1",
+            "", ".", "+", "-", "e5", "1e", "1e+", "1.5.2", "inf", "nan", "0x10", " 1", "1 ",
+            "1e5e5", "1,5", "--1", "1e5.0", "\u{0}1",
         ] {
             assert!(!is_decimal(bad.as_bytes()), "{bad:?}");
         }

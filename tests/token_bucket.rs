@@ -22,23 +22,43 @@ fn seed_scenario_with_exact_time() {
     let s = Server::with_test_clock();
     let (mut a, mut b) = (s.connect(), s.connect());
     let replies: Vec<Vec<i64>> = (0..12)
-        .map(|i| tb(if i % 2 == 0 { &mut a } else { &mut b }, "seed", &["10", "5"]))
+        .map(|i| {
+            tb(
+                if i % 2 == 0 { &mut a } else { &mut b },
+                "seed",
+                &["10", "5"],
+            )
+        })
         .collect();
     assert_eq!(replies.iter().filter(|r| r[0] == 1).count(), 10);
     assert_eq!(replies[0], [1, 9, 0, 200, 10]);
     assert_eq!(replies[9], [1, 0, 0, 2000, 10]);
-    assert_eq!(replies[10], [0, 0, 200, 2000, 10], "first denial: one token is 200 ms away");
+    assert_eq!(
+        replies[10],
+        [0, 0, 200, 2000, 10],
+        "first denial: one token is 200 ms away"
+    );
     assert_eq!(replies[11], [0, 0, 200, 2000, 10]);
 
     advance_clock(&mut a, 1_000_000);
     let after: Vec<Vec<i64>> = (0..8)
-        .map(|i| tb(if i % 2 == 0 { &mut a } else { &mut b }, "seed", &["10", "5"]))
+        .map(|i| {
+            tb(
+                if i % 2 == 0 { &mut a } else { &mut b },
+                "seed",
+                &["10", "5"],
+            )
+        })
         .collect();
     assert_eq!(after.iter().filter(|r| r[0] == 1).count(), 5);
     assert_eq!(after[4], [1, 0, 0, 2000, 10]);
     assert_eq!(after[5], [0, 0, 200, 2000, 10]);
 
-    assert_eq!(tb(&mut b, "other", &["10", "5"]), [1, 9, 0, 200, 10], "another key is untouched");
+    assert_eq!(
+        tb(&mut b, "other", &["10", "5"]),
+        [1, 9, 0, 200, 10],
+        "another key is untouched"
+    );
 }
 
 #[test]
@@ -46,16 +66,31 @@ fn seed_scenario_with_the_real_clock() {
     let s = Server::start();
     let (mut a, mut b) = (s.connect(), s.connect());
     let replies: Vec<Vec<i64>> = (0..12)
-        .map(|i| tb(if i % 2 == 0 { &mut a } else { &mut b }, "seed", &["10", "5"]))
+        .map(|i| {
+            tb(
+                if i % 2 == 0 { &mut a } else { &mut b },
+                "seed",
+                &["10", "5"],
+            )
+        })
         .collect();
     assert_eq!(replies.iter().filter(|r| r[0] == 1).count(), 10);
     let first_denial = &replies[10];
     assert_eq!(first_denial[0], 0);
-    assert!((150..=200).contains(&first_denial[2]), "retry_after about 200 ms: {first_denial:?}");
+    assert!(
+        (150..=200).contains(&first_denial[2]),
+        "retry_after about 200 ms: {first_denial:?}"
+    );
 
     thread::sleep(Duration::from_millis(1000));
     let allowed = (0..8)
-        .filter(|i| tb(if i % 2 == 0 { &mut a } else { &mut b }, "seed", &["10", "5"])[0] == 1)
+        .filter(|i| {
+            tb(
+                if i % 2 == 0 { &mut a } else { &mut b },
+                "seed",
+                &["10", "5"],
+            )[0] == 1
+        })
         .count();
     assert_eq!(allowed, 5);
     assert_eq!(tb(&mut a, "other", &["10", "5"])[1], 9);
@@ -111,11 +146,22 @@ fn denial_consumes_and_writes_nothing() {
     let expiry = pexpiretime(&mut c, "k");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     assert_eq!(tb(&mut c, "k", &["10", "5", "5"]), [0, 4, 200, 1200, 10]);
-    assert_eq!(tb(&mut c, "k", &["10", "5", "11"]), [0, 4, -1, 1200, 10], "never admissible");
+    assert_eq!(
+        tb(&mut c, "k", &["10", "5", "11"]),
+        [0, 4, -1, 1200, 10],
+        "never admissible"
+    );
     assert_eq!(hash_bytes(&mut c, "k"), before);
     assert_eq!(pexpiretime(&mut c, "k"), expiry);
-    assert_eq!(info_field(&mut c, "persistence", "rdb_changes_since_last_save"), dirty);
-    assert_eq!(tb(&mut c, "k", &["10", "5", "4"]), [1, 0, 0, 2000, 10], "4 tokens were still there");
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
+        dirty
+    );
+    assert_eq!(
+        tb(&mut c, "k", &["10", "5", "4"]),
+        [1, 0, 0, 2000, 10],
+        "4 tokens were still there"
+    );
 }
 
 #[test]
@@ -123,7 +169,11 @@ fn cost_zero_is_a_read_only_peek() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     assert_eq!(tb(&mut c, "fresh", &["10", "5", "0"]), [1, 10, 0, 0, 10]);
-    assert_eq!(cmd(&mut c, &["EXISTS", "fresh"]), Ok(Value::Int(0)), "a peek creates nothing");
+    assert_eq!(
+        cmd(&mut c, &["EXISTS", "fresh"]),
+        Ok(Value::Int(0)),
+        "a peek creates nothing"
+    );
 
     tb(&mut c, "k", &["10", "5", "3"]);
     let before = hash_bytes(&mut c, "k");
@@ -131,7 +181,10 @@ fn cost_zero_is_a_read_only_peek() {
     advance_clock(&mut c, 100_000);
     assert_eq!(tb(&mut c, "k", &["10", "5", "0"]), [1, 7, 0, 500, 10]);
     assert_eq!(hash_bytes(&mut c, "k"), before);
-    assert_eq!(info_field(&mut c, "persistence", "rdb_changes_since_last_save"), dirty);
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
+        dirty
+    );
 }
 
 #[test]
@@ -142,7 +195,10 @@ fn stored_state_and_expiry() {
     tb(&mut c, "k", &["10", "5", "3"]);
     assert_eq!(
         hash_bytes(&mut c, "k"),
-        vec![(b"tokens".to_vec(), b"7".to_vec()), (b"ts".to_vec(), b"1900000000000001".to_vec())]
+        vec![
+            (b"tokens".to_vec(), b"7".to_vec()),
+            (b"ts".to_vec(), b"1900000000000001".to_vec())
+        ]
     );
     // Full again 600 ms after t; the expiry rounds t up to the next millisecond.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_001 + 600);
@@ -164,7 +220,10 @@ fn an_idle_key_expires_and_comes_back_full() {
     let mut c = s.connect();
     assert_eq!(tb(&mut c, "idle", &["2", "10", "2"])[0..2], [1, 0]);
     let ttl: i64 = redis::cmd("PTTL").arg("idle").query(&mut c).unwrap();
-    assert!(ttl > 0 && ttl <= 201, "expires when full again (200 ms): {ttl}");
+    assert!(
+        ttl > 0 && ttl <= 201,
+        "expires when full again (200 ms): {ttl}"
+    );
     thread::sleep(Duration::from_millis(400));
     assert_eq!(cmd(&mut c, &["EXISTS", "idle"]), Ok(Value::Int(0)));
     assert_eq!(tb(&mut c, "idle", &["2", "10"]), [1, 1, 0, 100, 2]);
@@ -177,23 +236,56 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
     tb(&mut c, "k", &["10", "5", "3"]);
     let before = hash_bytes(&mut c, "k");
     let cases: &[(&[&str], &str)] = &[
-        (&["k"], "ERR wrong number of arguments for 'rl.tokenbucket' command"),
-        (&["k", "10"], "ERR wrong number of arguments for 'rl.tokenbucket' command"),
-        (&["k", "10", "5", "1", "1"], "ERR wrong number of arguments for 'rl.tokenbucket' command"),
+        (
+            &["k"],
+            "ERR wrong number of arguments for 'rl.tokenbucket' command",
+        ),
+        (
+            &["k", "10"],
+            "ERR wrong number of arguments for 'rl.tokenbucket' command",
+        ),
+        (
+            &["k", "10", "5", "1", "1"],
+            "ERR wrong number of arguments for 'rl.tokenbucket' command",
+        ),
         (&["k", "ten", "5"], "ERR capacity must be an integer"),
         (&["k", "1.5", "5"], "ERR capacity must be an integer"),
-        (&["k", "0", "5"], "ERR capacity must be between 1 and 1000000000000000"),
-        (&["k", "-3", "5"], "ERR capacity must be between 1 and 1000000000000000"),
-        (&["k", "99999999999999999999999", "5"], "ERR capacity must be between 1 and 1000000000000000"),
+        (
+            &["k", "0", "5"],
+            "ERR capacity must be between 1 and 1000000000000000",
+        ),
+        (
+            &["k", "-3", "5"],
+            "ERR capacity must be between 1 and 1000000000000000",
+        ),
+        (
+            &["k", "99999999999999999999999", "5"],
+            "ERR capacity must be between 1 and 1000000000000000",
+        ),
         (&["k", "10", "nan"], "ERR refill_per_sec must be a number"),
         (&["k", "10", "inf"], "ERR refill_per_sec must be a number"),
         (&["k", "10", ""], "ERR refill_per_sec must be a number"),
-        (&["k", "10", "0"], "ERR refill_per_sec must be greater than 0 and at most 1000000000000000"),
-        (&["k", "10", "-1"], "ERR refill_per_sec must be greater than 0 and at most 1000000000000000"),
-        (&["k", "10", "1e400"], "ERR refill_per_sec must be greater than 0 and at most 1000000000000000"),
-        (&["k", "10", "5", "-1"], "ERR cost must be between 0 and 1000000000000000"),
+        (
+            &["k", "10", "0"],
+            "ERR refill_per_sec must be greater than 0 and at most 1000000000000000",
+        ),
+        (
+            &["k", "10", "-1"],
+            "ERR refill_per_sec must be greater than 0 and at most 1000000000000000",
+        ),
+        (
+            &["k", "10", "1e400"],
+            "ERR refill_per_sec must be greater than 0 and at most 1000000000000000",
+        ),
+        (
+            &["k", "10", "5", "-1"],
+            "ERR cost must be between 0 and 1000000000000000",
+        ),
         (&["k", "10", "5", "1.0"], "ERR cost must be an integer"),
-        (&["k", "1000", "1e-9"], "ERR capacity / refill_per_sec must be at most 10000000000 seconds"),
+        (
+            &["k", "1000", "1e-9"],
+            "ERR capacity / refill_per_sec must be at most 10000000000 seconds",
+        ),
     ];
     for (args, expected) in cases {
         let mut full = vec![TB];
@@ -212,9 +304,16 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         cmd(&mut c, &[TB, "str", "10", "5"]),
         Err("WRONGTYPE Operation against a key holding the wrong kind of value".into())
     );
-    assert_eq!(cmd(&mut c, &["GET", "str"]), Ok(Value::BulkString(b"x".to_vec())));
+    assert_eq!(
+        cmd(&mut c, &["GET", "str"]),
+        Ok(Value::BulkString(b"x".to_vec()))
+    );
     cmd(&mut c, &["RPUSH", "list", "x"]).unwrap();
-    assert!(cmd(&mut c, &[TB, "list", "10", "5"]).unwrap_err().starts_with("WRONGTYPE"));
+    assert!(
+        cmd(&mut c, &[TB, "list", "10", "5"])
+            .unwrap_err()
+            .starts_with("WRONGTYPE")
+    );
 
     let tokens_err = "ERR corrupt rate limiter state: field 'tokens' is not a valid number";
     let ts_err = "ERR corrupt rate limiter state: field 'ts' is not a valid timestamp";
@@ -236,29 +335,62 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         hset.extend_from_slice(fields);
         cmd(&mut c, &hset).unwrap();
         let before = hash_bytes(&mut c, &key);
-        assert_eq!(cmd(&mut c, &[TB, &key, "10", "5"]), Err(expected.to_string()), "{fields:?}");
-        assert_eq!(hash_bytes(&mut c, &key), before, "corrupt state is left as it was");
+        assert_eq!(
+            cmd(&mut c, &[TB, &key, "10", "5"]),
+            Err(expected.to_string()),
+            "{fields:?}"
+        );
+        assert_eq!(
+            hash_bytes(&mut c, &key),
+            before,
+            "corrupt state is left as it was"
+        );
         assert_eq!(pexpiretime(&mut c, &key), -1, "and given no expiry");
     }
-    assert_eq!(cmd(&mut c, &["PING"]), Ok(Value::SimpleString("PONG".into())));
+    assert_eq!(
+        cmd(&mut c, &["PING"]),
+        Ok(Value::SimpleString("PONG".into()))
+    );
 }
 
 #[test]
 fn command_metadata_for_cluster_and_acl() {
     let s = Server::start();
     let mut c = s.connect();
-    let keys: Vec<String> =
-        redis::cmd("COMMAND").arg("GETKEYS").arg(TB).arg("user:1").arg(10).arg(5).query(&mut c).unwrap();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg(TB)
+        .arg("user:1")
+        .arg(10)
+        .arg(5)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(keys, ["user:1"]);
     let info = format!("{:?}", cmd(&mut c, &["COMMAND", "INFO", TB]).unwrap());
     for flag in ["write", "denyoom", "fast"] {
         assert!(info.contains(flag), "flag {flag} in {info}");
     }
     // An ACL user limited to keys "app:*" may use the command on those keys only.
-    cmd(&mut c, &["ACL", "SETUSER", "app", "on", "nopass", "~app:*", "+rl.tokenbucket"]).unwrap();
+    cmd(
+        &mut c,
+        &[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            "nopass",
+            "~app:*",
+            "+rl.tokenbucket",
+        ],
+    )
+    .unwrap();
     cmd(&mut c, &["AUTH", "app", "x"]).unwrap();
     assert!(cmd(&mut c, &[TB, "app:1", "10", "5"]).is_ok());
-    assert!(cmd(&mut c, &[TB, "other:1", "10", "5"]).unwrap_err().starts_with("NOPERM"));
+    assert!(
+        cmd(&mut c, &[TB, "other:1", "10", "5"])
+            .unwrap_err()
+            .starts_with("NOPERM")
+    );
 }
 
 #[test]
@@ -270,7 +402,11 @@ fn effects_are_replicated_not_the_command() {
     let mut r = replica.connect();
     for i in 0..50 {
         let key = format!("k{}", i % 5);
-        tb(&mut m, &key, &["3", "2", if i % 7 == 0 { "0" } else { "1" }]);
+        tb(
+            &mut m,
+            &key,
+            &["3", "2", if i % 7 == 0 { "0" } else { "1" }],
+        );
         advance_clock(&mut m, 123_457);
     }
     let offset = info_field(&mut m, "replication", "master_repl_offset");
@@ -280,7 +416,10 @@ fn effects_are_replicated_not_the_command() {
     assert_ne!(offset, offset_after_write);
     assert_eq!(tb(&mut m, "spent", &["1", "1"])[0], 0);
     tb(&mut m, "spent", &["1", "1", "0"]);
-    assert_eq!(info_field(&mut m, "replication", "master_repl_offset"), offset_after_write);
+    assert_eq!(
+        info_field(&mut m, "replication", "master_repl_offset"),
+        offset_after_write
+    );
 
     let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
     for i in 0..5 {
@@ -288,7 +427,10 @@ fn effects_are_replicated_not_the_command() {
         assert_eq!(hash_bytes(&mut r, &key), hash_bytes(&mut m, &key));
         assert_eq!(pexpiretime(&mut r, &key), pexpiretime(&mut m, &key));
     }
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut r).unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut r)
+        .unwrap();
     assert!(stats.contains("cmdstat_hset:"), "{stats}");
     assert!(stats.contains("cmdstat_pexpireat:"), "{stats}");
     assert!(!stats.to_lowercase().contains("rl.tokenbucket"), "{stats}");
@@ -296,14 +438,21 @@ fn effects_are_replicated_not_the_command() {
 
 #[test]
 fn module_load_arguments_are_validated() {
-    let s = Server::with(Options { without_module: true, ..Options::default() });
+    let s = Server::with(Options {
+        without_module: true,
+        ..Options::default()
+    });
     let mut c = s.connect();
     let path = module_path().display().to_string();
     assert!(cmd(&mut c, &["MODULE", "LOAD", &path, "BOGUS"]).is_err());
     assert!(s.log().contains("unknown argument 'BOGUS'"), "{}", s.log());
     cmd(&mut c, &["MODULE", "LOAD", &path]).expect("loads without arguments");
     // Without TESTCLOCK there is no test clock and TIME is the real TIME.
-    assert!(cmd(&mut c, &["RL.TESTCLOCK", "GET"]).unwrap_err().starts_with("ERR unknown command"));
+    assert!(
+        cmd(&mut c, &["RL.TESTCLOCK", "GET"])
+            .unwrap_err()
+            .starts_with("ERR unknown command")
+    );
     let time: Vec<String> = redis::cmd("TIME").query(&mut c).unwrap();
     let secs: i64 = time[0].parse().unwrap();
     assert!((secs - now_us() / 1_000_000).abs() <= 2);
@@ -316,7 +465,10 @@ fn test_clock_routes_time_for_clients_and_scripts() {
     set_clock(&mut c, 1_234_567_890_123_456);
     let time: Vec<String> = redis::cmd("TIME").query(&mut c).unwrap();
     assert_eq!(time, ["1234567890", "123456"]);
-    let from_script: Vec<String> =
-        redis::cmd("EVAL").arg("return redis.call('TIME')").arg(0).query(&mut c).unwrap();
+    let from_script: Vec<String> = redis::cmd("EVAL")
+        .arg("return redis.call('TIME')")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(from_script, ["1234567890", "123456"]);
 }

@@ -3,15 +3,16 @@
 //! Every API pointer is an `Option` filled in at load time; a missing one becomes an error reply,
 //! never a panic. Nothing here allocates Rust memory per call.
 
-use std::ffi::{CStr, c_int, c_long, c_longlong};
+use std::ffi::{c_int, c_long, c_longlong};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
 use crate::error::ErrorReply;
+use crate::pipeline::KeyKind;
 
-pub(crate) const API_MISSING: ErrorReply = ErrorReply(c"ERR this Redis server lacks a module API this command needs");
+pub(crate) const API_MISSING: ErrorReply =
+    ErrorReply(c"ERR this Redis server lacks a module API this command needs");
 
 /// Reads an API function pointer, or fails with an error reply.
 macro_rules! api {
@@ -30,42 +31,28 @@ pub(crate) use api;
 /// # Safety
 /// `s` must be a valid `RedisModuleString` that outlives the returned slice and is not modified.
 pub unsafe fn string_bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
-    let Ok(ptr_len) = api!(RedisModule_StringPtrLen) else { return &[] };
+    let Ok(ptr_len) = api!(RedisModule_StringPtrLen) else {
+        return &[];
+    };
     let mut len = 0usize;
     // SAFETY: `s` is valid per the contract; Redis returns a pointer to `len` bytes it owns.
     unsafe {
         let p = ptr_len(s, &mut len);
-        if p.is_null() { &[] } else { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+        if p.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(p.cast::<u8>(), len)
+        }
     }
 }
 
-/// A Redis string created with no context: it lives until freed by its owner. Used for field
-/// names, created once and kept for the module's life.
-pub struct StaticName {
-    text: &'static CStr,
-    cell: AtomicPtr<RedisModuleString>,
-}
-
-impl StaticName {
-    pub const fn new(text: &'static CStr) -> Self {
-        Self { text, cell: AtomicPtr::new(ptr::null_mut()) }
-    }
-
-    pub fn get(&self) -> Result<*mut RedisModuleString, ErrorReply> {
-        let cached = self.cell.load(Ordering::Relaxed);
-        if !cached.is_null() {
-            return Ok(cached);
-        }
-        let create = api!(RedisModule_CreateString)?;
-        let bytes = self.text.to_bytes();
-        // SAFETY: a NULL context makes an unmanaged string; the bytes are valid for `len`.
-        let s = unsafe { create(ptr::null_mut(), bytes.as_ptr().cast(), bytes.len()) };
-        if s.is_null() {
-            return Err(API_MISSING);
-        }
-        self.cell.store(s, Ordering::Relaxed);
-        Ok(s)
-    }
+/// A Redis string created with no context: it lives until freed, which the caller never does
+/// (used for names kept for the module's life).
+pub fn unmanaged_string(bytes: &[u8]) -> Result<*mut RedisModuleString, ErrorReply> {
+    let create = api!(RedisModule_CreateString)?;
+    // SAFETY: a NULL context makes an unmanaged string; the bytes are valid for `len`.
+    let s = unsafe { create(ptr::null_mut(), bytes.as_ptr().cast(), bytes.len()) };
+    if s.is_null() { Err(API_MISSING) } else { Ok(s) }
 }
 
 /// A string created for one call, freed when dropped.
@@ -79,7 +66,9 @@ impl TempString {
         let create = api!(RedisModule_CreateString)?;
         // SAFETY: valid context and byte range; Redis copies the bytes.
         let p = unsafe { create(ctx, bytes.as_ptr().cast(), bytes.len()) };
-        NonNull::new(p).map(|ptr| Self { ctx, ptr }).ok_or(API_MISSING)
+        NonNull::new(p)
+            .map(|ptr| Self { ctx, ptr })
+            .ok_or(API_MISSING)
     }
 
     pub fn as_ptr(&self) -> *mut RedisModuleString {
@@ -89,8 +78,10 @@ impl TempString {
     fn adopt(ctx: *mut RedisModuleCtx, p: *mut RedisModuleString) -> Option<Self> {
         NonNull::new(p).map(|ptr| Self { ctx, ptr })
     }
+}
 
-    pub fn bytes(&self) -> &[u8] {
+impl AsRef<[u8]> for TempString {
+    fn as_ref(&self) -> &[u8] {
         // SAFETY: the string lives as long as `self` and is never modified.
         unsafe { string_bytes(self.ptr.as_ptr()) }
     }
@@ -105,14 +96,6 @@ impl Drop for TempString {
     }
 }
 
-/// What an opened key holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyKind {
-    Empty,
-    Hash,
-    Other,
-}
-
 /// A key opened for reading and writing, closed when dropped.
 pub struct OpenKey {
     ctx: *mut RedisModuleCtx,
@@ -120,12 +103,17 @@ pub struct OpenKey {
 }
 
 impl OpenKey {
-    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Result<Self, ErrorReply> {
+    pub fn open(
+        ctx: *mut RedisModuleCtx,
+        name: *mut RedisModuleString,
+    ) -> Result<Self, ErrorReply> {
         let open = api!(RedisModule_OpenKey)?;
         let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
         // SAFETY: valid context and key name from argv.
         let key = unsafe { open(ctx, name, mode) };
-        NonNull::new(key.cast::<RedisModuleKey>()).map(|key| Self { ctx, key }).ok_or(API_MISSING)
+        NonNull::new(key.cast::<RedisModuleKey>())
+            .map(|key| Self { ctx, key })
+            .ok_or(API_MISSING)
     }
 
     pub fn kind(&self) -> Result<KeyKind, ErrorReply> {
@@ -140,12 +128,23 @@ impl OpenKey {
     }
 
     /// One field of a hash key; `None` when the field is absent.
-    pub fn hash_get(&self, field: *mut RedisModuleString) -> Result<Option<TempString>, ErrorReply> {
+    pub fn hash_get(
+        &self,
+        field: *mut RedisModuleString,
+    ) -> Result<Option<TempString>, ErrorReply> {
         let get = api!(RedisModule_HashGet)?;
         let mut out: *mut RedisModuleString = ptr::null_mut();
         let none = raw::REDISMODULE_HASH_NONE as c_int;
         // SAFETY: NULL-terminated variadic list of (field, out-pointer) pairs.
-        unsafe { get(self.key.as_ptr(), none, field, &mut out as *mut _, ptr::null_mut::<u8>()) };
+        unsafe {
+            get(
+                self.key.as_ptr(),
+                none,
+                field,
+                &mut out as *mut _,
+                ptr::null_mut::<u8>(),
+            )
+        };
         Ok(TempString::adopt(self.ctx, out))
     }
 
@@ -207,20 +206,36 @@ pub fn replicate_pexpireat(
 ) -> Result<(), ErrorReply> {
     let replicate = api!(RedisModule_Replicate)?;
     // SAFETY: format "sl" takes a key string and a long long.
-    unsafe { replicate(ctx, c"PEXPIREAT".as_ptr(), c"sl".as_ptr(), key, unix_ms as c_longlong) };
+    unsafe {
+        replicate(
+            ctx,
+            c"PEXPIREAT".as_ptr(),
+            c"sl".as_ptr(),
+            key,
+            unix_ms as c_longlong,
+        )
+    };
     Ok(())
 }
 
 /// Tells WATCH, client-side caching and keyspace-notification subscribers that a hash was written
 /// and given an expiry, as `HSET` and `PEXPIREAT` would.
-pub fn signal_hash_write(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Result<(), ErrorReply> {
+pub fn signal_hash_write(
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleString,
+) -> Result<(), ErrorReply> {
     let signal = api!(RedisModule_SignalModifiedKey)?;
     let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
     // SAFETY: valid context and key name; the event names are NUL-terminated.
     unsafe {
         signal(ctx, key);
         notify(ctx, raw::REDISMODULE_NOTIFY_HASH, c"hset".as_ptr(), key);
-        notify(ctx, raw::REDISMODULE_NOTIFY_GENERIC, c"expire".as_ptr(), key);
+        notify(
+            ctx,
+            raw::REDISMODULE_NOTIFY_GENERIC,
+            c"expire".as_ptr(),
+            key,
+        );
     }
     Ok(())
 }
@@ -234,8 +249,10 @@ pub fn reply_error(ctx: *mut RedisModuleCtx, err: ErrorReply) -> c_int {
 }
 
 pub fn reply_integers(ctx: *mut RedisModuleCtx, values: &[i64]) -> c_int {
-    let (Ok(array), Ok(int)) = (api!(RedisModule_ReplyWithArray), api!(RedisModule_ReplyWithLongLong))
-    else {
+    let (Ok(array), Ok(int)) = (
+        api!(RedisModule_ReplyWithArray),
+        api!(RedisModule_ReplyWithLongLong),
+    ) else {
         return raw::REDISMODULE_ERR as c_int;
     };
     // SAFETY: valid context; the array length matches the elements that follow.

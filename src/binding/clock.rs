@@ -43,7 +43,11 @@ pub fn enable_test_clock(ctx: *mut RedisModuleCtx) -> Result<(), &'static str> {
     let register = api!(RedisModule_RegisterCommandFilter).map_err(|_| "no command filter API")?;
     // SAFETY: valid load-time context; the callback is a plain extern "C" fn.
     let filter = unsafe {
-        register(ctx, Some(route_time_to_test_clock), raw::REDISMODULE_CMDFILTER_NOSELF as c_int)
+        register(
+            ctx,
+            Some(route_time_to_test_clock),
+            raw::REDISMODULE_CMDFILTER_NOSELF as c_int,
+        )
     };
     if filter.is_null() {
         return Err("could not register the TIME filter");
@@ -88,7 +92,11 @@ pub fn test_clock_command(
     let sub = arg(1).ok_or(TESTCLOCK_USAGE)?;
     let value = || -> Result<i64, ErrorReply> {
         let v = arg(2).and_then(parse_integer).ok_or(TESTCLOCK_USAGE)?;
-        if v.abs() < 9e15 { Ok(v as i64) } else { Err(TESTCLOCK_USAGE) }
+        if v.abs() < 9e15 {
+            Ok(v as i64)
+        } else {
+            Err(TESTCLOCK_USAGE)
+        }
     };
     let now = if sub.eq_ignore_ascii_case(b"get") && argv.len() == 2 {
         TEST_CLOCK_US.load(Ordering::Relaxed)

@@ -4,7 +4,7 @@
 pub(crate) mod api;
 mod clock;
 mod commands;
-mod hash_limiter;
+mod hash_key;
 
 use std::ffi::{CStr, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -21,7 +21,12 @@ type Body = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<c_int, 
 
 /// Runs a command body with its arguments as a slice. A panic must never unwind into Redis (it
 /// would abort the server), so it is caught here and answered with an error.
-fn entry(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int, body: Body) -> c_int {
+fn entry(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    body: Body,
+) -> c_int {
     let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
         // SAFETY: Redis passes `argc` valid strings in `argv` for the duration of the call.
         Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
@@ -48,7 +53,15 @@ fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
     let (first, last, step) = cmd.keys;
     // SAFETY: valid load-time context; name and flags are NUL-terminated statics.
     let status = unsafe {
-        create(ctx, cmd.name.as_ptr(), Some(cmd.handler), cmd.flags.as_ptr(), first, last, step)
+        create(
+            ctx,
+            cmd.name.as_ptr(),
+            Some(cmd.handler),
+            cmd.flags.as_ptr(),
+            first,
+            last,
+            step,
+        )
     };
     if status == raw::REDISMODULE_OK as c_int {
         Ok(())
@@ -74,9 +87,13 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     // Keys are signalled as modified only when a call really writes them; a denial is a read.
     ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
 
-    let mut result = commands::ALL.iter().try_for_each(|cmd| register(ctx.ctx, cmd));
+    let mut result = commands::ALL
+        .iter()
+        .try_for_each(|cmd| register(ctx.ctx, cmd));
     if test_clock && result.is_ok() {
-        ctx.log_warning("ratelimit: TESTCLOCK is on: time stands still until RL.TESTCLOCK moves it");
+        ctx.log_warning(
+            "ratelimit: TESTCLOCK is on: time stands still until RL.TESTCLOCK moves it",
+        );
         result = clock::enable_test_clock(ctx.ctx)
             .map_err(str::to_string)
             .and_then(|()| register(ctx.ctx, &commands::TEST_CLOCK));

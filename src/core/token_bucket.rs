@@ -89,7 +89,10 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
 mod tests {
     use super::*;
 
-    const P: Params = Params { capacity: 10.0, refill_per_sec: 5.0 };
+    const P: Params = Params {
+        capacity: 10.0,
+        refill_per_sec: 5.0,
+    };
     const T0: i64 = 1_700_000_000_000_000;
 
     fn run(calls: &[(i64, f64)]) -> Vec<[i64; 5]> {
@@ -120,12 +123,18 @@ mod tests {
         let mut calls = vec![(T0, 10.0)];
         calls.push((T0 + 1_000_000, 0.0)); // 5 tokens back after one second
         calls.push((T0 + 100_000_000, 0.0)); // long idle: capacity, not more
-        assert_eq!(run(&calls), vec![[1, 0, 0, 2000, 10], [1, 5, 0, 1000, 10], [1, 10, 0, 0, 10]]);
+        assert_eq!(
+            run(&calls),
+            vec![[1, 0, 0, 2000, 10], [1, 5, 0, 1000, 10], [1, 10, 0, 0, 10]]
+        );
     }
 
     #[test]
     fn denial_and_peek_write_nothing() {
-        let state = Some(State { tokens: 4.0, ts_us: T0 as f64 });
+        let state = Some(State {
+            tokens: 4.0,
+            ts_us: T0 as f64,
+        });
         let denied = decide(&P, 5.0, T0, state);
         assert_eq!(denied.reply.to_array(), [0, 4, 200, 1200, 10]);
         assert_eq!(denied.write, None);
@@ -135,10 +144,19 @@ mod tests {
 
     #[test]
     fn clock_going_backwards_refills_nothing_and_keeps_the_later_time() {
-        let state = Some(State { tokens: 2.0, ts_us: T0 as f64 });
+        let state = Some(State {
+            tokens: 2.0,
+            ts_us: T0 as f64,
+        });
         let out = decide(&P, 1.0, T0 - 5_000_000, state);
         let w = out.write.expect("admitted");
-        assert_eq!(w.state, State { tokens: 1.0, ts_us: T0 as f64 });
+        assert_eq!(
+            w.state,
+            State {
+                tokens: 1.0,
+                ts_us: T0 as f64
+            }
+        );
         assert_eq!(out.reply.remaining, 1);
     }
 

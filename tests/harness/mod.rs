@@ -1,5 +1,6 @@
 //! Test harness: starts real `redis-server` processes with the module loaded, in a temporary
-//! directory, and always shuts them down (on drop, also when a test fails).
+//! directory, and always shuts them down (on drop, also when a test fails). `memory` and
+//! `scenarios` hold the in-memory model and the generated sequences of the differential suites.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -24,16 +25,24 @@ pub fn module_path() -> PathBuf {
             return candidate;
         }
     }
-    panic!("libredis_rate_limiter.so not found next to {}", exe.display());
+    panic!(
+        "libredis_rate_limiter.so not found next to {}",
+        exe.display()
+    );
 }
 
 pub fn lua_script(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua-reference").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("lua-reference")
+        .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
 }
 
 #[derive(Clone, Default)]
@@ -59,7 +68,10 @@ impl Server {
     }
 
     pub fn with_test_clock() -> Server {
-        Self::with(Options { test_clock: true, ..Options::default() })
+        Self::with(Options {
+            test_clock: true,
+            ..Options::default()
+        })
     }
 
     pub fn with(opts: Options) -> Server {
@@ -105,7 +117,12 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
-        let mut server = Server { child: Some(child), dir, port, socket };
+        let mut server = Server {
+            child: Some(child),
+            dir,
+            port,
+            socket,
+        };
         server.wait_ready();
         server
     }
@@ -123,7 +140,11 @@ impl Server {
             {
                 panic!("redis-server exited with {status}; log:\n{}", self.log());
             }
-            assert!(Instant::now() < deadline, "redis-server did not start; log:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start; log:\n{}",
+                self.log()
+            );
             sleep(Duration::from_millis(20));
         }
     }
@@ -148,7 +169,11 @@ impl Server {
     /// Makes this server a replica of `master` and waits until the link is up and synced.
     pub fn replicate_from(&self, master: &Server) {
         let mut c = self.connect();
-        let _: () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master.port).query(&mut c).unwrap();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.port)
+            .query(&mut c)
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
@@ -168,7 +193,9 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         if let Ok(mut c) = self.try_connect() {
             let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<Value>(&mut c);
         }
@@ -231,31 +258,52 @@ pub fn ints(reply: &Reply) -> Vec<i64> {
 
 /// `HGETALL` as sorted (field, value) byte pairs.
 pub fn hash_bytes(c: &mut Connection, key: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut v: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL").arg(key).query(c).unwrap_or_default();
+    let mut v: Vec<(Vec<u8>, Vec<u8>)> =
+        redis::cmd("HGETALL").arg(key).query(c).unwrap_or_default();
     v.sort();
     v
 }
 
 pub fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PEXPIRETIME").arg(key).query(c).expect("PEXPIRETIME")
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(c)
+        .expect("PEXPIRETIME")
 }
 
 pub fn info_field(c: &mut Connection, section: &str, field: &str) -> String {
     let info: String = redis::cmd("INFO").arg(section).query(c).expect("INFO");
     info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_string()))
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_string())
+        })
         .unwrap_or_default()
 }
 
 /// Sets the test clock (servers started `with_test_clock`).
 pub fn set_clock(c: &mut Connection, unix_us: i64) {
-    let _: i64 = redis::cmd("RL.TESTCLOCK").arg("SET").arg(unix_us).query(c).expect("RL.TESTCLOCK SET");
+    let _: i64 = redis::cmd("RL.TESTCLOCK")
+        .arg("SET")
+        .arg(unix_us)
+        .query(c)
+        .expect("RL.TESTCLOCK SET");
 }
 
 pub fn advance_clock(c: &mut Connection, us: i64) {
-    let _: i64 = redis::cmd("RL.TESTCLOCK").arg("ADVANCE").arg(us).query(c).expect("RL.TESTCLOCK ADVANCE");
+    let _: i64 = redis::cmd("RL.TESTCLOCK")
+        .arg("ADVANCE")
+        .arg(us)
+        .query(c)
+        .expect("RL.TESTCLOCK ADVANCE");
 }
 
 pub fn now_us() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
 }
+
+pub mod memory;
+pub mod scenarios;

@@ -1,0 +1,4 @@
+//! One file per command: its arguments, its stored fields and how they feed its pure core.
+//! No I/O and no limiter math here.
+
+pub mod token_bucket;

@@ -1,0 +1,161 @@
+//! `RL.TOKENBUCKET key capacity refill_per_sec [cost]`; state: hash `tokens`, `ts`.
+
+use crate::args::{COST, IntegerArg, MAX_FILL_SECONDS, MAX_INTEGER_ARG, RateArg};
+use crate::core::{Reply, token_bucket};
+use crate::error::ErrorReply;
+use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::stored::{amount, timestamp};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Args {
+    pub params: token_bucket::Params,
+    pub cost: f64,
+}
+
+const CAPACITY: IntegerArg = IntegerArg {
+    not_integer: ErrorReply(c"ERR capacity must be an integer"),
+    out_of_range: ErrorReply(c"ERR capacity must be between 1 and 1000000000000000"),
+    min: 1.0,
+    max: MAX_INTEGER_ARG,
+};
+const RATE: RateArg = RateArg {
+    not_number: ErrorReply(c"ERR refill_per_sec must be a number"),
+    out_of_range: ErrorReply(
+        c"ERR refill_per_sec must be greater than 0 and at most 1000000000000000",
+    ),
+};
+const TOO_SLOW: ErrorReply =
+    ErrorReply(c"ERR capacity / refill_per_sec must be at most 10000000000 seconds");
+
+pub const CORRUPT_TOKENS: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'tokens' is not a valid number");
+pub const CORRUPT_TS: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'ts' is not a valid timestamp");
+
+pub static TOKENS: FieldName = FieldName::new(c"tokens");
+pub static TS: FieldName = FieldName::new(c"ts");
+
+pub struct TokenBucket;
+
+impl HashLimiter<2> for TokenBucket {
+    type Args = Args;
+    type State = token_bucket::State;
+    const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
+    const ARITY_ERROR: ErrorReply =
+        ErrorReply(c"ERR wrong number of arguments for 'rl.tokenbucket' command");
+
+    fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
+        let (capacity, rate, cost) = match args {
+            [c, r] => (c, r, None),
+            [c, r, k] => (c, r, Some(k)),
+            _ => return Err(Self::ARITY_ERROR),
+        };
+        let capacity = CAPACITY.parse(capacity)?;
+        let refill_per_sec = RATE.parse(rate)?;
+        let cost = match cost {
+            Some(raw) => COST.parse(raw)?,
+            None => 1.0,
+        };
+        if capacity / refill_per_sec > MAX_FILL_SECONDS {
+            return Err(TOO_SLOW);
+        }
+        Ok(Args {
+            params: token_bucket::Params {
+                capacity,
+                refill_per_sec,
+            },
+            cost,
+        })
+    }
+
+    fn decode([tokens, ts]: [Option<&[u8]>; 2]) -> Result<token_bucket::State, ErrorReply> {
+        let tokens = amount(tokens).ok_or(CORRUPT_TOKENS)?;
+        let ts_us = timestamp(ts).ok_or(CORRUPT_TS)?;
+        Ok(token_bucket::State { tokens, ts_us })
+    }
+
+    fn decide(
+        a: &Args,
+        now_us: i64,
+        prior: Option<token_bucket::State>,
+    ) -> (Reply, Option<HashWrite<2>>) {
+        let out = token_bucket::decide(&a.params, a.cost, now_us, prior);
+        let write = out.write.map(|w| HashWrite {
+            values: [w.state.tokens, w.state.ts_us],
+            expire_at_ms: w.expire_at_ms,
+        });
+        (out.reply, write)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Result<Args, &'static str> {
+        let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
+        TokenBucket::parse(&raw).map_err(|e| e.message())
+    }
+
+    #[test]
+    fn arguments() {
+        let p = |capacity, refill_per_sec| token_bucket::Params {
+            capacity,
+            refill_per_sec,
+        };
+        assert_eq!(
+            parse(&["10", "5"]),
+            Ok(Args {
+                params: p(10.0, 5.0),
+                cost: 1.0
+            })
+        );
+        assert_eq!(parse(&["10", "0.0166667", "0"]).map(|a| a.cost), Ok(0.0));
+        assert_eq!(
+            parse(&["10"]),
+            Err("ERR wrong number of arguments for 'rl.tokenbucket' command")
+        );
+        assert_eq!(parse(&["1.5", "1"]), Err("ERR capacity must be an integer"));
+        assert_eq!(
+            parse(&["0", "1"]),
+            Err("ERR capacity must be between 1 and 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["1000000000000001", "1e9"]),
+            Err("ERR capacity must be between 1 and 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["10", "nan"]),
+            Err("ERR refill_per_sec must be a number")
+        );
+        assert_eq!(
+            parse(&["10", "1e999"]),
+            Err("ERR refill_per_sec must be greater than 0 and at most 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["10", "1", "-1"]),
+            Err("ERR cost must be between 0 and 1000000000000000")
+        );
+        assert_eq!(parse(&["10", "1", "x"]), Err("ERR cost must be an integer"));
+        assert_eq!(
+            parse(&["100", "1e-9"]),
+            Err("ERR capacity / refill_per_sec must be at most 10000000000 seconds")
+        );
+    }
+
+    #[test]
+    fn stored_fields() {
+        let d = |t: Option<&[u8]>, s: Option<&[u8]>| TokenBucket::decode([t, s]);
+        assert_eq!(
+            d(Some(b"4.5"), Some(b"17")),
+            Ok(token_bucket::State {
+                tokens: 4.5,
+                ts_us: 17.0
+            })
+        );
+        assert_eq!(d(None, Some(b"1")), Err(CORRUPT_TOKENS));
+        assert_eq!(d(Some(b"-1"), Some(b"1")), Err(CORRUPT_TOKENS));
+        assert_eq!(d(Some(b"1"), Some(b"1.5")), Err(CORRUPT_TS));
+        assert_eq!(d(Some(b"1"), None), Err(CORRUPT_TS));
+    }
+}

@@ -1,0 +1,302 @@
+//! An in-memory keyspace with a clock under the test's control, and an embedded Lua 5.1 that
+//! runs the `lua-reference/` scripts against it through a `redis.call` shim.
+//!
+//! The shim is faithful where it matters for parity: Lua numbers passed to `redis.call` become
+//! strings through C's `%.17g` (Lua's own `string.format`, the same conversion Redis 7.0 does),
+//! replies become Lua values the way Redis converts them, `redis.call` raises errors and
+//! `redis.pcall` returns them as `{err=...}`, and a returned Lua number becomes an integer by
+//! truncation. Keys expire as in Redis: a key is gone once `now_ms > expire_at_ms`.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use mlua::{Function, Lua, Table, Value as LuaValue};
+use redis_rate_limiter::error::{ErrorReply, WRONGTYPE};
+use redis_rate_limiter::pipeline::{FieldName, HashStore, KeyKind};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Data {
+    Hash(BTreeMap<Vec<u8>, Vec<u8>>),
+    Str(Vec<u8>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub data: Data,
+    pub expire_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Keyspace {
+    pub keys: HashMap<Vec<u8>, Entry>,
+    pub now_us: i64,
+}
+
+impl Keyspace {
+    pub fn now_ms(&self) -> i64 {
+        self.now_us.div_euclid(1000)
+    }
+
+    /// Drops keys whose time has passed (Redis would on the next access; doing it for every key
+    /// before a step makes the two keyspaces comparable whatever each path touched).
+    pub fn expire_due(&mut self) {
+        let now = self.now_ms();
+        self.keys
+            .retain(|_, e| e.expire_at_ms.is_none_or(|at| now <= at));
+    }
+
+    pub fn lookup(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let now = self.now_ms();
+        if self
+            .keys
+            .get(key)
+            .is_some_and(|e| e.expire_at_ms.is_some_and(|at| now > at))
+        {
+            self.keys.remove(key);
+        }
+        self.keys.get_mut(key)
+    }
+
+    fn hash_mut(&mut self, key: &[u8]) -> Result<&mut BTreeMap<Vec<u8>, Vec<u8>>, ErrorReply> {
+        if self.lookup(key).is_none() {
+            self.keys.insert(
+                key.to_vec(),
+                Entry {
+                    data: Data::Hash(BTreeMap::new()),
+                    expire_at_ms: None,
+                },
+            );
+        }
+        match self.keys.get_mut(key).map(|e| &mut e.data) {
+            Some(Data::Hash(h)) => Ok(h),
+            _ => Err(WRONGTYPE),
+        }
+    }
+
+    /// The commands the Lua twins use, with Redis's replies.
+    pub fn command(&mut self, argv: &[Vec<u8>]) -> Reply {
+        let name = String::from_utf8_lossy(&argv[0]).to_ascii_uppercase();
+        let arg = |i: usize| argv.get(i).cloned().unwrap_or_default();
+        let wrongtype = || Reply::Error(WRONGTYPE.message().to_string());
+        match name.as_str() {
+            "TIME" => Reply::Array(vec![
+                Reply::Bulk(self.now_us.div_euclid(1_000_000).to_string().into_bytes()),
+                Reply::Bulk(self.now_us.rem_euclid(1_000_000).to_string().into_bytes()),
+            ]),
+            "EXISTS" => Reply::Int(i64::from(self.lookup(&arg(1)).is_some())),
+            "HMGET" | "HGET" => {
+                let fields = &argv[2..];
+                let values: Vec<Reply> = match self.lookup(&arg(1)).map(|e| &e.data) {
+                    None => fields.iter().map(|_| Reply::Nil).collect(),
+                    Some(Data::Hash(h)) => fields
+                        .iter()
+                        .map(|f| h.get(f).map_or(Reply::Nil, |v| Reply::Bulk(v.clone())))
+                        .collect(),
+                    Some(_) => return wrongtype(),
+                };
+                if name == "HGET" {
+                    values.into_iter().next().unwrap_or(Reply::Nil)
+                } else {
+                    Reply::Array(values)
+                }
+            }
+            "HSET" => match self.hash_mut(&arg(1)) {
+                Ok(h) => {
+                    let mut added = 0;
+                    for pair in argv[2..].chunks(2) {
+                        if h.insert(pair[0].clone(), pair[1].clone()).is_none() {
+                            added += 1;
+                        }
+                    }
+                    Reply::Int(added)
+                }
+                Err(_) => wrongtype(),
+            },
+            "PEXPIREAT" => {
+                let at: i64 = String::from_utf8_lossy(&arg(2))
+                    .parse()
+                    .expect("PEXPIREAT ms");
+                let now = self.now_ms();
+                match self.lookup(&arg(1)) {
+                    None => Reply::Int(0),
+                    Some(e) => {
+                        e.expire_at_ms = Some(at);
+                        if at <= now {
+                            self.keys.remove(&arg(1));
+                        }
+                        Reply::Int(1)
+                    }
+                }
+            }
+            other => Reply::Error(format!("ERR unknown command '{other}' in the test shim")),
+        }
+    }
+}
+
+/// A reply from the in-memory keyspace.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Nil,
+    Int(i64),
+    Bulk(Vec<u8>),
+    Array(Vec<Reply>),
+    Error(String),
+}
+
+/// The Rust pipeline's view of one key in the in-memory keyspace.
+pub struct MemoryKey<'a> {
+    pub space: &'a mut Keyspace,
+    pub key: Vec<u8>,
+}
+
+impl HashStore for MemoryKey<'_> {
+    type Bytes = Vec<u8>;
+
+    fn kind(&self) -> Result<KeyKind, ErrorReply> {
+        let now = self.space.now_ms();
+        Ok(match self.space.keys.get(&self.key) {
+            Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match e.data {
+                Data::Hash(_) => KeyKind::Hash,
+                Data::Str(_) => KeyKind::Other,
+            },
+            _ => KeyKind::Empty,
+        })
+    }
+
+    fn get(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
+        Ok(match self.space.keys.get(&self.key).map(|e| &e.data) {
+            Some(Data::Hash(h)) => h.get(field.name.to_bytes()).cloned(),
+            _ => None,
+        })
+    }
+
+    fn write(
+        &mut self,
+        fields: &[(&'static FieldName, &[u8])],
+        expire_at_ms: i64,
+    ) -> Result<(), ErrorReply> {
+        let h = self.space.hash_mut(&self.key)?;
+        for (f, v) in fields {
+            h.insert(f.name.to_bytes().to_vec(), v.to_vec());
+        }
+        if let Some(e) = self.space.keys.get_mut(&self.key) {
+            e.expire_at_ms = Some(expire_at_ms);
+        }
+        Ok(())
+    }
+}
+
+const SHIM: &str = r#"
+local backend = ...
+local function strings(...)
+  local out = {}
+  for i = 1, select('#', ...) do
+    local v = select(i, ...)
+    if type(v) == 'number' then
+      out[i] = string.format('%.17g', v)
+    elseif type(v) == 'string' then
+      out[i] = v
+    else
+      error({err = 'ERR Lua redis lib command arguments must be strings or integers'})
+    end
+  end
+  return out
+end
+redis = {}
+function redis.call(...)
+  local r = backend(strings(...))
+  if type(r) == 'table' and r.err then error(r) end
+  return r
+end
+function redis.pcall(...)
+  return backend(strings(...))
+end
+function redis.error_reply(msg) return {err = msg} end
+function redis.status_reply(msg) return {ok = msg} end
+"#;
+
+/// A Lua 5.1 interpreter with one script loaded, running against a shared in-memory keyspace.
+pub struct LuaTwin {
+    lua: Lua,
+    script: Function,
+    pub space: Rc<RefCell<Keyspace>>,
+}
+
+fn to_lua(lua: &Lua, reply: Reply) -> mlua::Result<LuaValue> {
+    Ok(match reply {
+        Reply::Nil => LuaValue::Boolean(false),
+        Reply::Int(i) => LuaValue::Number(i as f64),
+        Reply::Bulk(b) => LuaValue::String(lua.create_string(b)?),
+        Reply::Array(items) => {
+            let t = lua.create_table()?;
+            for (i, item) in items.into_iter().enumerate() {
+                t.raw_set(i + 1, to_lua(lua, item)?)?;
+            }
+            LuaValue::Table(t)
+        }
+        Reply::Error(msg) => {
+            let t = lua.create_table()?;
+            t.raw_set("err", msg)?;
+            LuaValue::Table(t)
+        }
+    })
+}
+
+/// What a script returned, as Redis would reply it: integers (numbers truncated) or an error.
+pub type ScriptReply = Result<Vec<i64>, String>;
+
+impl LuaTwin {
+    pub fn new(script_source: &str) -> LuaTwin {
+        let lua = Lua::new();
+        let space = Rc::new(RefCell::new(Keyspace::default()));
+        let backend_space = Rc::clone(&space);
+        let backend = lua
+            .create_function(move |lua, args: Table| {
+                let argv: Vec<Vec<u8>> = args
+                    .sequence_values::<mlua::LuaString>()
+                    .map(|s| s.map(|s| s.as_bytes().to_vec()))
+                    .collect::<mlua::Result<_>>()?;
+                let reply = backend_space.borrow_mut().command(&argv);
+                to_lua(lua, reply)
+            })
+            .expect("backend function");
+        lua.load(SHIM).call::<()>(backend).expect("shim loads");
+        let script = lua
+            .load(script_source)
+            .into_function()
+            .expect("script compiles");
+        LuaTwin { lua, script, space }
+    }
+
+    /// `EVALSHA <script> 1 key args...` at the keyspace's current time.
+    pub fn eval(&self, key: &[u8], args: &[Vec<u8>]) -> ScriptReply {
+        let keys = self.lua.create_table().expect("table");
+        keys.raw_set(1, self.lua.create_string(key).expect("string"))
+            .expect("set");
+        let argv = self.lua.create_table().expect("table");
+        for (i, a) in args.iter().enumerate() {
+            argv.raw_set(i + 1, self.lua.create_string(a).expect("string"))
+                .expect("set");
+        }
+        let globals = self.lua.globals();
+        globals.set("KEYS", keys).expect("KEYS");
+        globals.set("ARGV", argv).expect("ARGV");
+        match self.script.call::<LuaValue>(()) {
+            Ok(LuaValue::Table(t)) => {
+                if let Ok(LuaValue::String(e)) = t.raw_get::<LuaValue>("err") {
+                    return Err(e.to_string_lossy());
+                }
+                Ok(t.sequence_values::<LuaValue>()
+                    .map(|v| match v.expect("reply element") {
+                        LuaValue::Integer(i) => i,
+                        LuaValue::Number(n) => n as i64,
+                        other => panic!("non-numeric reply element {other:?}"),
+                    })
+                    .collect())
+            }
+            Ok(other) => panic!("script returned {other:?}"),
+            Err(e) => Err(format!("script raised: {e}")),
+        }
+    }
+}
