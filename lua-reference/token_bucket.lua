@@ -5,9 +5,14 @@
 -- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
 -- the module's. State: hash {tokens, ts (unix microseconds)}, absolute expiry when full again.
 -- Every number is computed in the same order as src/core/token_bucket.rs, and numbers passed to
--- redis.call are stored by Redis as "%.17g", which the module writes too: given the same state
--- and the same TIME, both store the same bytes and give the same reply.
+-- redis.call are stored by Redis 7.0 as "%.17g", which the module writes too: given the same
+-- state and the same TIME, both store the same bytes and give the same reply.
+--
+-- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
+-- block with parse / load / decide / store, and a short "main". lua-reference/multi.lua is
+-- assembled from these blocks.
 
+-- @common
 local MAX_INTEGER_ARG = 1e15
 local MAX_RATE_ARG = 1e15
 local MAX_FILL_SECONDS = 1e10
@@ -28,6 +33,7 @@ local function is_decimal(s)
       or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
 end
 
+-- An integer argument in [lo, hi], or nil and the error message.
 local function integer_arg(s, lo, hi, not_integer, out_of_range)
   if not is_integer(s) then return nil, not_integer end
   local v = tonumber(s)
@@ -35,80 +41,134 @@ local function integer_arg(s, lo, hi, not_integer, out_of_range)
   return nil, out_of_range
 end
 
-if #KEYS ~= 1 or #ARGV < 2 or #ARGV > 3 then
-  return redis.error_reply("ERR wrong number of arguments for 'rl.tokenbucket' command")
-end
-local key = KEYS[1]
-
-local capacity, err = integer_arg(ARGV[1], 1, MAX_INTEGER_ARG,
-  'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
-if not capacity then return redis.error_reply(err) end
-
-if not is_decimal(ARGV[2]) then
-  return redis.error_reply('ERR refill_per_sec must be a number')
-end
-local rate = tonumber(ARGV[2])
-if not (rate > 0 and rate <= MAX_RATE_ARG) then
-  return redis.error_reply('ERR refill_per_sec must be greater than 0 and at most 1000000000000000')
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
 end
 
-local cost = 1
-if ARGV[3] then
-  cost, err = integer_arg(ARGV[3], 0, MAX_INTEGER_ARG,
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
     'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
-  if not cost then return redis.error_reply(err) end
 end
 
-if capacity / rate > MAX_FILL_SECONDS then
-  return redis.error_reply('ERR capacity / refill_per_sec must be at most 10000000000 seconds')
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
 end
 
--- State. pcall keeps Redis's own WRONGTYPE message unchanged.
-local fields = redis.pcall('HMGET', key, 'tokens', 'ts')
-if fields.err then return fields end
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-
-local tokens, ts
-if not fields[1] and not fields[2] and redis.call('EXISTS', key) == 0 then
-  tokens, ts = capacity, now
-else
-  tokens = fields[1] and is_decimal(fields[1]) and tonumber(fields[1])
-  if not (tokens and tokens >= 0 and tokens < math.huge) then
-    return redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
+-- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
+local function load_hash(key, ...)
+  local fields = redis.pcall('HMGET', key, ...)
+  if fields.err then return nil, fields end
+  for i = 1, select('#', ...) do
+    if fields[i] then return fields end
   end
-  ts = fields[2] and is_integer(fields[2]) and tonumber(fields[2])
-  if not (ts and ts >= 0 and ts <= MAX_TIMESTAMP_US) then
-    return redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  if redis.call('EXISTS', key) == 0 then return false end
+  return fields
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter token_bucket
+local token_bucket = {
+  ARITY = "ERR wrong number of arguments for 'rl.tokenbucket' command",
+}
+
+function token_bucket.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, token_bucket.ARITY end
+  local capacity, rate, cost, err
+  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
+  if not capacity then return nil, err end
+  rate, err = rate_arg(argv[2], 'ERR refill_per_sec must be a number',
+    'ERR refill_per_sec must be greater than 0 and at most 1000000000000000')
+  if not rate then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  if capacity / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR capacity / refill_per_sec must be at most 10000000000 seconds'
   end
+  return {capacity = capacity, rate = rate, cost = cost}
 end
 
--- A clock that went backwards refills nothing and never moves the stored time back.
-local elapsed = now - ts
-if elapsed < 0 then elapsed = 0 end
-local t = now
-if ts > now then t = ts end
-tokens = tokens + elapsed * rate / 1000000
-if tokens > capacity then tokens = capacity end
-
-local allowed = cost <= tokens
-local consumes = allowed and cost > 0
-if consumes then tokens = tokens - cost end
-
-local retry_after
-if allowed then
-  retry_after = 0
-elseif cost > capacity then
-  retry_after = -1
-else
-  retry_after = math.ceil((cost - tokens) * 1000 / rate)
-end
-local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
-
-if consumes then
-  redis.call('HSET', key, 'tokens', tokens, 'ts', t)
-  redis.call('PEXPIREAT', key, math.ceil(t / 1000) + reset_after)
+-- false for a new bucket, the state, or nil and an error reply.
+function token_bucket.load(key)
+  local fields, err = load_hash(key, 'tokens', 'ts')
+  if not fields then return fields, err end
+  local tokens = stored_amount(fields[1])
+  if not tokens then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
+  end
+  local ts = stored_timestamp(fields[2])
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  return {tokens = tokens, ts = ts}
 end
 
-return {allowed and 1 or 0, math.floor(tokens), retry_after, reset_after, capacity}
+-- The reply, and what to store (nil when nothing is written).
+function token_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local tokens, ts = capacity, now
+  if state then tokens, ts = state.tokens, state.ts end
+  -- A clock that went backwards refills nothing and never moves the stored time back.
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  local t = now
+  if ts > now then t = ts end
+  tokens = tokens + elapsed * rate / 1000000
+  if tokens > capacity then tokens = capacity end
+
+  local allowed = cost <= tokens
+  local consumes = allowed and cost > 0
+  if consumes then tokens = tokens - cost end
+
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > capacity then
+    retry_after = -1
+  else
+    retry_after = math.ceil((cost - tokens) * 1000 / rate)
+  end
+  local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
+
+  local write
+  if consumes then
+    write = {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+  end
+  return {allowed and 1 or 0, math.floor(tokens), retry_after, reset_after, capacity}, write
+end
+
+function token_bucket.store(key, w)
+  redis.call('HSET', key, 'tokens', w.tokens, 'ts', w.ts)
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
+-- @main
+if #KEYS ~= 1 then return redis.error_reply(token_bucket.ARITY) end
+local args, err = token_bucket.parse(ARGV)
+if not args then return redis.error_reply(err) end
+local state, load_err = token_bucket.load(KEYS[1])
+if state == nil then return load_err end
+local reply, write = token_bucket.decide(args, state, now_us())
+if write then token_bucket.store(KEYS[1], write) end
+return reply

@@ -17,6 +17,7 @@ pub mod core;
 pub mod error;
 pub mod number;
 pub mod pipeline;
+pub mod stats;
 pub mod stored;
 
 use binding::on_load;

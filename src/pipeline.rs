@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicPtr;
 use crate::core::Reply;
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_g17};
+use crate::stats::CommandStats;
 
 /// A hash field name. `handle` is a slot where a storage layer may keep its own representation of
 /// the name (the Redis binding keeps a `RedisModuleString` there, created once).
@@ -59,6 +60,11 @@ pub struct HashWrite<const N: usize> {
 pub trait HashLimiter<const N: usize> {
     type Args;
     type State: Copy;
+
+    /// The command's name as registered (`RL.TOKENBUCKET`).
+    const NAME: &'static CStr;
+    /// The command's counters, shown by INFO.
+    const STATS: &'static CommandStats;
 
     /// Field names, in the order `decode` reads them and `HashWrite::values` stores them.
     const FIELDS: [&'static FieldName; N];

@@ -472,3 +472,21 @@ fn test_clock_routes_time_for_clients_and_scripts() {
         .unwrap();
     assert_eq!(from_script, ["1234567890", "123456"]);
 }
+
+#[test]
+fn info_section_counts_calls_allowed_denied_and_errors() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    for _ in 0..3 {
+        tb(&mut c, "k", &["2", "1"]);
+    }
+    let _ = cmd(&mut c, &[TB, "k", "x", "1"]);
+    let expected = "calls=4,allowed=2,denied=1,errors=1";
+    for section in ["modules", "ratelimit", "ratelimit_limits"] {
+        assert_eq!(
+            info_field(&mut c, section, "ratelimit_rl_tokenbucket"),
+            expected,
+            "INFO {section}"
+        );
+    }
+}

@@ -18,7 +18,7 @@ pub(crate) const API_MISSING: ErrorReply =
 macro_rules! api {
     ($name:ident) => {
         // SAFETY: a plain read of a function pointer written once, at module load.
-        match unsafe { raw::$name } {
+        match unsafe { redis_module::raw::$name } {
             Some(f) => Ok(f),
             None => Err($crate::binding::api::API_MISSING),
         }

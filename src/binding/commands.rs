@@ -1,43 +1,48 @@
-//! One entry point per command, each a few lines of glue from arguments to a pure core.
+//! The command table: every command the module registers, and the generic entry points that
+//! connect a command's definition (`crate::command`) to Redis.
 
-use std::ffi::c_int;
+use std::ffi::{CStr, c_int};
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::{Command, api, clock, entry, hash_key};
 use crate::command::token_bucket::TokenBucket;
-use crate::core::Reply;
+use crate::pipeline::HashLimiter;
 
 /// Flags of every limiter command: it may write, must not write when out of memory, and runs in
 /// constant time. One key, at position 1.
-const LIMITER_FLAGS: &std::ffi::CStr = c"write deny-oom fast";
+const LIMITER_FLAGS: &CStr = c"write deny-oom fast";
 
-pub const ALL: [Command; 1] = [Command {
-    name: c"RL.TOKENBUCKET",
-    handler: token_bucket_command,
-    flags: LIMITER_FLAGS,
-    keys: (1, 1, 1),
-}];
+/// A limiter whose state is one hash: the pipeline in `hash_key`.
+const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
+    Command {
+        name: L::NAME,
+        handler: hash_command::<L, N>,
+        flags: LIMITER_FLAGS,
+        keys: (1, 1, 1),
+        stats: Some(L::STATS),
+    }
+}
+
+pub const ALL: [Command; 1] = [hash_limiter::<TokenBucket, 2>()];
 
 pub const TEST_CLOCK: Command = Command {
     name: c"RL.TESTCLOCK",
     handler: test_clock_command,
     flags: c"readonly fast",
     keys: (0, 0, 0),
+    stats: None,
 };
 
-fn reply(ctx: *mut RedisModuleCtx, reply: Reply) -> c_int {
-    api::reply_integers(ctx, &reply.to_array())
-}
-
-unsafe extern "C" fn token_bucket_command(
+unsafe extern "C" fn hash_command<L: HashLimiter<N>, const N: usize>(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, |ctx, argv| {
-        let r = hash_key::run::<TokenBucket, 2>(ctx, argv)?;
-        Ok(reply(ctx, r))
+        let outcome = hash_key::run::<L, N>(ctx, argv);
+        L::STATS.record(&outcome);
+        Ok(api::reply_integers(ctx, &outcome?.to_array()))
     })
 }
 

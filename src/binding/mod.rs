@@ -5,6 +5,7 @@ pub(crate) mod api;
 mod clock;
 mod commands;
 mod hash_key;
+mod info;
 
 use std::ffi::{CStr, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -13,6 +14,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use redis_module::{Context, ModuleOptions, RedisString, Status};
 
 use crate::error::ErrorReply;
+use crate::stats::CommandStats;
 
 const INTERNAL_ERROR: ErrorReply =
     ErrorReply(c"ERR internal error in the rate limiter module (see the server log)");
@@ -46,6 +48,8 @@ struct Command {
     flags: &'static CStr,
     /// First key, last key, key step (0, 0, 0: no keys).
     keys: (c_int, c_int, c_int),
+    /// Counters shown by INFO (limiter commands only).
+    stats: Option<&'static CommandStats>,
 }
 
 fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
@@ -90,6 +94,9 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     let mut result = commands::ALL
         .iter()
         .try_for_each(|cmd| register(ctx.ctx, cmd));
+    if result.is_ok() {
+        result = info::register(ctx.ctx).map_err(str::to_string);
+    }
     if test_clock && result.is_ok() {
         ctx.log_warning(
             "ratelimit: TESTCLOCK is on: time stands still until RL.TESTCLOCK moves it",

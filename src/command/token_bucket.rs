@@ -1,9 +1,12 @@
 //! `RL.TOKENBUCKET key capacity refill_per_sec [cost]`; state: hash `tokens`, `ts`.
 
+use std::ffi::CStr;
+
 use crate::args::{COST, IntegerArg, MAX_FILL_SECONDS, MAX_INTEGER_ARG, RateArg};
 use crate::core::{Reply, token_bucket};
 use crate::error::ErrorReply;
 use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,9 +40,13 @@ pub static TS: FieldName = FieldName::new(c"ts");
 
 pub struct TokenBucket;
 
+static STATS: CommandStats = CommandStats::new();
+
 impl HashLimiter<2> for TokenBucket {
     type Args = Args;
     type State = token_bucket::State;
+    const NAME: &'static CStr = c"RL.TOKENBUCKET";
+    const STATS: &'static CommandStats = &STATS;
     const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
     const ARITY_ERROR: ErrorReply =
         ErrorReply(c"ERR wrong number of arguments for 'rl.tokenbucket' command");
