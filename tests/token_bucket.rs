@@ -370,6 +370,11 @@ fn command_metadata_for_cluster_and_acl() {
     for flag in ["write", "denyoom", "fast"] {
         assert!(info.contains(flag), "flag {flag} in {info}");
     }
+    assert!(info.contains("int(-4)"), "arity -4 in {info}");
+    let docs = format!("{:?}", cmd(&mut c, &["COMMAND", "DOCS", TB]).unwrap());
+    for word in ["Token bucket", "capacity", "refill_per_sec", "optional"] {
+        assert!(docs.contains(word), "{word} in {docs}");
+    }
     // An ACL user limited to keys "app:*" may use the command on those keys only.
     cmd(
         &mut c,

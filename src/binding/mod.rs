@@ -4,10 +4,11 @@
 pub(crate) mod api;
 mod clock;
 mod commands;
+mod docs;
 mod hash_key;
 mod info;
 
-use std::ffi::{CStr, c_int};
+use std::ffi::{CStr, CString, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
@@ -55,22 +56,19 @@ struct Command {
 fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
     let create = api::api!(RedisModule_CreateCommand).map_err(|e| e.message().to_string())?;
     let (first, last, step) = cmd.keys;
-    // SAFETY: valid load-time context; name and flags are NUL-terminated statics.
+    // Registered in lower case, as Redis names its own commands: Redis's arity error quotes the
+    // registered name, and ours quote the same.
+    let name = CString::new(cmd.name.to_bytes().to_ascii_lowercase()).map_err(|e| e.to_string())?;
+    // SAFETY: valid load-time context; name and flags are NUL-terminated, Redis copies the name.
     let status = unsafe {
-        create(
-            ctx,
-            cmd.name.as_ptr(),
-            Some(cmd.handler),
-            cmd.flags.as_ptr(),
-            first,
-            last,
-            step,
-        )
+        create(ctx, name.as_ptr(), Some(cmd.handler), cmd.flags.as_ptr(), first, last, step)
     };
-    if status == raw::REDISMODULE_OK as c_int {
-        Ok(())
-    } else {
-        Err(format!("could not register {}", cmd.name.to_string_lossy()))
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!("could not register {}", cmd.name.to_string_lossy()));
+    }
+    match docs::doc_for(cmd.name) {
+        Some(doc) => docs::set(ctx, cmd.name, doc),
+        None => Ok(()),
     }
 }
 
