@@ -116,3 +116,158 @@ pub fn apply<L: HashLimiter<N>, S: HashStore, const N: usize>(
     }
     Ok(reply)
 }
+
+/// A storage key seen through an object-safe interface, for calls that mix algorithms.
+pub trait DynHashStore {
+    fn kind(&self) -> Result<KeyKind, ErrorReply>;
+    fn get_owned(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply>;
+    fn write(
+        &mut self,
+        fields: &[(&'static FieldName, &[u8])],
+        expire_at_ms: i64,
+    ) -> Result<(), ErrorReply>;
+}
+
+impl<S: HashStore> DynHashStore for S {
+    fn kind(&self) -> Result<KeyKind, ErrorReply> {
+        HashStore::kind(self)
+    }
+
+    fn get_owned(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
+        Ok(self.get(field)?.map(|b| b.as_ref().to_vec()))
+    }
+
+    fn write(
+        &mut self,
+        fields: &[(&'static FieldName, &[u8])],
+        expire_at_ms: i64,
+    ) -> Result<(), ErrorReply> {
+        HashStore::write(self, fields, expire_at_ms)
+    }
+}
+
+/// One limit of a multi-limit call: its parsed arguments (with the call's cost, and with cost 0
+/// for reporting), its loaded state and, once decided, its pending write.
+pub trait Limit {
+    fn load(&mut self, store: &dyn DynHashStore) -> Result<(), ErrorReply>;
+    /// Decides with the call's cost; the write is kept until `commit`.
+    fn decide(&mut self, now_us: i64) -> Reply;
+    /// The reply this limit gives without consuming (used when another limit denied the call).
+    fn peek(&self, now_us: i64) -> Reply;
+    fn commit(&self, store: &mut dyn DynHashStore) -> Result<(), ErrorReply>;
+}
+
+pub struct LimitOf<L: HashLimiter<N>, const N: usize> {
+    args: L::Args,
+    peek_args: L::Args,
+    prior: Option<L::State>,
+    write: Option<HashWrite<N>>,
+}
+
+impl<L: HashLimiter<N>, const N: usize> LimitOf<L, N> {
+    /// `params` are the limit's arguments without the cost.
+    pub fn parse(params: &[&[u8]], cost: &[u8]) -> Result<Self, ErrorReply> {
+        Ok(Self {
+            peek_args: Self::parse_with_cost(params, b"0")?,
+            args: Self::parse_with_cost(params, cost)?,
+            prior: None,
+            write: None,
+        })
+    }
+
+    fn parse_with_cost(params: &[&[u8]], cost: &[u8]) -> Result<L::Args, ErrorReply> {
+        let mut buf: [&[u8]; 8] = [&[]; 8];
+        let mut n = 0;
+        for (slot, arg) in buf.iter_mut().zip(params.iter().copied().chain([cost])) {
+            *slot = arg;
+            n += 1;
+        }
+        if n != params.len() + 1 {
+            return Err(L::ARITY_ERROR);
+        }
+        L::parse(buf.get(..n).unwrap_or_default())
+    }
+}
+
+impl<L: HashLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
+    fn load(&mut self, store: &dyn DynHashStore) -> Result<(), ErrorReply> {
+        self.prior = match store.kind()? {
+            KeyKind::Empty => None,
+            KeyKind::Other => return Err(WRONGTYPE),
+            KeyKind::Hash => {
+                let mut held: [Option<Vec<u8>>; N] = [const { None }; N];
+                for (slot, field) in held.iter_mut().zip(L::FIELDS) {
+                    *slot = store.get_owned(field)?;
+                }
+                Some(L::decode(held.each_ref().map(|v| v.as_deref()))?)
+            }
+        };
+        Ok(())
+    }
+
+    fn decide(&mut self, now_us: i64) -> Reply {
+        let (reply, write) = L::decide(&self.args, now_us, self.prior);
+        self.write = write;
+        reply
+    }
+
+    fn peek(&self, now_us: i64) -> Reply {
+        L::decide(&self.peek_args, now_us, self.prior).0
+    }
+
+    fn commit(&self, store: &mut dyn DynHashStore) -> Result<(), ErrorReply> {
+        let Some(write) = &self.write else {
+            return Ok(());
+        };
+        let mut text = [[0u8; G17_MAX_LEN]; N];
+        let mut lens = [0usize; N];
+        for ((buf, len), v) in text.iter_mut().zip(lens.iter_mut()).zip(write.values) {
+            *len = format_g17(v, buf);
+        }
+        let mut fields: [(&'static FieldName, &[u8]); N] = L::FIELDS.map(|f| (f, &[][..]));
+        for ((slot, buf), len) in fields.iter_mut().zip(&text).zip(lens) {
+            slot.1 = buf.get(..len).unwrap_or_default();
+        }
+        store.write(&fields, write.expire_at_ms)
+    }
+}
+
+/// The outcome of a multi-limit call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllReply {
+    pub allowed: bool,
+    /// 1-based position of the first limit that denied; 0 when all admitted.
+    pub denied_by: usize,
+    pub replies: Vec<Reply>,
+}
+
+/// Admits only if every limit admits, consuming from all or none. Keys are loaded in order (the
+/// first bad key's error is the reply), decided at one instant, then written only if all admit.
+/// A limit that would admit while another denies reports its unconsumed state (cost 0).
+pub fn apply_all(
+    limits: &mut [Box<dyn Limit>],
+    stores: &mut [&mut dyn DynHashStore],
+    now_us: i64,
+) -> Result<AllReply, ErrorReply> {
+    for (limit, store) in limits.iter_mut().zip(stores.iter()) {
+        limit.load(&**store)?;
+    }
+    let mut replies: Vec<Reply> = limits.iter_mut().map(|l| l.decide(now_us)).collect();
+    let denied_by = replies.iter().position(|r| !r.allowed).map_or(0, |i| i + 1);
+    if denied_by == 0 {
+        for (limit, store) in limits.iter().zip(stores.iter_mut()) {
+            limit.commit(&mut **store)?;
+        }
+    } else {
+        for (reply, limit) in replies.iter_mut().zip(limits.iter()) {
+            if reply.allowed {
+                *reply = limit.peek(now_us);
+            }
+        }
+    }
+    Ok(AllReply {
+        allowed: denied_by == 0,
+        denied_by,
+        replies,
+    })
+}

@@ -33,11 +33,16 @@ impl CommandStats {
     }
 
     pub fn record(&self, outcome: &Result<Reply, ErrorReply>) {
+        self.record_decision(outcome.as_ref().map(|r| r.allowed).ok());
+    }
+
+    /// `Some(allowed)` for a decision, `None` for an error reply.
+    pub fn record_decision(&self, allowed: Option<bool>) {
         bump(&self.calls);
-        match outcome {
-            Ok(r) if r.allowed => bump(&self.allowed),
-            Ok(_) => bump(&self.denied),
-            Err(_) => bump(&self.errors),
+        match allowed {
+            Some(true) => bump(&self.allowed),
+            Some(false) => bump(&self.denied),
+            None => bump(&self.errors),
         }
     }
 

@@ -6,7 +6,7 @@ mod harness;
 
 use std::cell::{Cell, RefCell};
 
-use harness::scenarios::{Corruption, Step, token_bucket_sequence};
+use harness::scenarios::{AllStep, Corruption, Step, all_sequence, token_bucket_sequence};
 use harness::{Server, call, cmd, hash_bytes, lua_script, now_us, pexpiretime, set_clock};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -100,4 +100,76 @@ fn token_bucket_module_and_evalsha_agree_on_a_live_server() {
     );
     println!("token bucket: {steps} live calls compared");
     assert!(steps >= 10_000, "only {steps} calls compared");
+}
+
+#[test]
+fn all_limits_module_and_evalsha_agree_on_a_live_server() {
+    let server = Server::with_test_clock();
+    let mut c = server.connect();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(lua_script("all.lua"))
+        .query(&mut c)
+        .unwrap();
+    let start = now_us() + 86_400_000_000;
+    let conn = RefCell::new(c);
+    let case = Cell::new(0usize);
+    let steps_run = Cell::new(0usize);
+    let mut runner = TestRunner::new(Config {
+        cases: 100,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&all_sequence(20..150), |steps: Vec<AllStep>| {
+        case.set(case.get() + 1);
+        let mut c = conn.borrow_mut();
+        let c = &mut *c;
+        let mut now = start;
+        for (i, step) in steps.iter().enumerate() {
+            now = (now + step.dt_us).max(start);
+            set_clock(c, now);
+            let ours: Vec<String> = (0..step.numkeys)
+                .map(|k| format!("m:{}:{k}", case.get()))
+                .collect();
+            let theirs: Vec<String> = (0..step.numkeys)
+                .map(|k| format!("l:{}:{k}", case.get()))
+                .collect();
+            if let Some((k, corruption)) = &step.corrupt {
+                corrupt(c, &ours[*k], corruption);
+                corrupt(c, &theirs[*k], corruption);
+            }
+            let numkeys = step.numkeys.to_string();
+            let mut module_call: Vec<&[u8]> = vec![b"RL.ALL", numkeys.as_bytes()];
+            module_call.extend(ours.iter().map(|k| k.as_bytes()));
+            module_call.extend(step.words.iter().map(|w| w.as_bytes()));
+            let mut script_call: Vec<&[u8]> = vec![b"EVALSHA", sha.as_bytes(), numkeys.as_bytes()];
+            script_call.extend(theirs.iter().map(|k| k.as_bytes()));
+            script_call.extend(step.words.iter().map(|w| w.as_bytes()));
+            let a = call(c, &module_call);
+            let b = call(c, &script_call);
+            prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
+            for (m, l) in ours.iter().zip(&theirs) {
+                prop_assert_eq!(
+                    hash_bytes(c, m),
+                    hash_bytes(c, l),
+                    "fields after step {}",
+                    i
+                );
+                prop_assert_eq!(
+                    pexpiretime(c, m),
+                    pexpiretime(c, l),
+                    "expiry after step {}",
+                    i
+                );
+            }
+        }
+        steps_run.set(steps_run.get() + steps.len());
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("RL.ALL and all.lua differ on a live server: {e}");
+    }
+    let steps = steps_run.get();
+    println!("RL.ALL: {steps} live calls compared");
+    assert!(steps >= 5_000, "only {steps} calls compared");
 }

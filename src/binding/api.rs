@@ -272,3 +272,27 @@ pub fn reply_integer(ctx: *mut RedisModuleCtx, value: i64) -> c_int {
         Err(_) => raw::REDISMODULE_ERR as c_int,
     }
 }
+
+/// An array of `head` integers followed by one integer array per element of `nested`.
+pub fn reply_nested(ctx: *mut RedisModuleCtx, head: &[i64], nested: &[[i64; 5]]) -> c_int {
+    let (Ok(array), Ok(int)) = (
+        api!(RedisModule_ReplyWithArray),
+        api!(RedisModule_ReplyWithLongLong),
+    ) else {
+        return raw::REDISMODULE_ERR as c_int;
+    };
+    // SAFETY: valid context; every array length matches the elements that follow it.
+    unsafe {
+        array(ctx, (head.len() + nested.len()) as c_long);
+        for v in head {
+            int(ctx, *v as c_longlong);
+        }
+        for inner in nested {
+            array(ctx, inner.len() as c_long);
+            for v in inner {
+                int(ctx, *v as c_longlong);
+            }
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}

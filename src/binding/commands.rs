@@ -6,6 +6,7 @@ use std::ffi::{CStr, c_int};
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::{Command, api, clock, entry, hash_key};
+use crate::command::all;
 use crate::command::token_bucket::TokenBucket;
 use crate::pipeline::HashLimiter;
 
@@ -24,7 +25,18 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
     }
 }
 
-pub const ALL: [Command; 1] = [hash_limiter::<TokenBucket, 2>()];
+pub const ALL: [Command; 2] = [
+    hash_limiter::<TokenBucket, 2>(),
+    Command {
+        name: all::NAME,
+        handler: all_command,
+        flags: LIMITER_FLAGS,
+        // numkeys key [key ...]: the precise key spec is set with the command's docs; these
+        // positions cover the first key for servers without key specs.
+        keys: (2, 2, 1),
+        stats: Some(&all::STATS),
+    },
+];
 
 pub const TEST_CLOCK: Command = Command {
     name: c"RL.TESTCLOCK",
@@ -52,4 +64,23 @@ unsafe extern "C" fn test_clock_command(
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, clock::test_clock_command)
+}
+
+/// `RL.ALL`: `[allowed, denied_by, [reply of limit 1], [reply of limit 2], ...]`.
+unsafe extern "C" fn all_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    entry(ctx, argv, argc, |ctx, argv| {
+        let outcome = hash_key::run_all(ctx, argv);
+        all::STATS.record_decision(outcome.as_ref().map(|r| r.allowed).ok());
+        let r = outcome?;
+        let head = [
+            i64::from(r.allowed),
+            i64::try_from(r.denied_by).unwrap_or(0),
+        ];
+        let nested: Vec<[i64; 5]> = r.replies.iter().map(|x| x.to_array()).collect();
+        Ok(api::reply_nested(ctx, &head, &nested))
+    })
 }

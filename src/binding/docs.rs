@@ -8,7 +8,6 @@ use std::ptr;
 
 use redis_module::raw::{self, RedisModuleCommandArg, RedisModuleCommandKeySpec, RedisModuleCtx};
 
-
 /// One argument as `COMMAND DOCS` lists it.
 pub struct Arg {
     pub name: &'static CStr,
@@ -23,6 +22,7 @@ pub enum ArgKind {
     Key,
     Integer,
     Double,
+    String,
 }
 
 /// Where a command's keys are.
@@ -44,17 +44,31 @@ pub struct Doc {
 }
 
 pub const fn arg(name: &'static CStr, kind: ArgKind) -> Arg {
-    Arg { name, kind, optional: false, multiple: false }
+    Arg {
+        name,
+        kind,
+        optional: false,
+        multiple: false,
+    }
 }
 
 pub const fn optional(name: &'static CStr, kind: ArgKind) -> Arg {
-    Arg { name, kind, optional: true, multiple: false }
+    Arg {
+        name,
+        kind,
+        optional: true,
+        multiple: false,
+    }
 }
 
 fn key_spec(keys: Keys) -> RedisModuleCommandKeySpec {
     // SAFETY: an all-zero key spec is valid (null notes, zero flags, empty unions).
     let mut spec: RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
-    spec.flags = u64::from(raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE);
+    spec.flags = u64::from(
+        raw::REDISMODULE_CMD_KEY_RW
+            | raw::REDISMODULE_CMD_KEY_ACCESS
+            | raw::REDISMODULE_CMD_KEY_UPDATE,
+    );
     spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
     match keys {
         Keys::One(pos) => {
@@ -83,8 +97,13 @@ fn command_arg(a: &Arg) -> RedisModuleCommandArg {
         ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
         ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
         ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+        ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
     };
-    out.key_spec_index = if matches!(a.kind, ArgKind::Key) { 0 } else { -1 };
+    out.key_spec_index = if matches!(a.kind, ArgKind::Key) {
+        0
+    } else {
+        -1
+    };
     let mut flags = 0;
     if a.optional {
         flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
@@ -100,9 +119,9 @@ fn command_arg(a: &Arg) -> RedisModuleCommandArg {
 /// that lack the API; an error if the server rejects the metadata.
 pub fn set(ctx: *mut RedisModuleCtx, name: &'static CStr, doc: &Doc) -> Result<(), String> {
     // SAFETY: plain reads of function pointers written at load time.
-    let (Some(get_command), Some(set_info)) =
-        (unsafe { raw::RedisModule_GetCommand }, unsafe { raw::RedisModule_SetCommandInfo })
-    else {
+    let (Some(get_command), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
+        raw::RedisModule_SetCommandInfo
+    }) else {
         return Ok(());
     };
     let version = raw::RedisModuleCommandInfoVersion {
@@ -138,7 +157,10 @@ pub fn set(ctx: *mut RedisModuleCtx, name: &'static CStr, doc: &Doc) -> Result<(
     if status == raw::REDISMODULE_OK as c_int {
         Ok(())
     } else {
-        Err(format!("Redis rejected the metadata of {}", name.to_string_lossy()))
+        Err(format!(
+            "Redis rejected the metadata of {}",
+            name.to_string_lossy()
+        ))
     }
 }
 
@@ -151,13 +173,42 @@ const TOKEN_BUCKET: Doc = Doc {
     complexity: c"O(1)",
     arity: -4,
     keys: Keys::One(1),
-    args: &[arg(c"key", Key), arg(c"capacity", Integer), arg(c"refill_per_sec", Double), COST],
+    args: &[
+        arg(c"key", Key),
+        arg(c"capacity", Integer),
+        arg(c"refill_per_sec", Double),
+        COST,
+    ],
+};
+
+const ALL: Doc = Doc {
+    summary: c"Checks several limits at once; admits only if all admit, consuming from all or none",
+    complexity: c"O(N) where N is the number of limits",
+    arity: -6,
+    keys: Keys::Counted(1),
+    args: &[
+        arg(c"numkeys", Integer),
+        Arg {
+            name: c"key",
+            kind: Key,
+            optional: false,
+            multiple: true,
+        },
+        Arg {
+            name: c"limit",
+            kind: ArgKind::String,
+            optional: false,
+            multiple: true,
+        },
+        optional(c"cost", Integer),
+    ],
 };
 
 /// The metadata of each command, by name.
 pub fn doc_for(name: &CStr) -> Option<&'static Doc> {
     match name.to_bytes() {
         b"RL.TOKENBUCKET" => Some(&TOKEN_BUCKET),
+        b"RL.ALL" => Some(&ALL),
         _ => None,
     }
 }

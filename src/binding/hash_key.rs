@@ -8,9 +8,10 @@ use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::api::{self, OpenKey, TempString};
 use super::clock;
+use crate::command::all;
 use crate::core::Reply;
 use crate::error::ErrorReply;
-use crate::pipeline::{self, FieldName, HashLimiter, HashStore, KeyKind};
+use crate::pipeline::{self, AllReply, DynHashStore, FieldName, HashLimiter, HashStore, KeyKind};
 
 /// The field name as a Redis string, created on first use and kept for the module's life.
 fn field_string(field: &'static FieldName) -> Result<*mut RedisModuleString, ErrorReply> {
@@ -89,4 +90,33 @@ pub fn run<L: HashLimiter<N>, const N: usize>(
         key: OpenKey::open(ctx, *name)?,
     };
     pipeline::apply::<L, _, N>(&mut store, &args, clock::now_us())
+}
+
+/// Runs one `RL.ALL` call: every key opened once, all decided at one instant.
+pub fn run_all(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<AllReply, ErrorReply> {
+    let rest = argv.get(1..).unwrap_or_default();
+    let bytes: Vec<&[u8]> = rest
+        .iter()
+        // SAFETY: argv strings live for the whole call and are not modified.
+        .map(|s| unsafe { api::string_bytes(*s) })
+        .collect();
+    let mut call = all::parse(&bytes)?;
+    // Key names as Redis strings: argv[2 ..= 1 + numkeys].
+    let names = argv.get(2..2 + call.keys.len()).ok_or(all::ARITY)?;
+    let mut keys = Vec::with_capacity(names.len());
+    for name in names {
+        keys.push(RedisHashKey {
+            ctx,
+            name: *name,
+            key: OpenKey::open(ctx, *name)?,
+        });
+    }
+    let mut stores: Vec<&mut dyn DynHashStore> = keys
+        .iter_mut()
+        .map(|k| k as &mut dyn DynHashStore)
+        .collect();
+    pipeline::apply_all(&mut call.limits, &mut stores, clock::now_us())
 }

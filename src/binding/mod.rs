@@ -61,7 +61,15 @@ fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
     let name = CString::new(cmd.name.to_bytes().to_ascii_lowercase()).map_err(|e| e.to_string())?;
     // SAFETY: valid load-time context; name and flags are NUL-terminated, Redis copies the name.
     let status = unsafe {
-        create(ctx, name.as_ptr(), Some(cmd.handler), cmd.flags.as_ptr(), first, last, step)
+        create(
+            ctx,
+            name.as_ptr(),
+            Some(cmd.handler),
+            cmd.flags.as_ptr(),
+            first,
+            last,
+            step,
+        )
     };
     if status != raw::REDISMODULE_OK as c_int {
         return Err(format!("could not register {}", cmd.name.to_string_lossy()));

@@ -300,3 +300,83 @@ impl LuaTwin {
         }
     }
 }
+
+/// One key of a keyspace shared by several open keys at once (multi-limit calls).
+pub struct SharedKey<'a> {
+    pub space: &'a RefCell<Keyspace>,
+    pub key: Vec<u8>,
+}
+
+impl HashStore for SharedKey<'_> {
+    type Bytes = Vec<u8>;
+
+    fn kind(&self) -> Result<KeyKind, ErrorReply> {
+        MemoryKey {
+            space: &mut self.space.borrow_mut(),
+            key: self.key.clone(),
+        }
+        .kind()
+    }
+
+    fn get(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
+        MemoryKey {
+            space: &mut self.space.borrow_mut(),
+            key: self.key.clone(),
+        }
+        .get(field)
+    }
+
+    fn write(
+        &mut self,
+        fields: &[(&'static FieldName, &[u8])],
+        expire_at_ms: i64,
+    ) -> Result<(), ErrorReply> {
+        MemoryKey {
+            space: &mut self.space.borrow_mut(),
+            key: self.key.clone(),
+        }
+        .write(fields, expire_at_ms)
+    }
+}
+
+fn flatten(value: LuaValue, out: &mut Vec<i64>) {
+    match value {
+        LuaValue::Integer(i) => out.push(i),
+        LuaValue::Number(n) => out.push(n as i64),
+        LuaValue::Table(t) => {
+            for v in t.sequence_values::<LuaValue>() {
+                flatten(v.expect("reply element"), out);
+            }
+        }
+        other => panic!("unexpected reply element {other:?}"),
+    }
+}
+
+impl LuaTwin {
+    /// `EVALSHA <script> <numkeys> keys... args...`; nested array replies are flattened.
+    pub fn eval_keys(&self, keys: &[Vec<u8>], args: &[Vec<u8>]) -> ScriptReply {
+        let table = |items: &[Vec<u8>]| {
+            let t = self.lua.create_table().expect("table");
+            for (i, a) in items.iter().enumerate() {
+                t.raw_set(i + 1, self.lua.create_string(a).expect("string"))
+                    .expect("set");
+            }
+            t
+        };
+        let globals = self.lua.globals();
+        globals.set("KEYS", table(keys)).expect("KEYS");
+        globals.set("ARGV", table(args)).expect("ARGV");
+        match self.script.call::<LuaValue>(()) {
+            Ok(LuaValue::Table(t)) => {
+                if let Ok(LuaValue::String(e)) = t.raw_get::<LuaValue>("err") {
+                    return Err(e.to_string_lossy());
+                }
+                let mut out = Vec::new();
+                flatten(LuaValue::Table(t), &mut out);
+                Ok(out)
+            }
+            Ok(other) => panic!("script returned {other:?}"),
+            Err(e) => Err(format!("script raised: {e}")),
+        }
+    }
+}

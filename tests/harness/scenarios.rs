@@ -147,3 +147,51 @@ pub fn token_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value
         sequence(args, &["tokens", "ts"], len.clone())
     })
 }
+
+/// One `RL.ALL` call: the number of keys and the words after the keys.
+#[derive(Debug, Clone)]
+pub struct AllStep {
+    pub dt_us: i64,
+    pub numkeys: usize,
+    pub words: Vec<String>,
+    /// Corrupts key number `.0` (0-based).
+    pub corrupt: Option<(usize, Corruption)>,
+}
+
+/// The parameters of one limit of `RL.ALL`, keyword first.
+pub fn all_limit_spec() -> impl Strategy<Value = Vec<String>> {
+    let keyword = || prop::sample::select(vec!["TOKENBUCKET", "tokenbucket"]);
+    prop_oneof![
+        10 => (keyword(), 1u64..20, 1u32..100)
+            .prop_map(|(k, c, r)| vec![k.to_string(), c.to_string(), (f64::from(r) / 4.0).to_string()]),
+        2 => (keyword(), count_text(), rate_text()).prop_map(|(k, c, r)| vec![k.to_string(), c, r]),
+        1 => prop::collection::vec(junk(), 0..3),
+    ]
+}
+
+/// Sequences of `RL.ALL` calls over up to three keys with fixed shapes, and now and then junk.
+pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<AllStep>> {
+    (1usize..=3, prop::collection::vec(all_limit_spec(), 3)).prop_flat_map(
+        move |(numkeys, specs)| {
+            let fixed: Vec<String> = specs.iter().take(numkeys).flatten().cloned().collect();
+            let words = prop_oneof![
+                6 => Just(fixed.clone()),
+                3 => (0u64..6).prop_map(move |c| {
+                    let mut w = fixed.clone();
+                    w.extend(["COST".to_string(), c.to_string()]);
+                    w
+                }),
+                1 => prop::collection::vec(all_limit_spec(), 0..4).prop_map(|s| s.concat()),
+            ];
+            let corrupt = prop::option::weighted(0.04, (0..numkeys, corruption(&["tokens", "ts"])));
+            let step =
+                (time_step(), words, corrupt).prop_map(move |(dt_us, words, corrupt)| AllStep {
+                    dt_us,
+                    numkeys,
+                    words,
+                    corrupt,
+                });
+            prop::collection::vec(step, len.clone())
+        },
+    )
+}

@@ -1,0 +1,193 @@
+//! `RL.ALL numkeys key [key ...] ALGORITHM params... [ALGORITHM params...] [COST cost]`
+//!
+//! Several limits checked in one call, the n-th limit on the n-th key: admitted only if every
+//! limit admits, consuming from all or none. Each limit is an algorithm keyword followed by that
+//! algorithm's parameters (its command's arguments without the key and the cost); one `COST`
+//! applies to every limit (default 1).
+
+use std::ffi::CStr;
+
+use crate::command::token_bucket::TokenBucket;
+use crate::error::ErrorReply;
+use crate::number::parse_integer;
+use crate::pipeline::{HashLimiter, Limit, LimitOf};
+use crate::stats::CommandStats;
+
+pub const NAME: &CStr = c"RL.ALL";
+pub static STATS: CommandStats = CommandStats::new();
+
+pub const ARITY: ErrorReply = ErrorReply(c"ERR wrong number of arguments for 'rl.all' command");
+pub const MAX_LIMITS: usize = 16;
+/// Arguments after the command name in the shortest call; Redis checks it too (arity -6).
+pub const MIN_ARGS: usize = 5;
+const NUMKEYS: ErrorReply = ErrorReply(c"ERR numkeys must be an integer between 1 and 16");
+const UNKNOWN: ErrorReply = ErrorReply(c"ERR unknown algorithm, expected one of: TOKENBUCKET");
+const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
+const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
+
+/// An algorithm usable in `RL.ALL`: its keyword and how many parameters follow it.
+pub struct Algorithm {
+    pub keyword: &'static str,
+    pub params: usize,
+    pub build: fn(&[&[u8]], &[u8]) -> Result<Box<dyn Limit>, ErrorReply>,
+}
+
+fn build<L: HashLimiter<N> + 'static, const N: usize>(
+    params: &[&[u8]],
+    cost: &[u8],
+) -> Result<Box<dyn Limit>, ErrorReply> {
+    Ok(Box::new(LimitOf::<L, N>::parse(params, cost)?))
+}
+
+pub const ALGORITHMS: &[Algorithm] = &[Algorithm {
+    keyword: "TOKENBUCKET",
+    params: 2,
+    build: build::<TokenBucket, 2>,
+}];
+
+/// A parsed call: the keys, in order, and one limit per key.
+pub struct Call<'a> {
+    pub keys: &'a [&'a [u8]],
+    pub limits: Vec<Box<dyn Limit>>,
+}
+
+/// Parses everything after the command name.
+pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
+    // The shortest call is `numkeys key ALGORITHM p1 p2`.
+    if args.len() < MIN_ARGS {
+        return Err(ARITY);
+    }
+    let (numkeys, rest) = args.split_first().ok_or(ARITY)?;
+    let n = parse_integer(numkeys).ok_or(NUMKEYS)?;
+    if !(n >= 1.0 && n <= MAX_LIMITS as f64) {
+        return Err(NUMKEYS);
+    }
+    let n = n as usize;
+    if rest.len() < n {
+        return Err(ARITY);
+    }
+    let (keys, mut words) = rest.split_at(n);
+    let mut cost: &[u8] = b"1";
+    if let [head @ .., keyword, value] = words
+        && keyword.eq_ignore_ascii_case(b"COST")
+    {
+        cost = value;
+        words = head;
+    }
+    let mut limits: Vec<Box<dyn Limit>> = Vec::with_capacity(n);
+    while let Some((keyword, after)) = words.split_first() {
+        let algorithm = ALGORITHMS
+            .iter()
+            .find(|a| keyword.eq_ignore_ascii_case(a.keyword.as_bytes()))
+            .ok_or(UNKNOWN)?;
+        if after.len() < algorithm.params {
+            return Err(ARITY);
+        }
+        let (params, next) = after.split_at(algorithm.params);
+        limits.push((algorithm.build)(params, cost)?);
+        words = next;
+    }
+    if limits.len() != n {
+        return Err(COUNT);
+    }
+    for (i, key) in keys.iter().enumerate() {
+        if keys.iter().skip(i + 1).any(|other| other == key) {
+            return Err(DUPLICATE);
+        }
+    }
+    Ok(Call { keys, limits })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(v: &[&str]) -> Result<usize, &'static str> {
+        let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
+        parse(&raw).map(|c| c.limits.len()).map_err(|e| e.message())
+    }
+
+    #[test]
+    fn grammar() {
+        assert_eq!(
+            parse_str(&[
+                "2",
+                "a",
+                "b",
+                "TOKENBUCKET",
+                "10",
+                "5",
+                "tokenbucket",
+                "3",
+                "1"
+            ]),
+            Ok(2)
+        );
+        assert_eq!(
+            parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "COST", "3"]),
+            Ok(1)
+        );
+        assert_eq!(
+            parse_str(&[]),
+            Err("ERR wrong number of arguments for 'rl.all' command")
+        );
+        assert_eq!(
+            parse_str(&["1", "a", "b"]),
+            Err("ERR wrong number of arguments for 'rl.all' command")
+        );
+        assert_eq!(
+            parse_str(&["0", "a", "b", "c", "d"]),
+            Err("ERR numkeys must be an integer between 1 and 16")
+        );
+        assert_eq!(
+            parse_str(&["x", "a", "b", "c", "d"]),
+            Err("ERR numkeys must be an integer between 1 and 16")
+        );
+        assert_eq!(
+            parse_str(&["17", "a", "b", "c", "d"]),
+            Err("ERR numkeys must be an integer between 1 and 16")
+        );
+        assert_eq!(
+            parse_str(&["5", "a", "b", "c", "d"]),
+            Err("ERR wrong number of arguments for 'rl.all' command")
+        );
+        assert_eq!(
+            parse_str(&["1", "a", "BUCKET", "1", "1"]),
+            Err("ERR unknown algorithm, expected one of: TOKENBUCKET")
+        );
+        assert_eq!(
+            parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "TOKENBUCKET"]),
+            Err("ERR wrong number of arguments for 'rl.all' command")
+        );
+        assert_eq!(
+            parse_str(&["2", "a", "b", "TOKENBUCKET", "10", "5"]),
+            Err("ERR the number of limits must equal numkeys")
+        );
+        assert_eq!(
+            parse_str(&["2", "a", "b", "COST", "1"]),
+            Err("ERR the number of limits must equal numkeys")
+        );
+        assert_eq!(
+            parse_str(&[
+                "2",
+                "a",
+                "a",
+                "TOKENBUCKET",
+                "10",
+                "5",
+                "TOKENBUCKET",
+                "1",
+                "1"
+            ]),
+            Err("ERR each limit needs its own key")
+        );
+        assert_eq!(
+            parse_str(&["1", "a", "TOKENBUCKET", "x", "5"]),
+            Err("ERR capacity must be an integer")
+        );
+        assert_eq!(
+            parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "COST", "-1"]),
+            Err("ERR cost must be between 0 and 1000000000000000")
+        );
+    }
+}

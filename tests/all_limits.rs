@@ -1,0 +1,290 @@
+//! RL.ALL on a real redis-server: several limits in one call, all or none.
+
+mod harness;
+
+use harness::*;
+use redis::{Connection, Value};
+
+fn all(c: &mut Connection, args: &[&str]) -> Reply {
+    let mut full = vec!["RL.ALL"];
+    full.extend_from_slice(args);
+    cmd(c, &full)
+}
+
+/// `[allowed, denied_by, [..5], [..5], ...]` as nested vectors.
+fn shape(reply: &Reply) -> (i64, i64, Vec<Vec<i64>>) {
+    let Ok(Value::Array(items)) = reply else {
+        panic!("not an array: {reply:?}")
+    };
+    let int = |v: &Value| match v {
+        Value::Int(i) => *i,
+        other => panic!("not an integer: {other:?}"),
+    };
+    let nested = items[2..].iter().map(|v| ints(&Ok(v.clone()))).collect();
+    (int(&items[0]), int(&items[1]), nested)
+}
+
+const LOGIN: [&str; 9] = [
+    "2",
+    "route:login:ip1",
+    "client:ip1",
+    "TOKENBUCKET",
+    "3",
+    "1",
+    "TOKENBUCKET",
+    "5",
+    "1",
+];
+const SEARCH: [&str; 9] = [
+    "2",
+    "route:search:ip1",
+    "client:ip1",
+    "TOKENBUCKET",
+    "3",
+    "1",
+    "TOKENBUCKET",
+    "5",
+    "1",
+];
+
+#[test]
+fn a_route_limit_and_a_client_limit_consume_together_or_not_at_all() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    assert_eq!(
+        shape(&all(&mut c, &LOGIN)),
+        (1, 0, vec![vec![1, 2, 0, 1000, 3], vec![1, 4, 0, 1000, 5]])
+    );
+    all(&mut c, &LOGIN).unwrap();
+    assert_eq!(
+        shape(&all(&mut c, &LOGIN)),
+        (1, 0, vec![vec![1, 0, 0, 3000, 3], vec![1, 2, 0, 3000, 5]])
+    );
+
+    // The route limit is spent: denied by limit 1; the client limit reports its unconsumed state.
+    let before = (
+        hash_bytes(&mut c, "route:login:ip1"),
+        hash_bytes(&mut c, "client:ip1"),
+    );
+    let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
+    assert_eq!(
+        shape(&all(&mut c, &LOGIN)),
+        (
+            0,
+            1,
+            vec![vec![0, 0, 1000, 3000, 3], vec![1, 2, 0, 3000, 5]]
+        )
+    );
+    assert_eq!(
+        (
+            hash_bytes(&mut c, "route:login:ip1"),
+            hash_bytes(&mut c, "client:ip1")
+        ),
+        before
+    );
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
+        dirty
+    );
+
+    // Another route for the same client: two more, then the client limit denies (limit 2).
+    all(&mut c, &SEARCH).unwrap();
+    all(&mut c, &SEARCH).unwrap();
+    assert_eq!(
+        shape(&all(&mut c, &SEARCH)),
+        (
+            0,
+            2,
+            vec![vec![1, 1, 0, 2000, 3], vec![0, 0, 1000, 5000, 5]]
+        )
+    );
+    assert_eq!(
+        hash_bytes(&mut c, "route:search:ip1")[0].1,
+        b"1".to_vec(),
+        "the route kept its token"
+    );
+
+    advance_clock(&mut c, 1_000_000);
+    assert_eq!(
+        shape(&all(&mut c, &LOGIN)).0,
+        1,
+        "one token back on both after a second"
+    );
+}
+
+#[test]
+fn cost_applies_to_every_limit() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    let r = all(
+        &mut c,
+        &[
+            "2",
+            "a",
+            "b",
+            "TOKENBUCKET",
+            "10",
+            "1",
+            "tokenbucket",
+            "4",
+            "1",
+            "COST",
+            "3",
+        ],
+    );
+    assert_eq!(
+        shape(&r),
+        (1, 0, vec![vec![1, 7, 0, 3000, 10], vec![1, 1, 0, 3000, 4]])
+    );
+    let r = all(
+        &mut c,
+        &[
+            "2",
+            "a",
+            "b",
+            "TOKENBUCKET",
+            "10",
+            "1",
+            "TOKENBUCKET",
+            "4",
+            "1",
+            "cost",
+            "0",
+        ],
+    );
+    assert_eq!(
+        shape(&r),
+        (1, 0, vec![vec![1, 7, 0, 3000, 10], vec![1, 1, 0, 3000, 4]]),
+        "cost 0 peeks"
+    );
+}
+
+#[test]
+fn bad_calls_get_clear_errors() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    let cases: &[(&[&str], &str)] = &[
+        (&["1"], "ERR wrong number of arguments for 'rl.all' command"),
+        (
+            &["1", "a", "TOKENBUCKET"],
+            "ERR wrong number of arguments for 'rl.all' command",
+        ),
+        (
+            &["0", "a", "TOKENBUCKET", "1", "1"],
+            "ERR numkeys must be an integer between 1 and 16",
+        ),
+        (
+            &["x", "a", "TOKENBUCKET", "1", "1"],
+            "ERR numkeys must be an integer between 1 and 16",
+        ),
+        (
+            &["9", "a", "b", "c", "d"],
+            "ERR wrong number of arguments for 'rl.all' command",
+        ),
+        (
+            &["1", "a", "BUCKET", "1", "1"],
+            "ERR unknown algorithm, expected one of: TOKENBUCKET",
+        ),
+        (
+            &["1", "a", "TOKENBUCKET", "1", "1", "TOKENBUCKET"],
+            "ERR wrong number of arguments for 'rl.all' command",
+        ),
+        (
+            &["2", "a", "b", "TOKENBUCKET", "1", "1"],
+            "ERR the number of limits must equal numkeys",
+        ),
+        (
+            &[
+                "2",
+                "a",
+                "a",
+                "TOKENBUCKET",
+                "1",
+                "1",
+                "TOKENBUCKET",
+                "1",
+                "1",
+            ],
+            "ERR each limit needs its own key",
+        ),
+        (
+            &["1", "a", "TOKENBUCKET", "0", "1"],
+            "ERR capacity must be between 1 and 1000000000000000",
+        ),
+        (
+            &["1", "a", "TOKENBUCKET", "1", "1", "COST", "x"],
+            "ERR cost must be an integer",
+        ),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(all(&mut c, args), Err(expected.to_string()), "{args:?}");
+    }
+    cmd(&mut c, &["SET", "str", "x"]).unwrap();
+    assert!(
+        all(
+            &mut c,
+            &[
+                "2",
+                "a",
+                "str",
+                "TOKENBUCKET",
+                "1",
+                "1",
+                "TOKENBUCKET",
+                "1",
+                "1"
+            ]
+        )
+        .unwrap_err()
+        .starts_with("WRONGTYPE")
+    );
+    assert_eq!(
+        cmd(&mut c, &["EXISTS", "a"]),
+        Ok(Value::Int(0)),
+        "nothing written when a later key is bad"
+    );
+}
+
+#[test]
+fn keys_are_declared_for_cluster_routing_and_acl() {
+    let s = Server::start();
+    let mut c = s.connect();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("RL.ALL")
+        .arg(2)
+        .arg("route:1")
+        .arg("client:1")
+        .arg("TOKENBUCKET")
+        .arg(1)
+        .arg(1)
+        .arg("TOKENBUCKET")
+        .arg(1)
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys, ["route:1", "client:1"]);
+}
+
+#[test]
+fn both_keys_reach_the_replica_as_effects() {
+    let master = Server::with_test_clock();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.connect();
+    for _ in 0..4 {
+        all(&mut m, &LOGIN).unwrap();
+        advance_clock(&mut m, 250_000);
+    }
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    let mut r = replica.connect();
+    for key in ["route:login:ip1", "client:ip1"] {
+        assert_eq!(hash_bytes(&mut r, key), hash_bytes(&mut m, key));
+        assert_eq!(pexpiretime(&mut r, key), pexpiretime(&mut m, key));
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut r)
+        .unwrap();
+    assert!(!stats.contains("rl.all"), "{stats}");
+}
