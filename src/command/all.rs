@@ -25,11 +25,14 @@ const UNKNOWN: ErrorReply = ErrorReply(c"ERR unknown algorithm, expected one of:
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 
+/// Builds one limit from its parameters and the call's cost.
+pub type BuildLimit = fn(&[&[u8]], &[u8]) -> Result<Box<dyn Limit>, ErrorReply>;
+
 /// An algorithm usable in `RL.ALL`: its keyword and how many parameters follow it.
 pub struct Algorithm {
     pub keyword: &'static str,
     pub params: usize,
-    pub build: fn(&[&[u8]], &[u8]) -> Result<Box<dyn Limit>, ErrorReply>,
+    pub build: BuildLimit,
 }
 
 fn build<L: HashLimiter<N> + 'static, const N: usize>(
