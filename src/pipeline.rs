@@ -255,6 +255,8 @@ pub fn apply_all(
     let mut replies: Vec<Reply> = limits.iter_mut().map(|l| l.decide(now_us)).collect();
     let denied_by = replies.iter().position(|r| !r.allowed).map_or(0, |i| i + 1);
     if denied_by == 0 {
+        // A store refuses a write before changing anything (e.g. out of memory), and every store
+        // of one call refuses alike, so either all limits are written or none.
         for (limit, store) in limits.iter().zip(stores.iter_mut()) {
             limit.commit(&mut **store)?;
         }

@@ -367,7 +367,11 @@ fn command_metadata_for_cluster_and_acl() {
         .unwrap();
     assert_eq!(keys, ["user:1"]);
     let info = format!("{:?}", cmd(&mut c, &["COMMAND", "INFO", TB]).unwrap());
-    for flag in ["write", "denyoom", "fast"] {
+    assert!(
+        !info.contains("denyoom"),
+        "denials and peeks must keep answering under OOM"
+    );
+    for flag in ["write", "fast"] {
         assert!(info.contains(flag), "flag {flag} in {info}");
     }
     assert!(info.contains("int(-4)"), "arity -4 in {info}");
@@ -494,4 +498,35 @@ fn info_section_counts_calls_allowed_denied_and_errors() {
             "INFO {section}"
         );
     }
+}
+
+#[test]
+fn out_of_memory_refuses_writes_but_answers_denials_and_peeks() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    tb(&mut c, "k", &["10", "5", "9"]);
+    let before = hash_bytes(&mut c, "k");
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).unwrap();
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    let oom = Err("OOM command not allowed when used memory > 'maxmemory'.".to_string());
+    assert_eq!(
+        cmd(&mut c, &[TB, "k", "10", "5", "1"]),
+        oom,
+        "an admitted call must write"
+    );
+    assert_eq!(cmd(&mut c, &[TB, "new", "10", "5"]), oom);
+    assert_eq!(
+        tb(&mut c, "k", &["10", "5", "0"]),
+        [1, 1, 0, 1800, 10],
+        "a peek still answers"
+    );
+    assert_eq!(
+        tb(&mut c, "k", &["10", "5", "5"]),
+        [0, 1, 800, 1800, 10],
+        "a denial still answers"
+    );
+    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(cmd(&mut c, &["EXISTS", "new"]), Ok(Value::Int(0)));
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory", "0"]).unwrap();
+    assert_eq!(tb(&mut c, "k", &["10", "5", "1"]), [1, 0, 0, 2000, 10]);
 }

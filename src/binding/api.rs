@@ -296,3 +296,19 @@ pub fn reply_nested(ctx: *mut RedisModuleCtx, head: &[i64], nested: &[[i64; 5]])
     }
     raw::REDISMODULE_OK as c_int
 }
+
+/// Redis's own reply to a write refused for lack of memory.
+pub const OOM: ErrorReply = ErrorReply(c"OOM command not allowed when used memory > 'maxmemory'.");
+
+/// Fails with Redis's OOM error when the server is over `maxmemory` (and may not evict). Called
+/// right before a write, so denials and peeks keep answering under memory pressure.
+pub fn check_memory(ctx: *mut RedisModuleCtx) -> Result<(), ErrorReply> {
+    let flags = api!(RedisModule_GetContextFlags)?;
+    // SAFETY: valid context.
+    let flags = unsafe { flags(ctx) };
+    if flags & raw::REDISMODULE_CTX_FLAGS_OOM as c_int != 0 {
+        Err(OOM)
+    } else {
+        Ok(())
+    }
+}

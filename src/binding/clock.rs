@@ -80,7 +80,7 @@ unsafe extern "C" fn route_time_to_test_clock(fctx: *mut RedisModuleCommandFilte
 }
 
 const TESTCLOCK_USAGE: ErrorReply =
-    ErrorReply(c"ERR usage: RL.TESTCLOCK GET | TIME | SET <unix_us> | ADVANCE <us>");
+    ErrorReply(c"ERR usage: RL.TESTCLOCK GET | TIME | SET <unix_us> | ADVANCE <us> | PANIC");
 
 /// `RL.TESTCLOCK GET | TIME | SET us | ADVANCE us`, registered only with the test clock.
 pub fn test_clock_command(
@@ -109,6 +109,10 @@ pub fn test_clock_command(
         TEST_CLOCK_US.fetch_add(v, Ordering::Relaxed) + v
     } else if sub.eq_ignore_ascii_case(b"time") && argv.len() == 2 {
         return reply_time(ctx, TEST_CLOCK_US.load(Ordering::Relaxed));
+    } else if sub.eq_ignore_ascii_case(b"panic") && argv.len() == 2 {
+        // Test-only, to prove that the entry guard turns a panic into an error reply instead of
+        // letting it abort the server.
+        std::panic::panic_any("RL.TESTCLOCK PANIC");
     } else {
         return Err(TESTCLOCK_USAGE);
     };

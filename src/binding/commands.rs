@@ -10,9 +10,10 @@ use crate::command::all;
 use crate::command::token_bucket::TokenBucket;
 use crate::pipeline::HashLimiter;
 
-/// Flags of every limiter command: it may write, must not write when out of memory, and runs in
-/// constant time. One key, at position 1.
-const LIMITER_FLAGS: &CStr = c"write deny-oom fast";
+/// Flags of every limiter command: it may write and runs in constant time. Not `deny-oom`: under
+/// memory pressure Redis would then refuse every call, denials and peeks included; instead the
+/// module refuses with the same OOM error only the calls that would write (`api::check_memory`).
+const LIMITER_FLAGS: &CStr = c"write fast";
 
 /// A limiter whose state is one hash: the pipeline in `hash_key`.
 const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {

@@ -46,6 +46,7 @@ impl HashStore for RedisHashKey {
         fields: &[(&'static FieldName, &[u8])],
         expire_at_ms: i64,
     ) -> Result<(), ErrorReply> {
+        api::check_memory(self.ctx)?;
         // HSET's argument vector: f1 v1 f2 v2 ... (at most 8 fields).
         let mut held: [Option<TempString>; 8] = [const { None }; 8];
         let mut argv = [std::ptr::null_mut(); 16];

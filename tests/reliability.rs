@@ -1,0 +1,255 @@
+//! Reliability on real servers: restarts from AOF and RDB, replica promotion, panics, random
+//! argument vectors.
+
+mod harness;
+
+use harness::*;
+use redis::{Connection, Value};
+
+/// Every key's type-specific bytes and absolute expiry, sorted by key.
+fn snapshot(c: &mut Connection) -> Vec<(String, Vec<(Vec<u8>, Vec<u8>)>, i64)> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(c).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let fields = hash_bytes(c, &k);
+            let at = pexpiretime(c, &k);
+            (k, fields, at)
+        })
+        .collect()
+}
+
+/// A mixed workload over many keys with time moving: admitted, denied and multi-limit calls.
+fn workload(c: &mut Connection, start: i64) {
+    set_clock(c, start);
+    for i in 0..2_000u64 {
+        let key = format!("user:{}", i % 97);
+        let cost = (i % 4).to_string();
+        let _ = cmd(c, &["RL.TOKENBUCKET", &key, "5", "0.5", &cost]);
+        if i % 5 == 0 {
+            let route = format!("route:{}", i % 7);
+            let _ = cmd(
+                c,
+                &[
+                    "RL.ALL",
+                    "2",
+                    &route,
+                    &key,
+                    "TOKENBUCKET",
+                    "20",
+                    "2",
+                    "TOKENBUCKET",
+                    "5",
+                    "0.5",
+                ],
+            );
+        }
+        advance_clock(c, 7_919 * (i as i64 % 13));
+    }
+}
+
+#[test]
+fn state_survives_restart_from_aof_and_from_rdb() {
+    let opts = Options {
+        test_clock: true,
+        extra: vec!["--appendonly".into(), "yes".into()],
+        ..Options::default()
+    };
+    let server = Server::with(opts.clone());
+    let mut c = server.connect();
+    // Far ahead of the real clock, so no key expires by the real clock during the test.
+    workload(&mut c, now_us() + 86_400_000_000);
+    let dirty: i64 = info_field(&mut c, "persistence", "rdb_changes_since_last_save")
+        .parse()
+        .unwrap();
+    assert!(
+        dirty > 1000,
+        "module writes mark the dataset dirty ({dirty})"
+    );
+    let before = snapshot(&mut c);
+    assert!(before.len() > 90);
+    cmd(&mut c, &["SAVE"]).unwrap();
+    drop(c);
+    let dir = server.stop();
+
+    // Restart from the AOF.
+    let server = Server::start_in(dir, opts);
+    let mut c = server.connect();
+    assert_eq!(snapshot(&mut c), before, "state reloaded from the AOF");
+    drop(c);
+    let dir = server.stop();
+
+    // Restart from the RDB alone.
+    let server = Server::start_in(
+        dir,
+        Options {
+            test_clock: true,
+            ..Options::default()
+        },
+    );
+    let mut c = server.connect();
+    assert_eq!(info_field(&mut c, "persistence", "aof_enabled"), "0");
+    assert_eq!(snapshot(&mut c), before, "state reloaded from the RDB");
+}
+
+#[test]
+fn a_promoted_replica_continues_each_limit() {
+    let master = Server::with_test_clock();
+    let replica = Server::with_test_clock();
+    replica.replicate_from(&master);
+    let mut m = master.connect();
+    let start = now_us() + 86_400_000_000;
+    set_clock(&mut m, start);
+    for _ in 0..7 {
+        cmd(&mut m, &["RL.TOKENBUCKET", "k", "10", "1"]).unwrap();
+    }
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    drop(m);
+    drop(master);
+
+    let mut r = replica.connect();
+    cmd(&mut r, &["REPLICAOF", "NO", "ONE"]).unwrap();
+    set_clock(&mut r, start + 2_000_000);
+    // 3 left at the failover, 2 refilled since: 5, not a fresh 10.
+    assert_eq!(
+        ints(&cmd(&mut r, &["RL.TOKENBUCKET", "k", "10", "1", "0"])),
+        [1, 5, 0, 5000, 10]
+    );
+    assert_eq!(
+        ints(&cmd(&mut r, &["RL.TOKENBUCKET", "k", "10", "1", "5"]))[0..2],
+        [1, 0]
+    );
+    assert_eq!(
+        ints(&cmd(&mut r, &["RL.TOKENBUCKET", "k", "10", "1"]))[0],
+        0
+    );
+}
+
+#[test]
+fn a_panic_inside_a_command_is_an_error_reply_not_a_crash() {
+    let mut s = Server::with_test_clock();
+    let mut c = s.connect();
+    assert_eq!(
+        cmd(&mut c, &["RL.TESTCLOCK", "PANIC"]),
+        Err("ERR internal error in the rate limiter module (see the server log)".to_string())
+    );
+    assert_eq!(
+        cmd(&mut c, &["PING"]),
+        Ok(Value::SimpleString("PONG".into()))
+    );
+    assert!(s.is_running());
+    assert_eq!(ints(&cmd(&mut c, &["RL.TOKENBUCKET", "k", "1", "1"]))[0], 1);
+}
+
+/// A small deterministic generator (xorshift) for argument vectors.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn arg(&mut self) -> Vec<u8> {
+        const WORDS: &[&str] = &[
+            "",
+            "0",
+            "1",
+            "-1",
+            "10",
+            "5",
+            "0.5",
+            "1e15",
+            "1e16",
+            "1e308",
+            "1e-320",
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "+inf",
+            "infinity",
+            "1.5",
+            ".5",
+            "5.",
+            "-0",
+            "+0",
+            "0x10",
+            " 1",
+            "1 ",
+            "1e",
+            "e1",
+            "99999999999999999999999999",
+            "-99999999999999999999",
+            "TOKENBUCKET",
+            "COST",
+            "tokenbucket",
+            "9007199254740993",
+            "4294967296",
+            "18446744073709551616",
+        ];
+        match self.below(10) {
+            0..=5 => WORDS[self.below(WORDS.len() as u64) as usize]
+                .as_bytes()
+                .to_vec(),
+            6 => (0..self.below(40)).map(|_| self.below(256) as u8).collect(),
+            7 => vec![b'9'; 1 + self.below(5000) as usize],
+            8 => self.below(1 << 40).to_string().into_bytes(),
+            _ => format!(
+                "{}",
+                (self.next() as f64) / (self.below(1000) as f64 + 0.5) - 1e9
+            )
+            .into_bytes(),
+        }
+    }
+}
+
+#[test]
+fn random_argument_vectors_get_well_formed_replies_and_the_server_stays_up() {
+    let mut s = Server::with_test_clock();
+    let mut c = s.connect();
+    let commands: &[&str] = &["RL.TOKENBUCKET", "RL.ALL"];
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut sent, mut errors, mut decisions) = (0usize, 0usize, 0usize);
+    for batch in 0..100 {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for _ in 0..1_000 {
+            let name = commands[rng.below(commands.len() as u64) as usize];
+            let cmd = pipe.cmd(name);
+            for _ in 0..rng.below(12) {
+                cmd.arg(rng.arg());
+            }
+        }
+        let replies: Vec<Value> = pipe.query(&mut c).expect("the server answers every call");
+        assert_eq!(replies.len(), 1_000, "batch {batch}");
+        for r in &replies {
+            match r {
+                Value::ServerError(_) => errors += 1,
+                Value::Array(items) if !items.is_empty() => decisions += 1,
+                other => panic!("unexpected reply {other:?}"),
+            }
+        }
+        sent += replies.len();
+        advance_clock(&mut c, 1_000_003);
+    }
+    println!("{sent} random calls: {errors} errors, {decisions} decisions");
+    assert_eq!(sent, 100_000);
+    assert!(decisions > 0 && errors > 0);
+    assert!(s.is_running());
+    assert_eq!(
+        cmd(&mut c, &["PING"]),
+        Ok(Value::SimpleString("PONG".into()))
+    );
+    let errors_counted: u64 = info_field(&mut c, "ratelimit", "ratelimit_rl_tokenbucket")
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("errors=").map(|v| v.parse().unwrap()))
+        .unwrap();
+    assert!(errors_counted > 0);
+}
