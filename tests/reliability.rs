@@ -6,8 +6,11 @@ mod harness;
 use harness::*;
 use redis::{Connection, Value};
 
-/// Every key's type-specific bytes and absolute expiry, sorted by key.
-fn snapshot(c: &mut Connection) -> Vec<(String, Vec<(Vec<u8>, Vec<u8>)>, i64)> {
+/// A key, its hash fields and its absolute expiry.
+type KeyState = (String, Vec<(Vec<u8>, Vec<u8>)>, i64);
+
+/// Every key's fields and absolute expiry, sorted by key.
+fn snapshot(c: &mut Connection) -> Vec<KeyState> {
     let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(c).unwrap();
     keys.sort();
     keys.into_iter()
