@@ -312,3 +312,23 @@ pub fn check_memory(ctx: *mut RedisModuleCtx) -> Result<(), ErrorReply> {
         Ok(())
     }
 }
+
+/// True when Redis calls the command only to learn its key positions (flag `getkeys-api`).
+pub fn is_keys_position_request(ctx: *mut RedisModuleCtx) -> bool {
+    match api!(RedisModule_IsKeysPositionRequest) {
+        // SAFETY: valid context.
+        Ok(f) => unsafe { f(ctx) != 0 },
+        Err(_) => false,
+    }
+}
+
+/// Answers a key-positions request.
+pub fn report_key_positions(ctx: *mut RedisModuleCtx, positions: std::ops::Range<usize>) -> c_int {
+    if let Ok(key_at) = api!(RedisModule_KeyAtPos) {
+        for pos in positions {
+            // SAFETY: valid context during a key-positions request; positions are within argc.
+            unsafe { key_at(ctx, pos as c_int) };
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}

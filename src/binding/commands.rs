@@ -31,10 +31,10 @@ pub const ALL: [Command; 2] = [
     Command {
         name: all::NAME,
         handler: all_command,
-        flags: LIMITER_FLAGS,
-        // numkeys key [key ...]: the precise key spec is set with the command's docs; these
-        // positions cover the first key for servers without key specs.
-        keys: (2, 2, 1),
+        // Redis 7.0 routes cluster calls (and checks CROSSSLOT) with the keys a command reports
+        // through the getkeys API, not with key specs; the key spec is still set for tools.
+        flags: c"write fast getkeys-api",
+        keys: (0, 0, 0),
         stats: Some(&all::STATS),
     },
 ];
@@ -74,6 +74,15 @@ unsafe extern "C" fn all_command(
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, |ctx, argv| {
+        if api::is_keys_position_request(ctx) {
+            return Ok(api::report_key_positions(
+                ctx,
+                all::key_positions(argv.len(), |i| {
+                    // SAFETY: argv strings live for the whole call.
+                    argv.get(i).map(|s| unsafe { api::string_bytes(*s) })
+                }),
+            ));
+        }
         let outcome = hash_key::run_all(ctx, argv);
         all::STATS.record_decision(outcome.as_ref().map(|r| r.allowed).ok());
         let r = outcome?;

@@ -48,6 +48,21 @@ pub const ALGORITHMS: &[Algorithm] = &[Algorithm {
     build: build::<TokenBucket, 2>,
 }];
 
+/// Positions (in the full argument vector, command name at 0) of the keys of a call, for cluster
+/// routing: `numkeys` at 1, the keys after it. Nothing when `numkeys` is not valid (the call
+/// itself then fails with the numkeys error).
+pub fn key_positions<'a>(
+    argc: usize,
+    arg: impl Fn(usize) -> Option<&'a [u8]>,
+) -> std::ops::Range<usize> {
+    let n = arg(1).and_then(parse_integer).unwrap_or(0.0);
+    if !(n >= 1.0 && n <= MAX_LIMITS as f64) {
+        return 0..0;
+    }
+    let end = (2 + n as usize).min(argc);
+    2..end
+}
+
 /// A parsed call: the keys, in order, and one limit per key.
 pub struct Call<'a> {
     pub keys: &'a [&'a [u8]],

@@ -53,6 +53,8 @@ pub struct Options {
     pub extra: Vec<String>,
     /// Do not load the module (for `MODULE LOAD` tests).
     pub without_module: bool,
+    /// A fixed TCP port (cluster nodes need one whose bus port, +10000, is free too).
+    pub port: Option<u16>,
 }
 
 pub struct Server {
@@ -82,7 +84,7 @@ impl Server {
     /// Starts a server in `dir` (reusing its data files, for restart tests).
     pub fn start_in(dir: tempfile::TempDir, opts: Options) -> Server {
         let socket = dir.path().join("redis.sock");
-        let port = free_port();
+        let port = opts.port.unwrap_or_else(free_port);
         let mut args: Vec<String> = vec![
             "--port".into(),
             port.to_string(),
@@ -305,5 +307,6 @@ pub fn now_us() -> i64 {
         .as_micros() as i64
 }
 
+pub mod cluster;
 pub mod memory;
 pub mod scenarios;
