@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Debian packages: the server and CLI tools, and libclang for redis-module's bindgen.
 APT_PACKAGES := redis-server redis-tools libclang-dev
 
-.PHONY: deps build run test lint bench clean
+.PHONY: deps build run test soak lint bench clean
 
 deps:
 	@missing=""; \
@@ -32,6 +32,10 @@ run: build
 
 test: deps
 	$(CARGO) test --all-targets
+
+# Long variants: a million keys, and the differential suites with 10x more generated calls.
+soak: deps
+	RL_DIFF_SCALE=10 $(CARGO) test --release --all-targets -- --include-ignored
 
 lint: deps
 	$(CARGO) fmt --check

@@ -42,7 +42,7 @@ fn live_differential(
     let case = Cell::new(0usize);
     let steps_run = Cell::new(0usize);
     let mut runner = TestRunner::new(Config {
-        cases,
+        cases: harness::scaled(cases),
         failure_persistence: None,
         ..Config::default()
     });
@@ -116,7 +116,7 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
     let case = Cell::new(0usize);
     let steps_run = Cell::new(0usize);
     let mut runner = TestRunner::new(Config {
-        cases: 100,
+        cases: harness::scaled(100),
         failure_persistence: None,
         ..Config::default()
     });

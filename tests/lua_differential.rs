@@ -95,7 +95,7 @@ fn differential<L: HashLimiter<N>, const N: usize>(
     let source = lua_script(script);
     let steps_run = AtomicUsize::new(0);
     let mut runner = TestRunner::new(Config {
-        cases,
+        cases: harness::scaled(cases),
         failure_persistence: None,
         ..Config::default()
     });
@@ -184,7 +184,7 @@ fn all_limits_match_their_lua_twin() {
     // an admitting limit must report its unconsumed state): the generator must reach both.
     let (admitted, denied_later) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let mut runner = TestRunner::new(Config {
-        cases: 500,
+        cases: harness::scaled(500),
         failure_persistence: None,
         ..Config::default()
     });

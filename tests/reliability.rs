@@ -256,3 +256,46 @@ fn random_argument_vectors_get_well_formed_replies_and_the_server_stays_up() {
         .unwrap();
     assert!(errors_counted > 0);
 }
+
+/// Creates `n` keys with `RL.TOKENBUCKET` (pipelined), reports used_memory per key, then checks
+/// that all of them expire once their buckets are full again.
+fn keys_are_counted_and_expire(n: usize) {
+    let s = Server::start();
+    let mut c = s.connect();
+    let used = |c: &mut Connection| -> i64 { info_field(c, "memory", "used_memory").parse().unwrap() };
+    let before = used(&mut c);
+    for chunk in 0..n.div_ceil(10_000) {
+        let mut pipe = redis::pipe();
+        for i in chunk * 10_000..((chunk + 1) * 10_000).min(n) {
+            // Capacity 100 at 0.25 per second, cost 1: full again, so expired, 4 s after the call.
+            pipe.cmd("RL.TOKENBUCKET").arg(format!("client:{i}")).arg(100).arg(0.25).ignore();
+        }
+        let () = pipe.query(&mut c).unwrap();
+    }
+    let keys: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    let per_key = (used(&mut c) - before) as f64 / n as f64;
+    println!("{n} token-bucket keys: {per_key:.0} bytes of used_memory per key");
+    assert!(keys as usize > n * 9 / 10, "{keys} keys");
+    assert!(per_key > 50.0 && per_key < 400.0, "{per_key} bytes per key");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let keys: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        if keys == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{keys} keys left after their TTLs");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_hundred_thousand_keys_are_small_and_all_expire() {
+    keys_are_counted_and_expire(100_000);
+}
+
+/// `make soak`: the same with a million keys.
+#[test]
+#[ignore = "soak: run with make soak"]
+fn a_million_keys_are_small_and_all_expire() {
+    keys_are_counted_and_expire(1_000_000);
+}
