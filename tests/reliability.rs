@@ -6,49 +6,75 @@ mod harness;
 use harness::*;
 use redis::{Connection, Value};
 
-/// A key, its hash fields and its absolute expiry.
-type KeyState = (String, Vec<(Vec<u8>, Vec<u8>)>, i64);
+/// A key, its value (whatever its type) and its absolute expiry.
+type KeyState = (String, Value, i64);
 
-/// Every key's fields and absolute expiry, sorted by key.
+/// Every key's value and absolute expiry, sorted by key.
 fn snapshot(c: &mut Connection) -> Vec<KeyState> {
     let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(c).unwrap();
     keys.sort();
     keys.into_iter()
         .map(|k| {
-            let fields = hash_bytes(c, &k);
+            let kind: String = redis::cmd("TYPE").arg(&k).query(c).unwrap();
+            let value = match kind.as_str() {
+                "hash" => cmd(c, &["HGETALL", &k]),
+                "zset" => cmd(c, &["ZRANGE", &k, "0", "-1", "WITHSCORES"]),
+                "string" => cmd(c, &["GET", &k]),
+                other => panic!("unexpected type {other} of {k}"),
+            }
+            .unwrap();
             let at = pexpiretime(c, &k);
-            (k, fields, at)
+            (k, value, at)
         })
         .collect()
 }
 
-/// A mixed workload over many keys with time moving: admitted, denied and multi-limit calls.
-fn workload(c: &mut Connection, start: i64) {
+/// One call of each limiter command on `key` (all commands of the module), with a varying cost.
+fn mixed_calls(i: u64, key: &str) -> Vec<Vec<String>> {
+    let cost = (i % 4).to_string();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
+    let mut calls = vec![s(&[
+        "RL.TOKENBUCKET",
+        &format!("tb:{key}"),
+        "5",
+        "0.5",
+        &cost,
+    ])];
+    if i % 5 == 0 {
+        let route = format!("{{{key}}}:route:{}", i % 7);
+        let client = format!("{{{key}}}:all");
+        calls.push(s(&[
+            "RL.ALL",
+            "2",
+            &route,
+            &client,
+            "TOKENBUCKET",
+            "20",
+            "2",
+            "TOKENBUCKET",
+            "5",
+            "0.5",
+        ]));
+    }
+    calls
+}
+
+/// A mixed workload over many keys with time moving: admitted, denied, peeking and multi-limit
+/// calls of every command. Returns the number of calls made.
+fn workload(c: &mut Connection, start: i64, rounds: u64) -> usize {
     set_clock(c, start);
-    for i in 0..2_000u64 {
-        let key = format!("user:{}", i % 97);
-        let cost = (i % 4).to_string();
-        let _ = cmd(c, &["RL.TOKENBUCKET", &key, "5", "0.5", &cost]);
-        if i % 5 == 0 {
-            let route = format!("route:{}", i % 7);
-            let _ = cmd(
-                c,
-                &[
-                    "RL.ALL",
-                    "2",
-                    &route,
-                    &key,
-                    "TOKENBUCKET",
-                    "20",
-                    "2",
-                    "TOKENBUCKET",
-                    "5",
-                    "0.5",
-                ],
-            );
+    let mut calls = 0;
+    for i in 0..rounds {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for call in mixed_calls(i, &format!("user:{}", i % 97)) {
+            pipe.cmd(&call[0]).arg(&call[1..]);
+            calls += 1;
         }
+        let _: Vec<Value> = pipe.query(c).unwrap();
         advance_clock(c, 7_919 * (i as i64 % 13));
     }
+    calls
 }
 
 #[test]
@@ -61,7 +87,7 @@ fn state_survives_restart_from_aof_and_from_rdb() {
     let server = Server::with(opts.clone());
     let mut c = server.connect();
     // Far ahead of the real clock, so no key expires by the real clock during the test.
-    workload(&mut c, now_us() + 86_400_000_000);
+    workload(&mut c, now_us() + 86_400_000_000, 2_000);
     let dirty: i64 = info_field(&mut c, "persistence", "rdb_changes_since_last_save")
         .parse()
         .unwrap();
@@ -93,6 +119,33 @@ fn state_survives_restart_from_aof_and_from_rdb() {
     let mut c = server.connect();
     assert_eq!(info_field(&mut c, "persistence", "aof_enabled"), "0");
     assert_eq!(snapshot(&mut c), before, "state reloaded from the RDB");
+}
+
+#[test]
+fn a_replica_ends_byte_identical_after_ten_thousand_mixed_calls() {
+    let master = Server::with_test_clock();
+    let replica = Server::with_test_clock();
+    replica.replicate_from(&master);
+    let mut m = master.connect();
+    let calls = workload(&mut m, now_us() + 86_400_000_000, 8_500);
+    assert!(calls >= 10_000, "{calls} calls");
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut m).unwrap();
+    let mut r = replica.connect();
+    let on_master = snapshot(&mut m);
+    assert!(on_master.len() > 150, "{} keys", on_master.len());
+    assert_eq!(snapshot(&mut r), on_master);
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut r)
+        .unwrap();
+    assert!(
+        stats.contains("cmdstat_hset:") && stats.contains("cmdstat_pexpireat:"),
+        "{stats}"
+    );
+    assert!(
+        !stats.contains("cmdstat_rl."),
+        "the replica received effects, not commands: {stats}"
+    );
 }
 
 #[test]
@@ -262,13 +315,18 @@ fn random_argument_vectors_get_well_formed_replies_and_the_server_stays_up() {
 fn keys_are_counted_and_expire(n: usize) {
     let s = Server::start();
     let mut c = s.connect();
-    let used = |c: &mut Connection| -> i64 { info_field(c, "memory", "used_memory").parse().unwrap() };
+    let used =
+        |c: &mut Connection| -> i64 { info_field(c, "memory", "used_memory").parse().unwrap() };
     let before = used(&mut c);
     for chunk in 0..n.div_ceil(10_000) {
         let mut pipe = redis::pipe();
         for i in chunk * 10_000..((chunk + 1) * 10_000).min(n) {
             // Capacity 100 at 0.25 per second, cost 1: full again, so expired, 4 s after the call.
-            pipe.cmd("RL.TOKENBUCKET").arg(format!("client:{i}")).arg(100).arg(0.25).ignore();
+            pipe.cmd("RL.TOKENBUCKET")
+                .arg(format!("client:{i}"))
+                .arg(100)
+                .arg(0.25)
+                .ignore();
         }
         let () = pipe.query(&mut c).unwrap();
     }
@@ -283,7 +341,10 @@ fn keys_are_counted_and_expire(n: usize) {
         if keys == 0 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "{keys} keys left after their TTLs");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{keys} keys left after their TTLs"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }

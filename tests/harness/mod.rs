@@ -313,6 +313,9 @@ pub mod scenarios;
 
 /// Generated-case counts for the differential suites, multiplied by `RL_DIFF_SCALE` (`make soak`).
 pub fn scaled(cases: u32) -> u32 {
-    let scale: u32 = std::env::var("RL_DIFF_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let scale: u32 = std::env::var("RL_DIFF_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     cases.saturating_mul(scale.max(1))
 }
