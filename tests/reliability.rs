@@ -40,7 +40,7 @@ fn mixed_calls(i: u64, key: &str) -> Vec<Vec<String>> {
         "0.5",
         &cost,
     ])];
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         let route = format!("{{{key}}}:route:{}", i % 7);
         let client = format!("{{{key}}}:all");
         calls.push(s(&[
