@@ -6,6 +6,9 @@ use std::ffi::{CStr, c_int};
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::{Command, api, clock, entry, hash_key};
+use crate::command::fixed_window::FixedWindow;
+use crate::command::leaky_bucket::LeakyBucket;
+use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
 use crate::pipeline::HashLimiter;
 
@@ -24,7 +27,12 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
     }
 }
 
-pub const ALL: [Command; 1] = [hash_limiter::<TokenBucket, 2>()];
+pub const ALL: [Command; 4] = [
+    hash_limiter::<TokenBucket, 2>(),
+    hash_limiter::<LeakyBucket, 2>(),
+    hash_limiter::<FixedWindow, 2>(),
+    hash_limiter::<SlidingWindow, 3>(),
+];
 
 pub const TEST_CLOCK: Command = Command {
     name: c"RL.TESTCLOCK",

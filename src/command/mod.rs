@@ -2,3 +2,7 @@
 //! No I/O and no limiter math here.
 
 pub mod token_bucket;
+
+pub mod fixed_window;
+pub mod leaky_bucket;
+pub mod sliding_window;
