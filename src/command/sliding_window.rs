@@ -39,6 +39,12 @@ pub static START: FieldName = FieldName::new(c"start");
 pub static CUR: FieldName = FieldName::new(c"cur");
 pub static PREV: FieldName = FieldName::new(c"prev");
 
+/// A stored count: no admitted total can exceed the largest limit, and larger values would
+/// overflow the retry arithmetic.
+fn count(raw: Option<&[u8]>) -> Option<f64> {
+    amount(raw).filter(|v| *v <= MAX_INTEGER_ARG)
+}
+
 pub struct SlidingWindow;
 
 static STATS: CommandStats = CommandStats::new();
@@ -72,8 +78,8 @@ impl HashLimiter<3> for SlidingWindow {
 
     fn decode([start, cur, prev]: [Option<&[u8]>; 3]) -> Result<sliding_window::State, ErrorReply> {
         let start_us = timestamp(start).ok_or(CORRUPT_START)?;
-        let cur = amount(cur).ok_or(CORRUPT_CUR)?;
-        let prev = amount(prev).ok_or(CORRUPT_PREV)?;
+        let cur = count(cur).ok_or(CORRUPT_CUR)?;
+        let prev = count(prev).ok_or(CORRUPT_PREV)?;
         Ok(sliding_window::State {
             start_us,
             cur,
@@ -167,5 +173,14 @@ mod tests {
         assert_eq!(d(Some(b"1"), None, Some(b"1")), Err(CORRUPT_CUR));
         assert_eq!(d(Some(b"1"), Some(b"1"), Some(b"nan")), Err(CORRUPT_PREV));
         assert_eq!(d(Some(b"1"), Some(b"1"), None), Err(CORRUPT_PREV));
+        assert_eq!(
+            d(Some(b"1"), Some(b"1000000000000000"), Some(b"1e15")).map(|s| s.prev),
+            Ok(1e15)
+        );
+        assert_eq!(d(Some(b"1"), Some(b"1e300"), Some(b"1")), Err(CORRUPT_CUR));
+        assert_eq!(
+            d(Some(b"1"), Some(b"1"), Some(b"1000000000000001")),
+            Err(CORRUPT_PREV)
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Policing leaky bucket.
 //!
-//! The bucket holds a `level` that drains at `leak_per_sec` per second, continuously, down to 0.
+//! The bucket holds a `level` that drains at `leak_per_sec` per second, continuously, down to 0
+//! (and is never more than `capacity`).
 //! A call of cost `c` is admitted when `level + c <= capacity`, and then adds `c` to the level. A
 //! new key starts empty. Denials and `cost 0` change nothing.
 
@@ -52,6 +53,10 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     if level < 0.0 {
         level = 0.0;
     }
+    // A level above capacity (the capacity argument was lowered) is a full bucket.
+    if level > capacity {
+        level = capacity;
+    }
 
     let allowed = level + cost <= capacity;
     let consumes = allowed && cost > 0.0;
@@ -66,11 +71,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
         ((level + cost - capacity) * 1000.0 / rate).ceil()
     };
     let reset_after_ms = (level * 1000.0 / rate).ceil();
-    // A level above capacity (the capacity argument was lowered) leaves nothing, not less.
-    let mut remaining = (capacity - level).floor();
-    if remaining < 0.0 {
-        remaining = 0.0;
-    }
+    let remaining = (capacity - level).floor();
 
     let write = consumes.then(|| Write {
         state: State { level, ts_us: t },
@@ -173,7 +174,7 @@ mod tests {
     }
 
     #[test]
-    fn a_level_above_a_lowered_capacity_leaves_nothing() {
+    fn a_level_above_a_lowered_capacity_is_a_full_bucket() {
         let state = Some(State {
             level: 8.0,
             ts_us: T0 as f64,
@@ -183,7 +184,16 @@ mod tests {
             leak_per_sec: 5.0,
         };
         let out = decide(&small, 1.0, T0, state);
-        assert_eq!(out.reply.to_array(), [0, 0, 800, 1600, 5]);
+        assert_eq!(out.reply.to_array(), [0, 0, 200, 1000, 5]);
+        // Stored levels far above any capacity give bounded times too.
+        let huge = Some(State {
+            level: 1e300,
+            ts_us: T0 as f64,
+        });
+        assert_eq!(
+            decide(&P, 1.0, T0, huge).reply.to_array(),
+            [0, 0, 200, 2000, 10]
+        );
     }
 
     #[test]
