@@ -166,7 +166,7 @@ fn sliding_window_matches_its_lua_twin() {
     let steps = differential::<SlidingWindow, 3>(
         "sliding_window.lua",
         sliding_window_sequence(50..250),
-        800,
+        740,
     );
     println!("sliding window: {steps} generated calls compared");
     assert!(steps >= 100_000, "only {steps} calls compared");
