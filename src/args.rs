@@ -56,3 +56,29 @@ pub const COST: IntegerArg = IntegerArg {
     min: 0.0,
     max: MAX_INTEGER_ARG,
 };
+
+/// Longest window a windowed limiter accepts, in seconds.
+pub const MAX_WINDOW_SECONDS: f64 = 1e10;
+
+/// One window-length argument in seconds, with millisecond resolution.
+pub struct WindowArg {
+    pub not_number: ErrorReply,
+    pub out_of_range: ErrorReply,
+}
+
+impl WindowArg {
+    /// The window in whole milliseconds (rounded to nearest): at least 1, at most
+    /// `MAX_WINDOW_SECONDS` seconds.
+    pub fn parse(&self, raw: &[u8]) -> Result<f64, ErrorReply> {
+        let v = parse_decimal(raw).ok_or(self.not_number)?;
+        if v > MAX_WINDOW_SECONDS {
+            return Err(self.out_of_range);
+        }
+        let window_ms = (v * 1000.0 + 0.5).floor();
+        if window_ms >= 1.0 {
+            Ok(window_ms)
+        } else {
+            Err(self.out_of_range)
+        }
+    }
+}

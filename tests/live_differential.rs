@@ -173,3 +173,39 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
     println!("RL.ALL: {steps} live calls compared");
     assert!(steps >= 5_000, "only {steps} calls compared");
 }
+
+#[test]
+fn leaky_bucket_module_and_evalsha_agree_on_a_live_server() {
+    let steps = live_differential(
+        "RL.LEAKYBUCKET",
+        "leaky_bucket.lua",
+        harness::scenarios::leaky_bucket_sequence(20..150),
+        150,
+    );
+    println!("leaky bucket: {steps} live calls compared");
+    assert!(steps >= 10_000, "only {steps} calls compared");
+}
+
+#[test]
+fn fixed_window_module_and_evalsha_agree_on_a_live_server() {
+    let steps = live_differential(
+        "RL.FIXEDWINDOW",
+        "fixed_window.lua",
+        harness::scenarios::fixed_window_sequence(20..150),
+        150,
+    );
+    println!("fixed window: {steps} live calls compared");
+    assert!(steps >= 10_000, "only {steps} calls compared");
+}
+
+#[test]
+fn sliding_window_module_and_evalsha_agree_on_a_live_server() {
+    let steps = live_differential(
+        "RL.SLIDINGWINDOW",
+        "sliding_window.lua",
+        harness::scenarios::sliding_window_sequence(20..150),
+        150,
+    );
+    println!("sliding window: {steps} live calls compared");
+    assert!(steps >= 10_000, "only {steps} calls compared");
+}

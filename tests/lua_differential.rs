@@ -243,3 +243,36 @@ fn all_limits_match_their_lua_twin() {
         "{admitted} admitted, {denied_later} denied later"
     );
 }
+
+#[test]
+fn leaky_bucket_matches_its_lua_twin() {
+    use harness::scenarios::leaky_bucket_sequence;
+    use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
+    let steps =
+        differential::<LeakyBucket, 2>("leaky_bucket.lua", leaky_bucket_sequence(50..250), 800);
+    println!("leaky bucket: {steps} generated calls compared");
+    assert!(steps >= 100_000, "only {steps} calls compared");
+}
+
+#[test]
+fn fixed_window_matches_its_lua_twin() {
+    use harness::scenarios::fixed_window_sequence;
+    use redis_rate_limiter::command::fixed_window::FixedWindow;
+    let steps =
+        differential::<FixedWindow, 2>("fixed_window.lua", fixed_window_sequence(50..250), 800);
+    println!("fixed window: {steps} generated calls compared");
+    assert!(steps >= 100_000, "only {steps} calls compared");
+}
+
+#[test]
+fn sliding_window_matches_its_lua_twin() {
+    use harness::scenarios::sliding_window_sequence;
+    use redis_rate_limiter::command::sliding_window::SlidingWindow;
+    let steps = differential::<SlidingWindow, 3>(
+        "sliding_window.lua",
+        sliding_window_sequence(50..250),
+        740,
+    );
+    println!("sliding window: {steps} generated calls compared");
+    assert!(steps >= 100_000, "only {steps} calls compared");
+}

@@ -7,6 +7,9 @@ use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::{Command, api, clock, entry, hash_key};
 use crate::command::all;
+use crate::command::fixed_window::FixedWindow;
+use crate::command::leaky_bucket::LeakyBucket;
+use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
 use crate::pipeline::HashLimiter;
 
@@ -26,8 +29,11 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
     }
 }
 
-pub const ALL: [Command; 2] = [
+pub const ALL: [Command; 5] = [
     hash_limiter::<TokenBucket, 2>(),
+    hash_limiter::<LeakyBucket, 2>(),
+    hash_limiter::<FixedWindow, 2>(),
+    hash_limiter::<SlidingWindow, 3>(),
     Command {
         name: all::NAME,
         handler: all_command,

@@ -3,3 +3,7 @@
 
 pub mod all;
 pub mod token_bucket;
+
+pub mod fixed_window;
+pub mod leaky_bucket;
+pub mod sliding_window;

@@ -32,3 +32,6 @@ impl Reply {
 pub(crate) fn lua_integer(x: f64) -> i64 {
     x as i64
 }
+pub mod fixed_window;
+pub mod leaky_bucket;
+pub mod sliding_window;

@@ -195,3 +195,72 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
         },
     )
 }
+
+/// Arguments for `RL.LEAKYBUCKET`: one bucket shape per sequence, varying costs, and now and
+/// then a call with other or invalid arguments.
+pub fn leaky_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    (count_text(), rate_text()).prop_flat_map(move |(capacity, rate)| {
+        let (c, r) = (capacity.clone(), rate.clone());
+        let cost = prop_oneof![
+            3 => Just("1".to_string()),
+            1 => Just("0".to_string()),
+            3 => (0u64..25).prop_map(|n| n.to_string()),
+            1 => count_text(),
+        ];
+        let args = prop_oneof![
+            8 => cost.prop_map(move |k| vec![c.clone(), r.clone(), k]),
+            2 => Just(vec![capacity, rate]),
+            1 => (count_text(), rate_text()).prop_map(|(c, r)| vec![c, r]),
+            1 => prop::collection::vec(junk(), 0..5),
+        ];
+        sequence(args, &["level", "ts"], len.clone())
+    })
+}
+
+/// A window length in seconds as text: mostly comparable to the time steps (so windows open,
+/// end and roll over), with millisecond rounding edges, extremes and junk.
+pub fn window_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => prop::sample::select(vec![
+            "1", "10", "60", "0.001", "0.0005", "0.0004", "0.0015", "1.2345", "86400", "1e10",
+            "10000000000.1", "2.5e-1",
+        ])
+        .prop_map(String::from),
+        4 => (1u32..10_000).prop_map(|n| (f64::from(n) / 1000.0).to_string()),
+        2 => (1e-4f64..20.0).prop_map(|f| f.to_string()),
+        1 => (1e-5f64..1e11).prop_map(|f| format!("{f:e}")),
+        1 => junk(),
+    ]
+}
+
+/// Calls of a windowed limiter (`limit window_sec [cost]`): one shape per sequence, varying
+/// costs, and now and then a call with other or invalid arguments.
+fn window_sequence(
+    fields: &'static [&'static str],
+    len: std::ops::Range<usize>,
+) -> impl Strategy<Value = Vec<Step>> {
+    (count_text(), window_text()).prop_flat_map(move |(limit, window)| {
+        let (l, w) = (limit.clone(), window.clone());
+        let cost = prop_oneof![
+            3 => Just("1".to_string()),
+            1 => Just("0".to_string()),
+            3 => (0u64..25).prop_map(|n| n.to_string()),
+            1 => count_text(),
+        ];
+        let args = prop_oneof![
+            8 => cost.prop_map(move |k| vec![l.clone(), w.clone(), k]),
+            2 => Just(vec![limit, window]),
+            1 => (count_text(), window_text()).prop_map(|(l, w)| vec![l, w]),
+            1 => prop::collection::vec(junk(), 0..5),
+        ];
+        sequence(args, fields, len.clone())
+    })
+}
+
+pub fn fixed_window_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    window_sequence(&["count", "start"], len)
+}
+
+pub fn sliding_window_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    window_sequence(&["start", "cur", "prev"], len)
+}

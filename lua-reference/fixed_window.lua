@@ -1,0 +1,185 @@
+-- Fixed window counter, the Lua twin of RL.FIXEDWINDOW.
+--
+--   EVALSHA <sha> 1 <key> <limit> <window_sec> [cost]
+--
+-- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
+-- the module's. State: hash {count, start (unix microseconds)}, absolute expiry at the window's
+-- end. The window opens at the first admitted call; its end comes from the stored start, never
+-- from the TTL. Every number is computed in the same order as src/core/fixed_window.rs; numbers
+-- passed to redis.call are stored by Redis 7.0 as "%.17g", which the module writes too.
+--
+-- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
+-- block with parse / load / decide / store, and a short "main".
+
+-- @common
+local MAX_INTEGER_ARG = 1e15
+local MAX_RATE_ARG = 1e15
+local MAX_FILL_SECONDS = 1e10
+local MAX_TIMESTAMP_US = 9007199254740992
+
+local function is_integer(s)
+  return string.match(s, '^[+-]?%d+$') ~= nil
+end
+
+local function is_decimal(s)
+  local mantissa = s
+  local e = string.find(s, '[eE]')
+  if e then
+    if not is_integer(string.sub(s, e + 1)) then return false end
+    mantissa = string.sub(s, 1, e - 1)
+  end
+  return string.match(mantissa, '^[+-]?%d+%.?%d*$') ~= nil
+      or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
+end
+
+-- An integer argument in [lo, hi], or nil and the error message.
+local function integer_arg(s, lo, hi, not_integer, out_of_range)
+  if not is_integer(s) then return nil, not_integer end
+  local v = tonumber(s)
+  if v >= lo and v <= hi then return v end
+  return nil, out_of_range
+end
+
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
+end
+
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
+    'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
+end
+
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
+end
+
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
+
+-- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
+local function load_hash(key, ...)
+  local fields = redis.pcall('HMGET', key, ...)
+  if fields.err then return nil, fields end
+  for i = 1, select('#', ...) do
+    if fields[i] then return fields end
+  end
+  if redis.call('EXISTS', key) == 0 then return false end
+  return fields
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter fixed_window
+local fixed_window = {
+  ARITY = "ERR wrong number of arguments for 'rl.fixedwindow' command",
+  MAX_WINDOW_SECONDS = 1e10,
+}
+
+-- The window in whole milliseconds (rounded to nearest), or nil and the error message.
+function fixed_window.window_arg(s)
+  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
+  local v = tonumber(s)
+  local out_of_range =
+    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
+  if v > fixed_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
+  local window_ms = math.floor(v * 1000 + 0.5)
+  if window_ms >= 1 then return window_ms end
+  return nil, out_of_range
+end
+
+function fixed_window.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, fixed_window.ARITY end
+  local limit, window_ms, cost, err
+  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
+  if not limit then return nil, err end
+  window_ms, err = fixed_window.window_arg(argv[2])
+  if not window_ms then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, cost = cost}
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function fixed_window.load(key)
+  local fields, err = load_hash(key, 'count', 'start')
+  if not fields then return fields, err end
+  local count = stored_amount(fields[1])
+  if not count then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'count' is not a valid number")
+  end
+  local start = stored_timestamp(fields[2])
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
+  end
+  return {count = count, start = start}
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function fixed_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window_us = window_ms * 1000
+  -- A stored window is current until its end; a clock that went backwards stays in it.
+  local count, start, open = 0, now, false
+  if state and now - state.start < window_us then
+    count, start, open = state.count, state.start, true
+  end
+
+  local allowed = count + cost <= limit
+  local consumes = allowed and cost > 0
+  if consumes then count = count + cost end
+
+  -- Milliseconds until start + window_us, rounded up, exact below 2^53.
+  local until_end = window_ms + math.ceil((start - now) / 1000)
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > limit then
+    retry_after = -1
+  else
+    retry_after = until_end
+  end
+  local reset_after = 0
+  if open or consumes then reset_after = until_end end
+  -- A count above the limit (the limit argument was lowered) leaves nothing, not less.
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then
+    write = {count = count, start = start, expire_at = math.ceil(start / 1000) + window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function fixed_window.store(key, w)
+  redis.call('HSET', key, 'count', w.count, 'start', w.start)
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
+-- @main
+if #KEYS ~= 1 then return redis.error_reply(fixed_window.ARITY) end
+local args, err = fixed_window.parse(ARGV)
+if not args then return redis.error_reply(err) end
+local state, load_err = fixed_window.load(KEYS[1])
+if state == nil then return load_err end
+local reply, write = fixed_window.decide(args, state, now_us())
+if write then fixed_window.store(KEYS[1], write) end
+return reply

@@ -1,0 +1,175 @@
+-- Leaky bucket (policing), the Lua twin of RL.LEAKYBUCKET.
+--
+--   EVALSHA <sha> 1 <key> <capacity> <leak_per_sec> [cost]
+--
+-- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
+-- the module's. State: hash {level, ts (unix microseconds)}, absolute expiry when empty again.
+-- Every number is computed in the same order as src/core/leaky_bucket.rs; numbers passed to
+-- redis.call are stored by Redis 7.0 as "%.17g", which the module writes too.
+--
+-- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
+-- block with parse / load / decide / store, and a short "main".
+
+-- @common
+local MAX_INTEGER_ARG = 1e15
+local MAX_RATE_ARG = 1e15
+local MAX_FILL_SECONDS = 1e10
+local MAX_TIMESTAMP_US = 9007199254740992
+
+local function is_integer(s)
+  return string.match(s, '^[+-]?%d+$') ~= nil
+end
+
+local function is_decimal(s)
+  local mantissa = s
+  local e = string.find(s, '[eE]')
+  if e then
+    if not is_integer(string.sub(s, e + 1)) then return false end
+    mantissa = string.sub(s, 1, e - 1)
+  end
+  return string.match(mantissa, '^[+-]?%d+%.?%d*$') ~= nil
+      or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
+end
+
+-- An integer argument in [lo, hi], or nil and the error message.
+local function integer_arg(s, lo, hi, not_integer, out_of_range)
+  if not is_integer(s) then return nil, not_integer end
+  local v = tonumber(s)
+  if v >= lo and v <= hi then return v end
+  return nil, out_of_range
+end
+
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
+end
+
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
+    'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
+end
+
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
+end
+
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
+
+-- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
+local function load_hash(key, ...)
+  local fields = redis.pcall('HMGET', key, ...)
+  if fields.err then return nil, fields end
+  for i = 1, select('#', ...) do
+    if fields[i] then return fields end
+  end
+  if redis.call('EXISTS', key) == 0 then return false end
+  return fields
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter leaky_bucket
+local leaky_bucket = {
+  ARITY = "ERR wrong number of arguments for 'rl.leakybucket' command",
+}
+
+function leaky_bucket.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, leaky_bucket.ARITY end
+  local capacity, rate, cost, err
+  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
+  if not capacity then return nil, err end
+  rate, err = rate_arg(argv[2], 'ERR leak_per_sec must be a number',
+    'ERR leak_per_sec must be greater than 0 and at most 1000000000000000')
+  if not rate then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  if capacity / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR capacity / leak_per_sec must be at most 10000000000 seconds'
+  end
+  return {capacity = capacity, rate = rate, cost = cost}
+end
+
+-- false for a new bucket, the state, or nil and an error reply.
+function leaky_bucket.load(key)
+  local fields, err = load_hash(key, 'level', 'ts')
+  if not fields then return fields, err end
+  local level = stored_amount(fields[1])
+  if not level then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'level' is not a valid number")
+  end
+  local ts = stored_timestamp(fields[2])
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  return {level = level, ts = ts}
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function leaky_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local level, ts = 0, now
+  if state then level, ts = state.level, state.ts end
+  -- A clock that went backwards drains nothing and never moves the stored time back.
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  local t = now
+  if ts > now then t = ts end
+  level = level - elapsed * rate / 1000000
+  if level < 0 then level = 0 end
+  -- A level above capacity (the capacity argument was lowered) is a full bucket.
+  if level > capacity then level = capacity end
+
+  local allowed = level + cost <= capacity
+  local consumes = allowed and cost > 0
+  if consumes then level = level + cost end
+
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > capacity then
+    retry_after = -1
+  else
+    retry_after = math.ceil((level + cost - capacity) * 1000 / rate)
+  end
+  local reset_after = math.ceil(level * 1000 / rate)
+  local remaining = math.floor(capacity - level)
+
+  local write
+  if consumes then
+    write = {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
+end
+
+function leaky_bucket.store(key, w)
+  redis.call('HSET', key, 'level', w.level, 'ts', w.ts)
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
+-- @main
+if #KEYS ~= 1 then return redis.error_reply(leaky_bucket.ARITY) end
+local args, err = leaky_bucket.parse(ARGV)
+if not args then return redis.error_reply(err) end
+local state, load_err = leaky_bucket.load(KEYS[1])
+if state == nil then return load_err end
+local reply, write = leaky_bucket.decide(args, state, now_us())
+if write then leaky_bucket.store(KEYS[1], write) end
+return reply

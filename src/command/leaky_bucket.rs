@@ -1,0 +1,162 @@
+//! `RL.LEAKYBUCKET key capacity leak_per_sec [cost]`; state: hash `level`, `ts`.
+
+use std::ffi::CStr;
+
+use crate::args::{COST, IntegerArg, MAX_FILL_SECONDS, MAX_INTEGER_ARG, RateArg};
+use crate::core::{Reply, leaky_bucket};
+use crate::error::ErrorReply;
+use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::stats::CommandStats;
+use crate::stored::{amount, timestamp};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Args {
+    pub params: leaky_bucket::Params,
+    pub cost: f64,
+}
+
+const CAPACITY: IntegerArg = IntegerArg {
+    not_integer: ErrorReply(c"ERR capacity must be an integer"),
+    out_of_range: ErrorReply(c"ERR capacity must be between 1 and 1000000000000000"),
+    min: 1.0,
+    max: MAX_INTEGER_ARG,
+};
+const RATE: RateArg = RateArg {
+    not_number: ErrorReply(c"ERR leak_per_sec must be a number"),
+    out_of_range: ErrorReply(
+        c"ERR leak_per_sec must be greater than 0 and at most 1000000000000000",
+    ),
+};
+const TOO_SLOW: ErrorReply =
+    ErrorReply(c"ERR capacity / leak_per_sec must be at most 10000000000 seconds");
+
+pub const CORRUPT_LEVEL: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'level' is not a valid number");
+pub const CORRUPT_TS: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'ts' is not a valid timestamp");
+
+pub static LEVEL: FieldName = FieldName::new(c"level");
+pub static TS: FieldName = FieldName::new(c"ts");
+
+pub struct LeakyBucket;
+
+static STATS: CommandStats = CommandStats::new();
+
+impl HashLimiter<2> for LeakyBucket {
+    type Args = Args;
+    type State = leaky_bucket::State;
+    const NAME: &'static CStr = c"RL.LEAKYBUCKET";
+    const STATS: &'static CommandStats = &STATS;
+    const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
+    const ARITY_ERROR: ErrorReply =
+        ErrorReply(c"ERR wrong number of arguments for 'rl.leakybucket' command");
+
+    fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
+        let (capacity, rate, cost) = match args {
+            [c, r] => (c, r, None),
+            [c, r, k] => (c, r, Some(k)),
+            _ => return Err(Self::ARITY_ERROR),
+        };
+        let capacity = CAPACITY.parse(capacity)?;
+        let leak_per_sec = RATE.parse(rate)?;
+        let cost = match cost {
+            Some(raw) => COST.parse(raw)?,
+            None => 1.0,
+        };
+        if capacity / leak_per_sec > MAX_FILL_SECONDS {
+            return Err(TOO_SLOW);
+        }
+        Ok(Args {
+            params: leaky_bucket::Params {
+                capacity,
+                leak_per_sec,
+            },
+            cost,
+        })
+    }
+
+    fn decode([level, ts]: [Option<&[u8]>; 2]) -> Result<leaky_bucket::State, ErrorReply> {
+        let level = amount(level).ok_or(CORRUPT_LEVEL)?;
+        let ts_us = timestamp(ts).ok_or(CORRUPT_TS)?;
+        Ok(leaky_bucket::State { level, ts_us })
+    }
+
+    fn decide(
+        a: &Args,
+        now_us: i64,
+        prior: Option<leaky_bucket::State>,
+    ) -> (Reply, Option<HashWrite<2>>) {
+        let out = leaky_bucket::decide(&a.params, a.cost, now_us, prior);
+        let write = out.write.map(|w| HashWrite {
+            values: [w.state.level, w.state.ts_us],
+            expire_at_ms: w.expire_at_ms,
+        });
+        (out.reply, write)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Result<Args, &'static str> {
+        let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
+        LeakyBucket::parse(&raw).map_err(|e| e.message())
+    }
+
+    #[test]
+    fn arguments() {
+        assert_eq!(
+            parse(&["10", "5"]),
+            Ok(Args {
+                params: leaky_bucket::Params {
+                    capacity: 10.0,
+                    leak_per_sec: 5.0
+                },
+                cost: 1.0
+            })
+        );
+        assert_eq!(parse(&["10", "0.5", "0"]).map(|a| a.cost), Ok(0.0));
+        assert_eq!(
+            parse(&["10", "5", "1", "1"]),
+            Err("ERR wrong number of arguments for 'rl.leakybucket' command")
+        );
+        assert_eq!(parse(&["1.5", "1"]), Err("ERR capacity must be an integer"));
+        assert_eq!(
+            parse(&["0", "1"]),
+            Err("ERR capacity must be between 1 and 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["10", "x"]),
+            Err("ERR leak_per_sec must be a number")
+        );
+        assert_eq!(
+            parse(&["10", "0"]),
+            Err("ERR leak_per_sec must be greater than 0 and at most 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["10", "1", "1.0"]),
+            Err("ERR cost must be an integer")
+        );
+        assert_eq!(
+            parse(&["100", "1e-9"]),
+            Err("ERR capacity / leak_per_sec must be at most 10000000000 seconds")
+        );
+    }
+
+    #[test]
+    fn stored_fields() {
+        let d = |l: Option<&[u8]>, t: Option<&[u8]>| LeakyBucket::decode([l, t]);
+        assert_eq!(
+            d(Some(b"2.5"), Some(b"17")),
+            Ok(leaky_bucket::State {
+                level: 2.5,
+                ts_us: 17.0
+            })
+        );
+        assert_eq!(d(None, Some(b"1")), Err(CORRUPT_LEVEL));
+        assert_eq!(d(Some(b"inf"), Some(b"1")), Err(CORRUPT_LEVEL));
+        assert_eq!(d(Some(b"1"), Some(b"-1")), Err(CORRUPT_TS));
+        assert_eq!(d(Some(b"1"), None), Err(CORRUPT_TS));
+    }
+}

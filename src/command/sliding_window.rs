@@ -1,0 +1,186 @@
+//! `RL.SLIDINGWINDOW key limit window_sec [cost]`; state: hash `start`, `cur`, `prev`.
+
+use std::ffi::CStr;
+
+use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
+use crate::core::{Reply, sliding_window};
+use crate::error::ErrorReply;
+use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::stats::CommandStats;
+use crate::stored::{amount, timestamp};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Args {
+    pub params: sliding_window::Params,
+    pub cost: f64,
+}
+
+const LIMIT: IntegerArg = IntegerArg {
+    not_integer: ErrorReply(c"ERR limit must be an integer"),
+    out_of_range: ErrorReply(c"ERR limit must be between 1 and 1000000000000000"),
+    min: 1.0,
+    max: MAX_INTEGER_ARG,
+};
+const WINDOW: WindowArg = WindowArg {
+    not_number: ErrorReply(c"ERR window_sec must be a number"),
+    out_of_range: ErrorReply(
+        c"ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)",
+    ),
+};
+
+pub const CORRUPT_START: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'start' is not a valid timestamp");
+pub const CORRUPT_CUR: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'cur' is not a valid number");
+pub const CORRUPT_PREV: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'prev' is not a valid number");
+
+pub static START: FieldName = FieldName::new(c"start");
+pub static CUR: FieldName = FieldName::new(c"cur");
+pub static PREV: FieldName = FieldName::new(c"prev");
+
+/// A stored count: no admitted total can exceed the largest limit, and larger values would
+/// overflow the retry arithmetic.
+fn count(raw: Option<&[u8]>) -> Option<f64> {
+    amount(raw).filter(|v| *v <= MAX_INTEGER_ARG)
+}
+
+pub struct SlidingWindow;
+
+static STATS: CommandStats = CommandStats::new();
+
+impl HashLimiter<3> for SlidingWindow {
+    type Args = Args;
+    type State = sliding_window::State;
+    const NAME: &'static CStr = c"RL.SLIDINGWINDOW";
+    const STATS: &'static CommandStats = &STATS;
+    const FIELDS: [&'static FieldName; 3] = [&START, &CUR, &PREV];
+    const ARITY_ERROR: ErrorReply =
+        ErrorReply(c"ERR wrong number of arguments for 'rl.slidingwindow' command");
+
+    fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
+        let (limit, window, cost) = match args {
+            [l, w] => (l, w, None),
+            [l, w, k] => (l, w, Some(k)),
+            _ => return Err(Self::ARITY_ERROR),
+        };
+        let limit = LIMIT.parse(limit)?;
+        let window_ms = WINDOW.parse(window)?;
+        let cost = match cost {
+            Some(raw) => COST.parse(raw)?,
+            None => 1.0,
+        };
+        Ok(Args {
+            params: sliding_window::Params { limit, window_ms },
+            cost,
+        })
+    }
+
+    fn decode([start, cur, prev]: [Option<&[u8]>; 3]) -> Result<sliding_window::State, ErrorReply> {
+        let start_us = timestamp(start).ok_or(CORRUPT_START)?;
+        let cur = count(cur).ok_or(CORRUPT_CUR)?;
+        let prev = count(prev).ok_or(CORRUPT_PREV)?;
+        Ok(sliding_window::State {
+            start_us,
+            cur,
+            prev,
+        })
+    }
+
+    fn decide(
+        a: &Args,
+        now_us: i64,
+        prior: Option<sliding_window::State>,
+    ) -> (Reply, Option<HashWrite<3>>) {
+        let out = sliding_window::decide(&a.params, a.cost, now_us, prior);
+        let write = out.write.map(|w| HashWrite {
+            values: [w.state.start_us, w.state.cur, w.state.prev],
+            expire_at_ms: w.expire_at_ms,
+        });
+        (out.reply, write)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Result<Args, &'static str> {
+        let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
+        SlidingWindow::parse(&raw).map_err(|e| e.message())
+    }
+
+    const RANGE: &str = "ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)";
+
+    #[test]
+    fn arguments() {
+        assert_eq!(
+            parse(&["10", "60"]),
+            Ok(Args {
+                params: sliding_window::Params {
+                    limit: 10.0,
+                    window_ms: 60_000.0
+                },
+                cost: 1.0
+            })
+        );
+        let window = |w: &str| parse(&["10", w]).map(|a| a.params.window_ms);
+        assert_eq!(window("0.001"), Ok(1.0));
+        assert_eq!(
+            window("0.0005"),
+            Ok(1.0),
+            "rounded to the nearest millisecond"
+        );
+        assert_eq!(window("1.2345"), Ok(1235.0));
+        assert_eq!(window("1e10"), Ok(1e13));
+        assert_eq!(window("0.0004"), Err(RANGE));
+        assert_eq!(window("0"), Err(RANGE));
+        assert_eq!(window("-1"), Err(RANGE));
+        assert_eq!(window("10000000000.1"), Err(RANGE));
+        assert_eq!(window("1e999"), Err(RANGE));
+        assert_eq!(window("inf"), Err("ERR window_sec must be a number"));
+        assert_eq!(window(""), Err("ERR window_sec must be a number"));
+        assert_eq!(
+            parse(&["10"]),
+            Err("ERR wrong number of arguments for 'rl.slidingwindow' command")
+        );
+        assert_eq!(parse(&["ten", "1"]), Err("ERR limit must be an integer"));
+        assert_eq!(
+            parse(&["0", "1"]),
+            Err("ERR limit must be between 1 and 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["10", "1", "-1"]),
+            Err("ERR cost must be between 0 and 1000000000000000")
+        );
+    }
+
+    #[test]
+    fn stored_fields() {
+        let d =
+            |s: Option<&[u8]>, c: Option<&[u8]>, p: Option<&[u8]>| SlidingWindow::decode([s, c, p]);
+        assert_eq!(
+            d(Some(b"17"), Some(b"3"), Some(b"4.5")),
+            Ok(sliding_window::State {
+                start_us: 17.0,
+                cur: 3.0,
+                prev: 4.5
+            })
+        );
+        assert_eq!(d(None, Some(b"1"), Some(b"1")), Err(CORRUPT_START));
+        assert_eq!(d(Some(b"1.5"), Some(b"1"), Some(b"1")), Err(CORRUPT_START));
+        assert_eq!(d(Some(b"1"), Some(b"-1"), Some(b"1")), Err(CORRUPT_CUR));
+        assert_eq!(d(Some(b"1"), None, Some(b"1")), Err(CORRUPT_CUR));
+        assert_eq!(d(Some(b"1"), Some(b"1"), Some(b"nan")), Err(CORRUPT_PREV));
+        assert_eq!(d(Some(b"1"), Some(b"1"), None), Err(CORRUPT_PREV));
+        assert_eq!(
+            d(Some(b"1"), Some(b"1000000000000000"), Some(b"1e15")).map(|s| s.prev),
+            Ok(1e15)
+        );
+        assert_eq!(d(Some(b"1"), Some(b"1e300"), Some(b"1")), Err(CORRUPT_CUR));
+        assert_eq!(
+            d(Some(b"1"), Some(b"1"), Some(b"1000000000000001")),
+            Err(CORRUPT_PREV)
+        );
+    }
+}
