@@ -6,6 +6,7 @@ mod harness;
 
 use std::cell::{Cell, RefCell};
 
+use harness::scenarios::gcra_sequence;
 use harness::scenarios::{Corruption, Step, token_bucket_sequence};
 use harness::{Server, call, cmd, hash_bytes, lua_script, now_us, pexpiretime, set_clock};
 use proptest::prelude::*;
@@ -99,5 +100,12 @@ fn token_bucket_module_and_evalsha_agree_on_a_live_server() {
         150,
     );
     println!("token bucket: {steps} live calls compared");
+    assert!(steps >= 10_000, "only {steps} calls compared");
+}
+
+#[test]
+fn gcra_module_and_evalsha_agree_on_a_live_server() {
+    let steps = live_differential("RL.GCRA", "gcra.lua", gcra_sequence(20..150), 150);
+    println!("gcra: {steps} live calls compared");
     assert!(steps >= 10_000, "only {steps} calls compared");
 }

@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use harness::lua_script;
 use harness::memory::{Data, Entry, Keyspace, LuaTwin, MemoryKey, ScriptReply};
+use harness::scenarios::gcra_sequence;
 use harness::scenarios::{Corruption, Step, token_bucket_sequence};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use redis_rate_limiter::command::gcra::Gcra;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::pipeline::{self, HashLimiter};
 
@@ -136,5 +138,12 @@ fn token_bucket_matches_its_lua_twin() {
     let steps =
         differential::<TokenBucket, 2>("token_bucket.lua", token_bucket_sequence(50..250), 800);
     println!("token bucket: {steps} generated calls compared");
+    assert!(steps >= 100_000, "only {steps} calls compared");
+}
+
+#[test]
+fn gcra_matches_its_lua_twin() {
+    let steps = differential::<Gcra, 1>("gcra.lua", gcra_sequence(50..250), 800);
+    println!("gcra: {steps} generated calls compared");
     assert!(steps >= 100_000, "only {steps} calls compared");
 }

@@ -32,3 +32,4 @@ impl Reply {
 pub(crate) fn lua_integer(x: f64) -> i64 {
     x as i64
 }
+pub mod gcra;

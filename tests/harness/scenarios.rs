@@ -147,3 +147,32 @@ pub fn token_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value
         sequence(args, &["tokens", "ts"], len.clone())
     })
 }
+
+/// Arguments for `RL.GCRA`: one shape per sequence (max_burst, count_per_period, period_sec),
+/// varying costs, and now and then a call with other or invalid arguments.
+pub fn gcra_args() -> impl Strategy<Value = (String, String, String)> {
+    let period = prop_oneof![
+        3 => prop::sample::select(vec!["1", "60", "0.5", "3600", "0.001"]).prop_map(String::from),
+        2 => rate_text(),
+    ];
+    (count_text(), count_text(), period)
+}
+
+pub fn gcra_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    gcra_args().prop_flat_map(move |(burst, count, period)| {
+        let (b, c, p) = (burst.clone(), count.clone(), period.clone());
+        let cost = prop_oneof![
+            3 => Just("1".to_string()),
+            1 => Just("0".to_string()),
+            3 => (0u64..25).prop_map(|n| n.to_string()),
+            1 => count_text(),
+        ];
+        let args = prop_oneof![
+            8 => cost.prop_map(move |k| vec![b.clone(), c.clone(), p.clone(), k]),
+            2 => Just(vec![burst, count, period]),
+            1 => (count_text(), count_text(), rate_text()).prop_map(|(b, c, p)| vec![b, c, p]),
+            1 => prop::collection::vec(junk(), 0..6),
+        ];
+        sequence(args, &["tat"], len.clone())
+    })
+}
