@@ -5,7 +5,7 @@ use std::ffi::{CStr, c_int};
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Command, api, clock, entry, hash_key};
+use super::{Command, api, clock, entry, hash_key, string_key};
 use crate::command::gcra::Gcra;
 use crate::command::token_bucket::TokenBucket;
 use crate::pipeline::HashLimiter;
@@ -25,7 +25,11 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
     }
 }
 
-pub const ALL: [Command; 2] = [hash_limiter::<TokenBucket, 2>(), hash_limiter::<Gcra, 1>()];
+pub const ALL: [Command; 3] = [
+    hash_limiter::<TokenBucket, 2>(),
+    hash_limiter::<Gcra, 1>(),
+    string_key::THROTTLE,
+];
 
 pub const TEST_CLOCK: Command = Command {
     name: c"RL.TESTCLOCK",

@@ -2,4 +2,5 @@
 //! No I/O and no limiter math here.
 
 pub mod gcra;
+pub mod throttle;
 pub mod token_bucket;
