@@ -56,8 +56,8 @@ pub struct Gcra;
 
 static STATS: CommandStats = CommandStats::new();
 
-/// A double already checked to be a whole number well inside i64.
-fn whole(x: f64) -> i64 {
+/// A double already checked to be a whole number inside i64.
+pub(crate) fn whole(x: f64) -> i64 {
     x as i64
 }
 

@@ -11,7 +11,7 @@
 use std::ffi::CStr;
 
 use crate::args::{IntegerArg, MAX_INTEGER_ARG};
-use crate::command::gcra::{COUNT, MAX_BURST, params};
+use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
 use crate::core::{Reply, gcra};
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::stats::CommandStats;
@@ -55,11 +55,6 @@ pub struct Args {
     /// In nanoseconds.
     pub params: gcra::Params,
     pub quantity: i64,
-}
-
-/// A double already checked to be a whole number inside i64.
-fn whole(x: f64) -> i64 {
-    x as i64
 }
 
 pub fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
@@ -174,6 +169,7 @@ impl ThrottleReply {
 pub fn cell_seconds(ns: i128) -> i64 {
     let secs = ns / 1_000_000_000;
     let nanos = ns % 1_000_000_000;
+    // Both parts are below 2^53 (exact); the sum and the truncation are redis-cell's rounding.
     let mut s = (secs as f64 + nanos as f64 / 1e9) as i64;
     if nanos / 1_000_000 > 0 {
         s += 1;
@@ -188,6 +184,7 @@ pub fn cell_remaining(p: &gcra::Params, ttl: i128) -> i64 {
     if next <= -i128::from(p.interval) {
         return 0;
     }
+    // Both below 2^54 by the tolerance bound; rounded to doubles once, as redis-cell does.
     let next_us = (next / 1000) as f64;
     let interval_us = (i128::from(p.interval) / 1000) as f64;
     (next_us / interval_us) as i64
