@@ -347,3 +347,34 @@ fn info_section_counts_calls() {
         "calls=4,allowed=2,denied=1,errors=1"
     );
 }
+
+#[test]
+fn large_parameters_create_a_key_with_the_right_expiry() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    // 100 a year, all at once if need be: one every 315360 s.
+    assert_eq!(
+        th(&mut c, "yearly", &["99", "100", "31536000"]),
+        [0, 100, 99, -1, 315_360]
+    );
+    assert_eq!(
+        get(&mut c, "yearly"),
+        bulk((T0_NS + 315_360_000_000_000).to_string())
+    );
+    assert_eq!(pexpiretime(&mut c, "yearly"), T0_MS + 315_360_000);
+    // At the bound: a tolerance of 1e9 s.
+    assert_eq!(
+        th(&mut c, "bound", &["999", "1", "1000000", "1000"]),
+        [0, 1000, 0, -1, 1_000_000_000]
+    );
+    assert_eq!(
+        get(&mut c, "bound"),
+        bulk((T0_NS + 1_000_000_000_000_000_000).to_string())
+    );
+    assert_eq!(pexpiretime(&mut c, "bound"), T0_MS + 1_000_000_000_000);
+    assert_eq!(
+        th(&mut c, "bound", &["999", "1", "1000000"]),
+        [1, 1000, 0, 1_000_000, 1_000_000_000]
+    );
+}
