@@ -162,9 +162,380 @@ function token_bucket.store(key, w)
 end
 -- @end
 
+-- @limiter leaky_bucket
+local leaky_bucket = {
+  ARITY = "ERR wrong number of arguments for 'rl.leakybucket' command",
+}
+
+function leaky_bucket.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, leaky_bucket.ARITY end
+  local capacity, rate, cost, err
+  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
+  if not capacity then return nil, err end
+  rate, err = rate_arg(argv[2], 'ERR leak_per_sec must be a number',
+    'ERR leak_per_sec must be greater than 0 and at most 1000000000000000')
+  if not rate then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  if capacity / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR capacity / leak_per_sec must be at most 10000000000 seconds'
+  end
+  return {capacity = capacity, rate = rate, cost = cost}
+end
+
+-- false for a new bucket, the state, or nil and an error reply.
+function leaky_bucket.load(key)
+  local fields, err = load_hash(key, 'level', 'ts')
+  if not fields then return fields, err end
+  local level = stored_amount(fields[1])
+  if not level then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'level' is not a valid number")
+  end
+  local ts = stored_timestamp(fields[2])
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  return {level = level, ts = ts}
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function leaky_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local level, ts = 0, now
+  if state then level, ts = state.level, state.ts end
+  -- A clock that went backwards drains nothing and never moves the stored time back.
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  local t = now
+  if ts > now then t = ts end
+  level = level - elapsed * rate / 1000000
+  if level < 0 then level = 0 end
+  -- A level above capacity (the capacity argument was lowered) is a full bucket.
+  if level > capacity then level = capacity end
+
+  local allowed = level + cost <= capacity
+  local consumes = allowed and cost > 0
+  if consumes then level = level + cost end
+
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > capacity then
+    retry_after = -1
+  else
+    retry_after = math.ceil((level + cost - capacity) * 1000 / rate)
+  end
+  local reset_after = math.ceil(level * 1000 / rate)
+  local remaining = math.floor(capacity - level)
+
+  local write
+  if consumes then
+    write = {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
+end
+
+function leaky_bucket.store(key, w)
+  redis.call('HSET', key, 'level', w.level, 'ts', w.ts)
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
+-- @limiter fixed_window
+local fixed_window = {
+  ARITY = "ERR wrong number of arguments for 'rl.fixedwindow' command",
+  MAX_WINDOW_SECONDS = 1e10,
+}
+
+-- The window in whole milliseconds (rounded to nearest), or nil and the error message.
+function fixed_window.window_arg(s)
+  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
+  local v = tonumber(s)
+  local out_of_range =
+    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
+  if v > fixed_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
+  local window_ms = math.floor(v * 1000 + 0.5)
+  if window_ms >= 1 then return window_ms end
+  return nil, out_of_range
+end
+
+function fixed_window.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, fixed_window.ARITY end
+  local limit, window_ms, cost, err
+  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
+  if not limit then return nil, err end
+  window_ms, err = fixed_window.window_arg(argv[2])
+  if not window_ms then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, cost = cost}
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function fixed_window.load(key)
+  local fields, err = load_hash(key, 'count', 'start')
+  if not fields then return fields, err end
+  local count = stored_amount(fields[1])
+  if not count then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'count' is not a valid number")
+  end
+  local start = stored_timestamp(fields[2])
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
+  end
+  return {count = count, start = start}
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function fixed_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window_us = window_ms * 1000
+  -- A stored window is current until its end; a clock that went backwards stays in it.
+  local count, start, open = 0, now, false
+  if state and now - state.start < window_us then
+    count, start, open = state.count, state.start, true
+  end
+
+  local allowed = count + cost <= limit
+  local consumes = allowed and cost > 0
+  if consumes then count = count + cost end
+
+  -- Milliseconds until start + window_us, rounded up, exact below 2^53.
+  local until_end = window_ms + math.ceil((start - now) / 1000)
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > limit then
+    retry_after = -1
+  else
+    retry_after = until_end
+  end
+  local reset_after = 0
+  if open or consumes then reset_after = until_end end
+  -- A count above the limit (the limit argument was lowered) leaves nothing, not less.
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then
+    write = {count = count, start = start, expire_at = math.ceil(start / 1000) + window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function fixed_window.store(key, w)
+  redis.call('HSET', key, 'count', w.count, 'start', w.start)
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
+-- @limiter sliding_window
+local sliding_window = {
+  ARITY = "ERR wrong number of arguments for 'rl.slidingwindow' command",
+  MAX_WINDOW_SECONDS = 1e10,
+}
+
+-- The window in whole milliseconds (rounded to nearest), or nil and the error message.
+function sliding_window.window_arg(s)
+  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
+  local v = tonumber(s)
+  local out_of_range =
+    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
+  if v > sliding_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
+  local window_ms = math.floor(v * 1000 + 0.5)
+  if window_ms >= 1 then return window_ms end
+  return nil, out_of_range
+end
+
+function sliding_window.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, sliding_window.ARITY end
+  local limit, window_ms, cost, err
+  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
+  if not limit then return nil, err end
+  window_ms, err = sliding_window.window_arg(argv[2])
+  if not window_ms then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, cost = cost}
+end
+
+-- A stored count: no admitted total can exceed the largest limit, and larger values would
+-- overflow the retry arithmetic.
+function sliding_window.count(s)
+  local v = stored_amount(s)
+  if v and v <= MAX_INTEGER_ARG then return v end
+  return nil
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function sliding_window.load(key)
+  local fields, err = load_hash(key, 'start', 'cur', 'prev')
+  if not fields then return fields, err end
+  local start = stored_timestamp(fields[1])
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
+  end
+  local cur = sliding_window.count(fields[2])
+  if not cur then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'cur' is not a valid number")
+  end
+  local prev = sliding_window.count(fields[3])
+  if not prev then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'prev' is not a valid number")
+  end
+  return {start = start, cur = cur, prev = prev}
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function sliding_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window = window_ms * 1000
+  local w = math.floor(now / window) * window
+  -- The current window's start, the time into it, and the two counts as of now.
+  local start, elapsed, cur, prev = w, now - w, 0, 0
+  if state then
+    if state.start > w then
+      -- The clock went backwards: stay in the stored window, at its beginning.
+      start, elapsed, cur, prev = state.start, 0, state.cur, state.prev
+    elseif state.start == w then
+      cur, prev = state.cur, state.prev
+    elseif state.start >= w - window then
+      prev = state.cur
+    end
+  end
+  local weighted = prev * (window - elapsed) / window
+  local estimate = weighted + cur
+
+  local allowed = estimate + cost <= limit
+  local consumes = allowed and cost > 0
+  if consumes then cur = cur + cost end
+
+  -- Offset from start at which the same cost would be admitted if no other call came: within
+  -- this window as the previous count's weight falls, or in the next one.
+  local retry_after = 0
+  if not allowed then
+    if cost > limit then
+      retry_after = -1
+    else
+      local room = limit - cost
+      local offset = 0
+      if cur > room then
+        offset = window + window * (cur - room) / cur
+      elseif prev > 0 then
+        offset = window * (prev - (room - cur)) / prev
+      end
+      retry_after = math.ceil((start - now + offset) / 1000)
+      if retry_after < 1 then retry_after = 1 end
+    end
+  end
+  -- Milliseconds until the estimate is 0, exact below 2^53.
+  local to_start = math.ceil((start - now) / 1000)
+  local reset_after = 0
+  if cur > 0 then
+    reset_after = 2 * window_ms + to_start
+  elseif prev > 0 then
+    reset_after = window_ms + to_start
+  end
+  local remaining = math.floor(limit - (weighted + cur))
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then
+    write = {start = start, cur = cur, prev = prev,
+      expire_at = math.ceil(start / 1000) + 2 * window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function sliding_window.store(key, w)
+  redis.call('HSET', key, 'start', w.start, 'cur', w.cur, 'prev', w.prev)
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
+-- @limiter gcra
+local gcra = {
+  ARITY = "ERR wrong number of arguments for 'rl.gcra' command",
+}
+
+function gcra.parse(argv)
+  if #argv < 3 or #argv > 4 then return nil, gcra.ARITY end
+  local max_burst, count, period, cost, err
+  max_burst, err = integer_arg(argv[1], 0, MAX_INTEGER_ARG,
+    'ERR max_burst must be an integer', 'ERR max_burst must be between 0 and 1000000000000000')
+  if not max_burst then return nil, err end
+  count, err = integer_arg(argv[2], 1, MAX_INTEGER_ARG, 'ERR count_per_period must be an integer',
+    'ERR count_per_period must be between 1 and 1000000000000000')
+  if not count then return nil, err end
+  period, err = rate_arg(argv[3], 'ERR period_sec must be a number',
+    'ERR period_sec must be greater than 0 and at most 1000000000000000')
+  if not period then return nil, err end
+  cost, err = cost_arg(argv[4])
+  if not cost then return nil, err end
+  if period * 1000000 / count < 1 then
+    return nil, 'ERR count_per_period / period_sec must be at most 1000000 per second'
+  end
+  local interval = math.ceil(period * 1000000 / count)
+  local limit = max_burst + 1
+  local tolerance = interval * limit
+  if tolerance > 1e15 then
+    return nil, 'ERR (max_burst + 1) * period_sec / count_per_period must be at most 1000000000 seconds'
+  end
+  return {interval = interval, limit = limit, tolerance = tolerance, cost = cost}
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function gcra.load(key)
+  local fields, err = load_hash(key, 'tat')
+  if not fields then return fields, err end
+  local s = fields[1]
+  local tat = s and is_integer(s) and tonumber(s)
+  if not (tat and tat >= 0 and tat <= 8e15) then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tat' is not a valid timestamp")
+  end
+  return {tat = tat}
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function gcra.decide(a, state, now)
+  local interval, limit, tolerance, cost = a.interval, a.limit, a.tolerance, a.cost
+  local tat = now
+  if state then tat = state.tat end
+  local allowed, ttl, retry_after, write = false, tat - now, -1, nil
+  if cost <= limit then
+    local base = tat
+    if now > base then base = now end
+    local new_tat = base + interval * cost
+    local allow_at = new_tat - tolerance
+    if allow_at > now then
+      retry_after = math.ceil((allow_at - now) / 1000)
+    else
+      allowed, ttl, retry_after = true, new_tat - now, 0
+      if cost > 0 then write = {tat = new_tat, expire_at = math.ceil(new_tat / 1000)} end
+    end
+  end
+  if ttl < 0 then ttl = 0 end
+  local remaining = 0
+  if tolerance - ttl > 0 then remaining = math.floor((tolerance - ttl) / interval) end
+  return {allowed and 1 or 0, remaining, retry_after, math.ceil(ttl / 1000), limit}, write
+end
+
+function gcra.store(key, w)
+  redis.call('HSET', key, 'tat', w.tat)
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
 -- @main
 local ALGORITHMS = {
   {keyword = 'TOKENBUCKET', params = 2, limiter = token_bucket},
+  {keyword = 'LEAKYBUCKET', params = 2, limiter = leaky_bucket},
+  {keyword = 'FIXEDWINDOW', params = 2, limiter = fixed_window},
+  {keyword = 'SLIDINGWINDOW', params = 2, limiter = sliding_window},
+  {keyword = 'GCRA', params = 3, limiter = gcra},
 }
 local ARITY = "ERR wrong number of arguments for 'rl.all' command"
 local n = #KEYS
@@ -192,7 +563,7 @@ while i <= #words do
     if a.keyword == keyword then algorithm = a end
   end
   if not algorithm then
-    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET')
+    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA')
   end
   if #words - i < algorithm.params then return redis.error_reply(ARITY) end
   local params = {}

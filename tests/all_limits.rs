@@ -183,7 +183,7 @@ fn bad_calls_get_clear_errors() {
         ),
         (
             &["1", "a", "BUCKET", "1", "1"],
-            "ERR unknown algorithm, expected one of: TOKENBUCKET",
+            "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA",
         ),
         (
             &["1", "a", "TOKENBUCKET", "1", "1", "TOKENBUCKET"],

@@ -7,6 +7,7 @@ mod harness;
 use std::cell::{Cell, RefCell};
 
 use harness::scenarios::{AllStep, Corruption, Step, all_sequence, token_bucket_sequence};
+use harness::scenarios::{gcra_sequence, throttle_sequence};
 use harness::{Server, call, cmd, hash_bytes, lua_script, now_us, pexpiretime, set_clock};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -208,4 +209,96 @@ fn sliding_window_module_and_evalsha_agree_on_a_live_server() {
     );
     println!("sliding window: {steps} live calls compared");
     assert!(steps >= 10_000, "only {steps} calls compared");
+}
+
+#[test]
+fn gcra_module_and_evalsha_agree_on_a_live_server() {
+    let steps = live_differential("RL.GCRA", "gcra.lua", gcra_sequence(20..150), 150);
+    println!("gcra: {steps} live calls compared");
+    assert!(steps >= 10_000, "only {steps} calls compared");
+}
+
+/// `scenarios::string_corruption` applied to a string-backed key on the server.
+fn corrupt_string(c: &mut Connection, key: &str, corruption: &Corruption) {
+    let r = match corruption {
+        Corruption::SetField(_, v) => cmd(c, &["SET", key, v]),
+        Corruption::MakeString => {
+            cmd(c, &["DEL", key]).and_then(|_| cmd(c, &["HSET", key, "x", "1"]))
+        }
+        Corruption::DeleteField(_) | Corruption::DeleteKey => cmd(c, &["DEL", key]),
+    };
+    r.expect("corrupting a key");
+}
+
+#[test]
+fn throttle_module_and_evalsha_agree_on_a_live_server() {
+    let server = Server::with_test_clock();
+    let mut c = server.connect();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(lua_script("throttle.lua"))
+        .query(&mut c)
+        .unwrap();
+    let start = now_us() + 86_400_000_000;
+    let case = Cell::new(0usize);
+    let steps_run = Cell::new(0usize);
+    let admitted = Cell::new(0usize);
+    let c = RefCell::new(c);
+    let mut runner = TestRunner::new(Config {
+        cases: 150,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&throttle_sequence(20..150), |steps| {
+        case.set(case.get() + 1);
+        let (ours, theirs) = (format!("m:{}", case.get()), format!("l:{}", case.get()));
+        let mut c = c.borrow_mut();
+        let c = &mut *c;
+        let mut now = start;
+        for (i, step) in steps.iter().enumerate() {
+            now = (now + step.dt_us).max(start);
+            set_clock(c, now);
+            if let Some(k) = &step.corrupt {
+                corrupt_string(c, &ours, k);
+                corrupt_string(c, &theirs, k);
+            }
+            let mut module_call: Vec<&[u8]> = vec![b"CL.THROTTLE", ours.as_bytes()];
+            module_call.extend(step.args.iter().map(|a| a.as_bytes()));
+            let mut script_call: Vec<&[u8]> =
+                vec![b"EVALSHA", sha.as_bytes(), b"1", theirs.as_bytes()];
+            script_call.extend(step.args.iter().map(|a| a.as_bytes()));
+            let a = call(c, &module_call);
+            let b = call(c, &script_call);
+            prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
+            if a.as_ref().is_ok_and(
+                |v| matches!(v, redis::Value::Array(x) if x.first() == Some(&redis::Value::Int(0))),
+            ) {
+                admitted.set(admitted.get() + 1);
+            }
+            prop_assert_eq!(
+                cmd(c, &["GET", &ours]),
+                cmd(c, &["GET", &theirs]),
+                "value after step {}",
+                i
+            );
+            prop_assert_eq!(
+                pexpiretime(c, &ours),
+                pexpiretime(c, &theirs),
+                "expiry after step {}",
+                i
+            );
+        }
+        steps_run.set(steps_run.get() + steps.len());
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("CL.THROTTLE and throttle.lua differ on a live server: {e}");
+    }
+    let (steps, admitted) = (steps_run.get(), admitted.get());
+    println!("throttle: {steps} live calls compared, {admitted} admitted");
+    assert!(steps >= 10_000, "only {steps} calls compared");
+    assert!(
+        admitted >= steps / 10,
+        "too few admitted calls: {admitted} of {steps}"
+    );
 }

@@ -81,7 +81,8 @@ fn shared_lua_blocks_are_identical_copies() {
             all = all.replacen(&block, &wanted, 1);
         }
     }
-    for (name, _) in &sources {
+    // CL.THROTTLE is not part of RL.ALL: its reply and its key format are redis-cell's.
+    for (name, _) in sources.iter().filter(|(n, _)| n != "limiter throttle") {
         assert!(
             all.contains(&format!("-- @{name}\n")),
             "all.lua lacks the block {name}"

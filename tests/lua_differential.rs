@@ -12,9 +12,12 @@ use std::cell::RefCell;
 
 use harness::memory::{Data, Entry, Keyspace, LuaTwin, MemoryKey, ScriptReply, SharedKey};
 use harness::scenarios::{AllStep, Corruption, Step, all_sequence, token_bucket_sequence};
+use harness::scenarios::{gcra_sequence, throttle_sequence};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis_rate_limiter::command::all;
+use redis_rate_limiter::command::gcra::Gcra;
+use redis_rate_limiter::command::throttle;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::pipeline::{self, DynHashStore, HashLimiter};
 
@@ -275,4 +278,105 @@ fn sliding_window_matches_its_lua_twin() {
     );
     println!("sliding window: {steps} generated calls compared");
     assert!(steps >= 100_000, "only {steps} calls compared");
+}
+
+#[test]
+fn gcra_matches_its_lua_twin() {
+    let steps = differential::<Gcra, 1>("gcra.lua", gcra_sequence(50..250), 800);
+    println!("gcra: {steps} generated calls compared");
+    assert!(steps >= 100_000, "only {steps} calls compared");
+}
+
+/// One `CL.THROTTLE` call through the module's code path, on the in-memory keyspace.
+fn throttle_call(space: &mut Keyspace, args: &[Vec<u8>]) -> ScriptReply {
+    let raw: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    let parsed = throttle::parse(&raw).map_err(|e| e.message().to_string())?;
+    let now = space.now_us;
+    let mut key = MemoryKey {
+        space,
+        key: KEY.to_vec(),
+    };
+    throttle::apply(&mut key, &parsed, now)
+        .map(|r| r.to_array().to_vec())
+        .map_err(|e| e.message().to_string())
+}
+
+/// `scenarios::string_corruption` applied to a string-backed key.
+fn corrupt_string(space: &mut Keyspace, c: &Corruption) {
+    space.expire_due();
+    let data = match c {
+        Corruption::SetField(_, v) => Data::Str(v.as_bytes().to_vec()),
+        Corruption::MakeString => {
+            Data::Hash([(b"x".to_vec(), b"1".to_vec())].into_iter().collect())
+        }
+        Corruption::DeleteField(_) | Corruption::DeleteKey => {
+            space.keys.remove(KEY);
+            return;
+        }
+    };
+    space.keys.insert(
+        KEY.to_vec(),
+        Entry {
+            data,
+            expire_at_ms: None,
+        },
+    );
+}
+
+#[test]
+fn throttle_matches_its_lua_twin() {
+    let source = lua_script("throttle.lua");
+    let steps_run = AtomicUsize::new(0);
+    let admitted = AtomicUsize::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 800,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&throttle_sequence(50..250), |steps| {
+        let lua = LuaTwin::new(&source);
+        let mut model = Keyspace {
+            now_us: START_US,
+            ..Keyspace::default()
+        };
+        lua.space.borrow_mut().now_us = START_US;
+        for (i, step) in steps.iter().enumerate() {
+            let now = (model.now_us + step.dt_us).clamp(0, 8_000_000_000_000_000);
+            model.now_us = now;
+            lua.space.borrow_mut().now_us = now;
+            model.expire_due();
+            lua.space.borrow_mut().expire_due();
+            if let Some(c) = &step.corrupt {
+                corrupt_string(&mut model, c);
+                corrupt_string(&mut lua.space.borrow_mut(), c);
+            }
+            let args: Vec<Vec<u8>> = step.args.iter().map(|a| a.as_bytes().to_vec()).collect();
+            let ours = throttle_call(&mut model, &args);
+            let theirs = lua.eval(KEY, &args);
+            prop_assert_eq!(&ours, &theirs, "step {} {:?} at {}", i, step, now);
+            if matches!(&ours, Ok(r) if r.first() == Some(&0)) {
+                admitted.fetch_add(1, Ordering::Relaxed);
+            }
+            model.expire_due();
+            lua.space.borrow_mut().expire_due();
+            prop_assert_eq!(
+                &model.keys,
+                &lua.space.borrow().keys,
+                "stored state after step {}",
+                i
+            );
+        }
+        steps_run.fetch_add(steps.len(), Ordering::Relaxed);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("throttle.lua: module and Lua twin differ: {e}");
+    }
+    let (steps, admitted) = (steps_run.into_inner(), admitted.into_inner());
+    println!("throttle: {steps} generated calls compared, {admitted} admitted");
+    assert!(steps >= 100_000, "only {steps} calls compared");
+    assert!(
+        admitted >= steps / 10,
+        "too few admitted calls: {admitted} of {steps}"
+    );
 }

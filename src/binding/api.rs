@@ -332,3 +332,83 @@ pub fn report_key_positions(ctx: *mut RedisModuleCtx, positions: std::ops::Range
     }
     raw::REDISMODULE_OK as c_int
 }
+
+impl OpenKey {
+    /// Whether the key holds a string.
+    pub fn is_string(&self) -> Result<bool, ErrorReply> {
+        let key_type = api!(RedisModule_KeyType)?;
+        // SAFETY: the key is open.
+        let t = unsafe { key_type(self.key.as_ptr()) } as isize;
+        Ok(t == raw::REDISMODULE_KEYTYPE_STRING)
+    }
+
+    /// The bytes of a string key, valid while the key stays open and unmodified.
+    pub fn string_bytes(&self) -> Result<&[u8], ErrorReply> {
+        let dma = api!(RedisModule_StringDMA)?;
+        let mut len = 0usize;
+        let mode = raw::REDISMODULE_READ as c_int;
+        // SAFETY: the key is open and holds a string; Redis returns `len` bytes it owns, which
+        // live until the key is closed or written (both need `&mut self` or drop).
+        unsafe {
+            let p = dma(self.key.as_ptr(), &mut len, mode);
+            if p.is_null() {
+                Err(API_MISSING)
+            } else {
+                Ok(std::slice::from_raw_parts(p.cast::<u8>(), len))
+            }
+        }
+    }
+
+    /// Replaces the key's value with a string (dropping any expiry, as `SET` does).
+    pub fn string_set(&mut self, value: *mut RedisModuleString) -> Result<(), ErrorReply> {
+        let set = api!(RedisModule_StringSet)?;
+        // SAFETY: the key is open for writing; Redis takes its own reference to `value`.
+        unsafe { set(self.key.as_ptr(), value) };
+        Ok(())
+    }
+}
+
+/// Propagates `SET key value PXAT unix_ms`: one command, with an absolute expiry.
+pub fn replicate_set_pxat(
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleString,
+    value: *mut RedisModuleString,
+    unix_ms: i64,
+) -> Result<(), ErrorReply> {
+    let replicate = api!(RedisModule_Replicate)?;
+    // SAFETY: format "sscl": key string, value string, C string, long long.
+    unsafe {
+        replicate(
+            ctx,
+            c"SET".as_ptr(),
+            c"sscl".as_ptr(),
+            key,
+            value,
+            c"PXAT".as_ptr(),
+            unix_ms as c_longlong,
+        )
+    };
+    Ok(())
+}
+
+/// Tells WATCH, client-side caching and keyspace-notification subscribers that a string was set
+/// with an expiry, as `SET ... PXAT` would.
+pub fn signal_string_write(
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleString,
+) -> Result<(), ErrorReply> {
+    let signal = api!(RedisModule_SignalModifiedKey)?;
+    let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
+    // SAFETY: valid context and key name; the event names are NUL-terminated.
+    unsafe {
+        signal(ctx, key);
+        notify(ctx, raw::REDISMODULE_NOTIFY_STRING, c"set".as_ptr(), key);
+        notify(
+            ctx,
+            raw::REDISMODULE_NOTIFY_GENERIC,
+            c"expire".as_ptr(),
+            key,
+        );
+    }
+    Ok(())
+}

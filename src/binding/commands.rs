@@ -5,9 +5,10 @@ use std::ffi::{CStr, c_int};
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Command, api, clock, entry, hash_key};
+use super::{Command, api, clock, entry, hash_key, string_key};
 use crate::command::all;
 use crate::command::fixed_window::FixedWindow;
+use crate::command::gcra::Gcra;
 use crate::command::leaky_bucket::LeakyBucket;
 use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
@@ -16,7 +17,7 @@ use crate::pipeline::HashLimiter;
 /// Flags of every limiter command: it may write and runs in constant time. Not `deny-oom`: under
 /// memory pressure Redis would then refuse every call, denials and peeks included; instead the
 /// module refuses with the same OOM error only the calls that would write (`api::check_memory`).
-const LIMITER_FLAGS: &CStr = c"write fast";
+pub(super) const LIMITER_FLAGS: &CStr = c"write fast";
 
 /// A limiter whose state is one hash: the pipeline in `hash_key`.
 const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
@@ -29,11 +30,13 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
     }
 }
 
-pub const ALL: [Command; 5] = [
+pub const ALL: [Command; 7] = [
     hash_limiter::<TokenBucket, 2>(),
     hash_limiter::<LeakyBucket, 2>(),
     hash_limiter::<FixedWindow, 2>(),
     hash_limiter::<SlidingWindow, 3>(),
+    hash_limiter::<Gcra, 1>(),
+    string_key::THROTTLE,
     Command {
         name: all::NAME,
         handler: all_command,

@@ -7,6 +7,7 @@ mod commands;
 mod docs;
 mod hash_key;
 mod info;
+mod string_key;
 
 use std::ffi::{CStr, CString, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};

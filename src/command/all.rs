@@ -7,6 +7,10 @@
 
 use std::ffi::CStr;
 
+use crate::command::fixed_window::FixedWindow;
+use crate::command::gcra::Gcra;
+use crate::command::leaky_bucket::LeakyBucket;
+use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
@@ -21,7 +25,9 @@ pub const MAX_LIMITS: usize = 16;
 /// Arguments after the command name in the shortest call; Redis checks it too (arity -6).
 pub const MIN_ARGS: usize = 5;
 const NUMKEYS: ErrorReply = ErrorReply(c"ERR numkeys must be an integer between 1 and 16");
-const UNKNOWN: ErrorReply = ErrorReply(c"ERR unknown algorithm, expected one of: TOKENBUCKET");
+const UNKNOWN: ErrorReply = ErrorReply(
+    c"ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA",
+);
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 
@@ -42,11 +48,33 @@ fn build<L: HashLimiter<N> + 'static, const N: usize>(
     Ok(Box::new(LimitOf::<L, N>::parse(params, cost)?))
 }
 
-pub const ALGORITHMS: &[Algorithm] = &[Algorithm {
-    keyword: "TOKENBUCKET",
-    params: 2,
-    build: build::<TokenBucket, 2>,
-}];
+pub const ALGORITHMS: &[Algorithm] = &[
+    Algorithm {
+        keyword: "TOKENBUCKET",
+        params: 2,
+        build: build::<TokenBucket, 2>,
+    },
+    Algorithm {
+        keyword: "LEAKYBUCKET",
+        params: 2,
+        build: build::<LeakyBucket, 2>,
+    },
+    Algorithm {
+        keyword: "FIXEDWINDOW",
+        params: 2,
+        build: build::<FixedWindow, 2>,
+    },
+    Algorithm {
+        keyword: "SLIDINGWINDOW",
+        params: 2,
+        build: build::<SlidingWindow, 3>,
+    },
+    Algorithm {
+        keyword: "GCRA",
+        params: 3,
+        build: build::<Gcra, 1>,
+    },
+];
 
 /// Positions (in the full argument vector, command name at 0) of the keys of a call, for cluster
 /// routing: `numkeys` at 1, the keys after it. Nothing when `numkeys` is not valid (the call
@@ -171,7 +199,9 @@ mod tests {
         );
         assert_eq!(
             parse_str(&["1", "a", "BUCKET", "1", "1"]),
-            Err("ERR unknown algorithm, expected one of: TOKENBUCKET")
+            Err(
+                "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA"
+            )
         );
         assert_eq!(
             parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "TOKENBUCKET"]),

@@ -2,8 +2,9 @@
 //! No I/O and no limiter math here.
 
 pub mod all;
-pub mod token_bucket;
-
 pub mod fixed_window;
+pub mod gcra;
 pub mod leaky_bucket;
 pub mod sliding_window;
+pub mod throttle;
+pub mod token_bucket;

@@ -2,6 +2,10 @@
 //! Nothing here knows about Redis. Arithmetic is done in doubles, in the same order as the Lua
 //! twins, so that both paths produce bit-identical results.
 
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
+pub mod sliding_window;
 pub mod token_bucket;
 
 /// The reply every `RL.*` command shares: `[allowed, remaining, retry_after_ms, reset_after_ms, limit]`.
@@ -32,6 +36,3 @@ impl Reply {
 pub(crate) fn lua_integer(x: f64) -> i64 {
     x as i64
 }
-pub mod fixed_window;
-pub mod leaky_bucket;
-pub mod sliding_window;

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use mlua::{Function, Lua, Table, Value as LuaValue};
+use redis_rate_limiter::command::throttle::{Slot, StringStore};
 use redis_rate_limiter::error::{ErrorReply, WRONGTYPE};
 use redis_rate_limiter::pipeline::{FieldName, HashStore, KeyKind};
 
@@ -129,6 +130,31 @@ impl Keyspace {
                     }
                 }
             }
+            "GET" => match self.lookup(&arg(1)).map(|e| &e.data) {
+                None => Reply::Nil,
+                Some(Data::Str(v)) => Reply::Bulk(v.clone()),
+                Some(_) => wrongtype(),
+            },
+            // SET key value [PXAT ms]: replaces any value and expiry, as Redis does.
+            "SET" => {
+                let expire_at_ms = match argv.get(3) {
+                    None => None,
+                    Some(opt) if opt.eq_ignore_ascii_case(b"PXAT") => Some(
+                        String::from_utf8_lossy(&arg(4))
+                            .parse::<i64>()
+                            .expect("PXAT ms"),
+                    ),
+                    Some(_) => return Reply::Error("ERR syntax error in the test shim".into()),
+                };
+                self.keys.insert(
+                    arg(1),
+                    Entry {
+                        data: Data::Str(arg(2)),
+                        expire_at_ms,
+                    },
+                );
+                Reply::Status("OK".into())
+            }
             other => Reply::Error(format!("ERR unknown command '{other}' in the test shim")),
         }
     }
@@ -142,6 +168,7 @@ pub enum Reply {
     Bulk(Vec<u8>),
     Array(Vec<Reply>),
     Error(String),
+    Status(String),
 }
 
 /// The Rust pipeline's view of one key in the in-memory keyspace.
@@ -240,6 +267,11 @@ fn to_lua(lua: &Lua, reply: Reply) -> mlua::Result<LuaValue> {
             t.raw_set("err", msg)?;
             LuaValue::Table(t)
         }
+        Reply::Status(msg) => {
+            let t = lua.create_table()?;
+            t.raw_set("ok", msg)?;
+            LuaValue::Table(t)
+        }
     })
 }
 
@@ -311,19 +343,20 @@ impl HashStore for SharedKey<'_> {
     type Bytes = Vec<u8>;
 
     fn kind(&self) -> Result<KeyKind, ErrorReply> {
-        MemoryKey {
+        HashStore::kind(&MemoryKey {
             space: &mut self.space.borrow_mut(),
             key: self.key.clone(),
-        }
-        .kind()
+        })
     }
 
     fn get(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
-        MemoryKey {
-            space: &mut self.space.borrow_mut(),
-            key: self.key.clone(),
-        }
-        .get(field)
+        HashStore::get(
+            &MemoryKey {
+                space: &mut self.space.borrow_mut(),
+                key: self.key.clone(),
+            },
+            field,
+        )
     }
 
     fn write(
@@ -331,11 +364,14 @@ impl HashStore for SharedKey<'_> {
         fields: &[(&'static FieldName, &[u8])],
         expire_at_ms: i64,
     ) -> Result<(), ErrorReply> {
-        MemoryKey {
-            space: &mut self.space.borrow_mut(),
-            key: self.key.clone(),
-        }
-        .write(fields, expire_at_ms)
+        HashStore::write(
+            &mut MemoryKey {
+                space: &mut self.space.borrow_mut(),
+                key: self.key.clone(),
+            },
+            fields,
+            expire_at_ms,
+        )
     }
 }
 
@@ -378,5 +414,29 @@ impl LuaTwin {
             Ok(other) => panic!("script returned {other:?}"),
             Err(e) => Err(format!("script raised: {e}")),
         }
+    }
+}
+
+impl StringStore for MemoryKey<'_> {
+    fn read(&self) -> Result<Slot<'_>, ErrorReply> {
+        let now = self.space.now_ms();
+        Ok(match self.space.keys.get(&self.key) {
+            Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match &e.data {
+                Data::Str(v) => Slot::Value(v),
+                Data::Hash(_) => Slot::WrongType,
+            },
+            _ => Slot::Empty,
+        })
+    }
+
+    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
+        self.space.keys.insert(
+            self.key.clone(),
+            Entry {
+                data: Data::Str(value.to_vec()),
+                expire_at_ms: Some(expire_at_ms),
+            },
+        );
+        Ok(())
     }
 }

@@ -158,16 +158,32 @@ pub struct AllStep {
     pub corrupt: Option<(usize, Corruption)>,
 }
 
-/// The parameters of one limit of `RL.ALL`, keyword first.
+/// The parameters of one limit of `RL.ALL`, keyword first: every algorithm, mostly with small
+/// valid parameters (so that calls are admitted and denied), sometimes with any text.
 pub fn all_limit_spec() -> impl Strategy<Value = Vec<String>> {
-    let keyword = || prop::sample::select(vec!["TOKENBUCKET", "tokenbucket"]);
+    let bucket = prop::sample::select(vec![
+        "TOKENBUCKET",
+        "tokenbucket",
+        "LEAKYBUCKET",
+        "LeakyBucket",
+    ]);
+    let window = prop::sample::select(vec!["FIXEDWINDOW", "SLIDINGWINDOW", "slidingwindow"]);
+    let quarter = |r: u32| (f64::from(r) / 4.0).to_string();
     prop_oneof![
-        10 => (keyword(), 1u64..20, 1u32..100)
-            .prop_map(|(k, c, r)| vec![k.to_string(), c.to_string(), (f64::from(r) / 4.0).to_string()]),
-        2 => (keyword(), count_text(), rate_text()).prop_map(|(k, c, r)| vec![k.to_string(), c, r]),
+        6 => (bucket.clone(), 1u64..20, 1u32..100).prop_map(move |(k, c, r)| vec![k.to_string(), c.to_string(), quarter(r)]),
+        4 => (window.clone(), 1u64..20, 1u32..40).prop_map(move |(k, l, w)| vec![k.to_string(), l.to_string(), quarter(w)]),
+        3 => (0u64..10, 1u64..20, 1u32..40).prop_map(move |(b, n, p)| vec!["GCRA".to_string(), b.to_string(), n.to_string(), quarter(p)]),
+        1 => (bucket, count_text(), rate_text()).prop_map(|(k, c, r)| vec![k.to_string(), c, r]),
+        1 => (window, count_text(), window_text()).prop_map(|(k, l, w)| vec![k.to_string(), l, w]),
+        1 => (count_text(), count_text(), rate_text()).prop_map(|(b, n, p)| vec!["gcra".to_string(), b, n, p]),
         1 => prop::collection::vec(junk(), 0..3),
     ]
 }
+
+/// Every field name of the algorithms `RL.ALL` combines.
+pub const ALL_FIELDS: &[&str] = &[
+    "tokens", "ts", "level", "count", "start", "cur", "prev", "tat",
+];
 
 /// Sequences of `RL.ALL` calls over up to three keys with fixed shapes, and now and then junk.
 pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<AllStep>> {
@@ -183,7 +199,7 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
                 }),
                 1 => prop::collection::vec(all_limit_spec(), 0..4).prop_map(|s| s.concat()),
             ];
-            let corrupt = prop::option::weighted(0.04, (0..numkeys, corruption(&["tokens", "ts"])));
+            let corrupt = prop::option::weighted(0.04, (0..numkeys, corruption(ALL_FIELDS)));
             let step =
                 (time_step(), words, corrupt).prop_map(move |(dt_us, words, corrupt)| AllStep {
                     dt_us,
@@ -263,4 +279,110 @@ pub fn fixed_window_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value
 
 pub fn sliding_window_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
     window_sequence(&["start", "cur", "prev"], len)
+}
+
+/// Arguments for `RL.GCRA`: one shape per sequence (max_burst, count_per_period, period_sec),
+/// varying costs, and now and then a call with other or invalid arguments.
+pub fn gcra_args() -> impl Strategy<Value = (String, String, String)> {
+    let period = prop_oneof![
+        3 => prop::sample::select(vec!["1", "60", "0.5", "3600", "0.001"]).prop_map(String::from),
+        2 => rate_text(),
+    ];
+    (count_text(), count_text(), period)
+}
+
+pub fn gcra_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    gcra_args().prop_flat_map(move |(burst, count, period)| {
+        let (b, c, p) = (burst.clone(), count.clone(), period.clone());
+        let cost = prop_oneof![
+            3 => Just("1".to_string()),
+            1 => Just("0".to_string()),
+            3 => (0u64..25).prop_map(|n| n.to_string()),
+            1 => count_text(),
+        ];
+        let args = prop_oneof![
+            8 => cost.prop_map(move |k| vec![b.clone(), c.clone(), p.clone(), k]),
+            2 => Just(vec![burst, count, period]),
+            1 => (count_text(), count_text(), rate_text()).prop_map(|(b, c, p)| vec![b, c, p]),
+            1 => prop::collection::vec(junk(), 0..6),
+        ];
+        sequence(args, &["tat"], len.clone())
+    })
+}
+
+/// Values written over a `CL.THROTTLE` key: nanosecond times around the differential suites'
+/// clock (1.7e18 ns), limits of the stored range, and text that is not a time.
+pub fn ns_garbage() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => (1_699_999_000_000_000_000u64..1_700_001_000_000_000_000).prop_map(|n| n.to_string()),
+        1 => (0u64..u64::MAX).prop_map(|n| n.to_string()),
+        2 => prop::sample::select(vec![
+            "0", "00017", "", "abc", "-1", "+5", "1.5", "1e18", " 1", "9199999999999999999",
+            "9200000000000000000", "18446744073709551616", "1700000000000000000",
+            "000000000001700000000000000000",
+        ])
+        .prop_map(String::from),
+    ]
+}
+
+/// Something done to a string-backed limiter's key: `SetField` sets the value (no expiry),
+/// `MakeString` replaces it with a hash (the wrong type for it), the rest delete it.
+pub fn string_corruption() -> impl Strategy<Value = Corruption> {
+    prop_oneof![
+        4 => ns_garbage().prop_map(|v| Corruption::SetField("value", v)),
+        2 => Just(Corruption::DeleteKey),
+        1 => Just(Corruption::MakeString),
+    ]
+}
+
+/// Arguments for `CL.THROTTLE`: one shape per sequence (max_burst, count_per_period, period),
+/// varying quantities, and now and then a call with other or invalid arguments.
+pub fn throttle_args() -> impl Strategy<Value = (String, String, String)> {
+    let period = prop_oneof![
+        3 => prop::sample::select(vec!["1", "60", "3600", "86400", "2"]).prop_map(String::from),
+        1 => count_text(),
+    ];
+    let pick = |v: Vec<&'static str>| prop::sample::select(v).prop_map(String::from);
+    // Large limits with intervals that are not whole seconds: quantities above 1e6 and
+    // tolerances up to the 1e18 ns bound, where the Lua twin's exact products matter.
+    let large = (
+        pick(vec!["999999", "1000000", "123456789", "999999999999", "31"]),
+        pick(vec!["1", "3", "7", "999", "1000", "333333", "1000000"]),
+        pick(vec!["1", "7", "1001", "86400", "31536000", "999999937"]),
+    );
+    prop_oneof![
+        3 => (count_text(), count_text(), period),
+        1 => large,
+    ]
+}
+
+pub fn throttle_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    throttle_args().prop_flat_map(move |(burst, count, period)| {
+        let (b, c, p) = (burst.clone(), count.clone(), period.clone());
+        let quantity = prop_oneof![
+            3 => Just("1".to_string()),
+            1 => Just("0".to_string()),
+            3 => (0u64..25).prop_map(|n| n.to_string()),
+            1 => count_text(),
+            1 => prop::sample::select(vec!["1000001", "123456788", "999999", "2000000", "999999999999"])
+                .prop_map(String::from),
+        ];
+        let args = prop_oneof![
+            8 => quantity.prop_map(move |q| vec![b.clone(), c.clone(), p.clone(), q]),
+            2 => Just(vec![burst, count, period]),
+            1 => (count_text(), count_text(), count_text()).prop_map(|(b, c, p)| vec![b, c, p]),
+            1 => prop::collection::vec(junk(), 0..6),
+        ];
+        let step = (
+            time_step(),
+            args,
+            prop::option::weighted(0.04, string_corruption()),
+        )
+            .prop_map(|(dt_us, args, corrupt)| Step {
+                dt_us,
+                args,
+                corrupt,
+            });
+        prop::collection::vec(step, len.clone())
+    })
 }

@@ -1,0 +1,264 @@
+//! `RL.GCRA key max_burst count_per_period period_sec [cost]`; state: hash `tat` (microseconds).
+//!
+//! `max_burst + 1` calls at once, then one per emission interval `period_sec / count_per_period`,
+//! rounded up to a whole microsecond so that every time is an exact integer, here and in the Lua
+//! twin, and the sustained rate is never above the configured one.
+
+use std::ffi::CStr;
+
+use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::core::{Reply, gcra};
+use crate::error::ErrorReply;
+use crate::number::parse_integer;
+use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::stats::CommandStats;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Args {
+    pub params: gcra::Params,
+    pub cost: i64,
+}
+
+pub const MAX_BURST: IntegerArg = IntegerArg {
+    not_integer: ErrorReply(c"ERR max_burst must be an integer"),
+    out_of_range: ErrorReply(c"ERR max_burst must be between 0 and 1000000000000000"),
+    min: 0.0,
+    max: MAX_INTEGER_ARG,
+};
+pub const COUNT: IntegerArg = IntegerArg {
+    not_integer: ErrorReply(c"ERR count_per_period must be an integer"),
+    out_of_range: ErrorReply(c"ERR count_per_period must be between 1 and 1000000000000000"),
+    min: 1.0,
+    max: MAX_INTEGER_ARG,
+};
+const PERIOD: RateArg = RateArg {
+    not_number: ErrorReply(c"ERR period_sec must be a number"),
+    out_of_range: ErrorReply(c"ERR period_sec must be greater than 0 and at most 1000000000000000"),
+};
+const TOO_FAST: ErrorReply =
+    ErrorReply(c"ERR count_per_period / period_sec must be at most 1000000 per second");
+const TOO_SLOW: ErrorReply = ErrorReply(
+    c"ERR (max_burst + 1) * period_sec / count_per_period must be at most 1000000000 seconds",
+);
+
+/// Longest tolerance, in microseconds (about 31.7 years). With stored times below
+/// `MAX_TAT_US` every time computed stays below 2^53, exact in the Lua twin's doubles.
+pub const MAX_TOLERANCE_US: f64 = 1e15;
+/// Largest stored theoretical arrival time (year 2223).
+pub const MAX_TAT_US: f64 = 8e15;
+
+pub const CORRUPT_TAT: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: field 'tat' is not a valid timestamp");
+
+pub static TAT: FieldName = FieldName::new(c"tat");
+
+pub struct Gcra;
+
+static STATS: CommandStats = CommandStats::new();
+
+/// A double already checked to be a whole number inside i64.
+pub(crate) fn whole(x: f64) -> i64 {
+    x as i64
+}
+
+/// `(interval, limit, tolerance)` in ticks (`ticks_per_sec`: 1e6 for microseconds, 1e9 for
+/// nanoseconds) from validated arguments, computed in doubles in the Lua twins' order; the
+/// interval is rounded by `round` (up here; truncated for redis-cell).
+pub fn params(
+    max_burst: f64,
+    count: f64,
+    period: f64,
+    ticks_per_sec: f64,
+    round: fn(f64) -> f64,
+) -> (f64, f64, f64) {
+    let interval = round(period * ticks_per_sec / count);
+    let limit = max_burst + 1.0;
+    (interval, limit, interval * limit)
+}
+
+impl HashLimiter<1> for Gcra {
+    type Args = Args;
+    type State = i128;
+    const NAME: &'static CStr = c"RL.GCRA";
+    const STATS: &'static CommandStats = &STATS;
+    const FIELDS: [&'static FieldName; 1] = [&TAT];
+    const ARITY_ERROR: ErrorReply =
+        ErrorReply(c"ERR wrong number of arguments for 'rl.gcra' command");
+
+    fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
+        let (max_burst, count, period, cost) = match args {
+            [b, c, p] => (b, c, p, None),
+            [b, c, p, k] => (b, c, p, Some(k)),
+            _ => return Err(Self::ARITY_ERROR),
+        };
+        let max_burst = MAX_BURST.parse(max_burst)?;
+        let count = COUNT.parse(count)?;
+        let period = PERIOD.parse(period)?;
+        let cost = match cost {
+            Some(raw) => COST.parse(raw)?,
+            None => 1.0,
+        };
+        if period * 1e6 / count < 1.0 {
+            return Err(TOO_FAST);
+        }
+        let (interval, limit, tolerance) = params(max_burst, count, period, 1e6, f64::ceil);
+        if tolerance > MAX_TOLERANCE_US {
+            return Err(TOO_SLOW);
+        }
+        Ok(Args {
+            params: gcra::Params {
+                interval: whole(interval),
+                limit: whole(limit),
+                tolerance: whole(tolerance),
+            },
+            cost: whole(cost),
+        })
+    }
+
+    fn decode([tat]: [Option<&[u8]>; 1]) -> Result<i128, ErrorReply> {
+        let v = tat.and_then(parse_integer).ok_or(CORRUPT_TAT)?;
+        if v >= 0.0 && v <= MAX_TAT_US {
+            Ok(i128::from(whole(v)))
+        } else {
+            Err(CORRUPT_TAT)
+        }
+    }
+
+    fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (Reply, Option<HashWrite<1>>) {
+        let p = &a.params;
+        let out = gcra::decide(p, a.cost, i128::from(now_us), prior);
+        let ceil_ms = |us: i128| {
+            let us = if us < 0 { 0 } else { us };
+            narrow((us + 999) / 1000)
+        };
+        let retry_after_ms = match (out.allowed, out.retry_after) {
+            (true, _) => 0,
+            (false, None) => -1,
+            (false, Some(us)) => ceil_ms(us),
+        };
+        let reply = Reply {
+            allowed: out.allowed,
+            remaining: narrow(gcra::remaining(p, out.ttl)),
+            retry_after_ms,
+            reset_after_ms: ceil_ms(out.ttl),
+            limit: p.limit,
+        };
+        let write = out.write.map(|tat| HashWrite {
+            values: [exact_f64(tat)],
+            expire_at_ms: ceil_ms(tat),
+        });
+        (reply, write)
+    }
+}
+
+/// Reply values are bounded by argument and state validation; saturate rather than wrap.
+fn narrow(v: i128) -> i64 {
+    i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// A time below 2^53, exact as a double (the stored form, as in the Lua twin).
+fn exact_f64(v: i128) -> f64 {
+    v as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Result<Args, &'static str> {
+        let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
+        Gcra::parse(&raw).map_err(|e| e.message())
+    }
+
+    #[test]
+    fn arguments() {
+        let p = |interval, limit| gcra::Params {
+            interval,
+            limit,
+            tolerance: interval * limit,
+        };
+        assert_eq!(
+            parse(&["4", "10", "1"]),
+            Ok(Args {
+                params: p(100_000, 5),
+                cost: 1
+            })
+        );
+        // 1/3 s rounds up to 333334 us.
+        assert_eq!(
+            parse(&["0", "3", "1", "0"]).map(|a| (a.params, a.cost)),
+            Ok((p(333_334, 1), 0))
+        );
+        assert_eq!(
+            parse(&["1", "1"]),
+            Err("ERR wrong number of arguments for 'rl.gcra' command")
+        );
+        assert_eq!(
+            parse(&["x", "1", "1"]),
+            Err("ERR max_burst must be an integer")
+        );
+        assert_eq!(
+            parse(&["-1", "1", "1"]),
+            Err("ERR max_burst must be between 0 and 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["1", "0", "1"]),
+            Err("ERR count_per_period must be between 1 and 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["1", "1", "inf"]),
+            Err("ERR period_sec must be a number")
+        );
+        assert_eq!(
+            parse(&["1", "1", "0"]),
+            Err("ERR period_sec must be greater than 0 and at most 1000000000000000")
+        );
+        assert_eq!(
+            parse(&["1", "1", "1", "1.5"]),
+            Err("ERR cost must be an integer")
+        );
+        assert_eq!(
+            parse(&["1", "1000001", "1"]),
+            Err("ERR count_per_period / period_sec must be at most 1000000 per second")
+        );
+        assert!(parse(&["1", "1000000", "1"]).is_ok());
+        assert_eq!(
+            parse(&["0", "1", "1000000001"]),
+            Err(
+                "ERR (max_burst + 1) * period_sec / count_per_period must be at most 1000000000 seconds"
+            )
+        );
+        assert!(parse(&["0", "1", "1000000000"]).is_ok());
+    }
+
+    #[test]
+    fn stored_field() {
+        let d = |t: Option<&[u8]>| Gcra::decode([t]);
+        assert_eq!(d(Some(b"1700000000000001")), Ok(1_700_000_000_000_001));
+        assert_eq!(d(Some(b"8000000000000000")), Ok(8_000_000_000_000_000));
+        for bad in [&b"8000000000000001"[..], b"-1", b"1.5", b"abc", b"", b"1e3"] {
+            assert_eq!(d(Some(bad)), Err(CORRUPT_TAT), "{bad:?}");
+        }
+        assert_eq!(d(None), Err(CORRUPT_TAT));
+    }
+
+    #[test]
+    fn replies_and_writes() {
+        let a = parse(&["4", "10", "1"]).unwrap();
+        let now = 1_700_000_000_000_001;
+        let (reply, write) = Gcra::decide(&a, now, None);
+        assert_eq!(reply.to_array(), [1, 4, 0, 100, 5]);
+        let w = write.unwrap();
+        assert_eq!(w.values, [1_700_000_000_100_001.0]);
+        assert_eq!(w.expire_at_ms, 1_700_000_000_101);
+        let full = Some(i128::from(now) + 500_000);
+        let (reply, write) = Gcra::decide(&a, now, full);
+        assert_eq!(reply.to_array(), [0, 0, 100, 500, 5]);
+        assert_eq!(write, None);
+        let big = Args { cost: 6, ..a };
+        assert_eq!(
+            Gcra::decide(&big, now, full).0.to_array(),
+            [0, 0, -1, 500, 5]
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! GCRA (generic cell rate algorithm), the way redis-cell defines it.
+//!
+//! One time unit ("tick") throughout: microseconds for `RL.GCRA`, nanoseconds for `CL.THROTTLE`.
+//! The state is one number, the theoretical arrival time `tat`: when the schedule of evenly
+//! spaced calls (one per `interval`) would next be free. A call of cost `c` moves it to
+//! `max(tat, now) + c * interval` and is admitted when that is at most `tolerance` ahead of now,
+//! with `tolerance = interval * limit`: `limit` calls at once, then one per `interval`.
+//!
+//! Integer arithmetic only (i128, so no operation can overflow for any stored or derived value the
+//! commands accept); the Lua twins reproduce it exactly (see `lua-reference/gcra.lua` and
+//! `lua-reference/throttle.lua`).
+
+/// Validated parameters, in ticks. `tolerance == interval * limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    pub interval: i64,
+    pub limit: i64,
+    pub tolerance: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub allowed: bool,
+    /// The theoretical arrival time after the call, relative to now: the new one when admitted,
+    /// else the stored one (or now for a new key). Negative when a stored time lies in the past.
+    pub ttl: i128,
+    /// How long until the same call could be admitted; `None` when admitted, or when the cost
+    /// exceeds the limit and can never be admitted.
+    pub retry_after: Option<i128>,
+    /// The theoretical arrival time to store: only when admitted with a cost above zero.
+    pub write: Option<i128>,
+}
+
+pub fn decide(p: &Params, cost: i64, now: i128, prior_tat: Option<i128>) -> Outcome {
+    let tat = prior_tat.unwrap_or(now);
+    if cost > p.limit {
+        return Outcome {
+            allowed: false,
+            ttl: tat - now,
+            retry_after: None,
+            write: None,
+        };
+    }
+    let base = if tat > now { tat } else { now };
+    let new_tat = base + i128::from(p.interval) * i128::from(cost);
+    let allow_at = new_tat - i128::from(p.tolerance);
+    if allow_at > now {
+        return Outcome {
+            allowed: false,
+            ttl: tat - now,
+            retry_after: Some(allow_at - now),
+            write: None,
+        };
+    }
+    Outcome {
+        allowed: true,
+        ttl: new_tat - now,
+        retry_after: None,
+        write: (cost > 0).then_some(new_tat),
+    }
+}
+
+/// Whole intervals still free after the call: `floor((tolerance - ttl) / interval)`, with a
+/// `ttl` in the past counted as zero, so `0 <= remaining <= limit`.
+pub fn remaining(p: &Params, ttl: i128) -> i128 {
+    let ttl = if ttl < 0 { 0 } else { ttl };
+    let free = i128::from(p.tolerance) - ttl;
+    if free <= 0 {
+        0
+    } else {
+        free / i128::from(p.interval)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // 5 calls at once, then one per second (ticks are microseconds here).
+    const P: Params = Params {
+        interval: 1_000_000,
+        limit: 5,
+        tolerance: 5_000_000,
+    };
+    const T0: i128 = 1_700_000_000_000_000;
+
+    fn run(calls: &[(i128, i64)]) -> Vec<(bool, i128, Option<i128>, i128)> {
+        let mut tat = None;
+        calls
+            .iter()
+            .map(|&(now, cost)| {
+                let out = decide(&P, cost, now, tat);
+                if let Some(t) = out.write {
+                    tat = Some(t);
+                }
+                (
+                    out.allowed,
+                    out.ttl,
+                    out.retry_after,
+                    remaining(&P, out.ttl),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn burst_of_limit_then_one_per_interval() {
+        let r = run(&[(T0, 1); 6]);
+        assert_eq!(r[0], (true, 1_000_000, None, 4));
+        assert_eq!(r[4], (true, 5_000_000, None, 0));
+        assert_eq!(r[5], (false, 5_000_000, Some(1_000_000), 0));
+        // Exactly one interval later exactly one more, and not a microsecond earlier.
+        let mut calls = vec![(T0, 5)];
+        calls.push((T0 + 999_999, 1));
+        calls.push((T0 + 1_000_000, 1));
+        calls.push((T0 + 1_000_000, 1));
+        calls.push((T0 + 2_000_000, 1));
+        let r = run(&calls);
+        assert_eq!(r[1], (false, 4_000_001, Some(1), 0));
+        assert_eq!(r[2], (true, 5_000_000, None, 0));
+        assert_eq!(r[3], (false, 5_000_000, Some(1_000_000), 0));
+        assert_eq!(r[4], (true, 5_000_000, None, 0));
+    }
+
+    #[test]
+    fn redis_cell_reference_sequence() {
+        // redis-cell's own limiter test: limit 5, one per second, in milliseconds of ticks.
+        let ms = 1_000;
+        let calls = [
+            (T0, 6),
+            (T0, 1),
+            (T0, 1),
+            (T0, 1),
+            (T0, 1),
+            (T0, 1),
+            (T0, 1),
+            (T0 + 3000 * ms, 1),
+            (T0 + 3100 * ms, 1),
+            (T0 + 4000 * ms, 1),
+            (T0 + 8000 * ms, 1),
+            (T0 + 9500 * ms, 1),
+            (T0 + 9500 * ms, 0),
+            (T0 + 9500 * ms, 2),
+            (T0 + 9500 * ms, 5),
+        ];
+        let r = run(&calls);
+        let s = 1_000_000;
+        let expected = [
+            (false, 0, None, 5),
+            (true, s, None, 4),
+            (true, 2 * s, None, 3),
+            (true, 3 * s, None, 2),
+            (true, 4 * s, None, 1),
+            (true, 5 * s, None, 0),
+            (false, 5 * s, Some(s), 0),
+            (true, 3 * s, None, 2),
+            (true, 3900 * ms, None, 1),
+            (true, 4 * s, None, 1),
+            (true, s, None, 4),
+            (true, s, None, 4),
+            (true, s, None, 4),
+            (true, 3 * s, None, 2),
+            (false, 3 * s, Some(3 * s), 2),
+        ];
+        assert_eq!(r, expected);
+    }
+
+    #[test]
+    fn denial_and_zero_cost_write_nothing() {
+        let full = Some(T0 + 5_000_000);
+        assert_eq!(decide(&P, 1, T0, full).write, None);
+        assert_eq!(decide(&P, 0, T0, full).write, None);
+        assert!(decide(&P, 0, T0, full).allowed);
+        assert_eq!(decide(&P, 0, T0, None).write, None);
+        // A stored time further ahead than the tolerance (the clock went back): even a peek is
+        // refused, and says when it would pass.
+        let out = decide(&P, 0, T0 - 1, full);
+        assert_eq!((out.allowed, out.retry_after), (false, Some(1)));
+    }
+
+    #[test]
+    fn a_stale_time_counts_as_now() {
+        let out = decide(&P, 1, T0, Some(T0 - 10_000_000));
+        assert_eq!(
+            (out.allowed, out.ttl, out.write),
+            (true, 1_000_000, Some(T0 + 1_000_000))
+        );
+        // Never admissible, on a stale time: ttl is the stored time, remaining is capped.
+        let out = decide(&P, 6, T0, Some(T0 - 7));
+        assert_eq!((out.ttl, remaining(&P, out.ttl)), (-7, 5));
+    }
+}

@@ -1,0 +1,312 @@
+//! RL.GCRA on a real redis-server.
+
+mod harness;
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use harness::*;
+use redis::Value;
+
+const GCRA: &str = "RL.GCRA";
+/// A test-clock instant ahead of the real clock (2030), so no absolute expiry is in the past.
+const T0: i64 = 1_900_000_000_000_000;
+
+fn g(c: &mut redis::Connection, key: &str, args: &[&str]) -> Vec<i64> {
+    let mut full = vec![GCRA, key];
+    full.extend_from_slice(args);
+    ints(&cmd(c, &full))
+}
+
+#[test]
+fn burst_then_exactly_one_per_emission_interval() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    // max_burst 4: 5 at once; 10 per second: one every 100 ms after that.
+    let burst: Vec<Vec<i64>> = (0..6).map(|_| g(&mut c, "k", &["4", "10", "1"])).collect();
+    assert_eq!(burst[0], [1, 4, 0, 100, 5]);
+    assert_eq!(burst[4], [1, 0, 0, 500, 5]);
+    assert_eq!(burst[5], [0, 0, 100, 500, 5]);
+
+    for interval in 0..20 {
+        advance_clock(&mut c, 99_999);
+        assert_eq!(
+            g(&mut c, "k", &["4", "10", "1"]),
+            [0, 0, 1, 401, 5],
+            "1 us early, interval {interval}"
+        );
+        advance_clock(&mut c, 1);
+        assert_eq!(g(&mut c, "k", &["4", "10", "1"]), [1, 0, 0, 500, 5]);
+        assert_eq!(g(&mut c, "k", &["4", "10", "1"])[0], 0, "only one");
+    }
+
+    // Called every millisecond for 3 s at a sustained overload: exactly 30 admitted, evenly.
+    let mut admitted_at = Vec::new();
+    for ms in 1..=3000 {
+        advance_clock(&mut c, 1_000);
+        if g(&mut c, "k", &["4", "10", "1"])[0] == 1 {
+            admitted_at.push(ms);
+        }
+    }
+    assert_eq!(admitted_at, (1..=30).map(|i| i * 100).collect::<Vec<_>>());
+}
+
+#[test]
+fn an_idle_limiter_refills_its_burst() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    assert_eq!(g(&mut c, "k", &["2", "3", "0.3", "3"]), [1, 0, 0, 300, 3]);
+    advance_clock(&mut c, 150_000);
+    assert_eq!(
+        g(&mut c, "k", &["2", "3", "0.3", "0"]),
+        [1, 1, 0, 150, 3],
+        "half of it back"
+    );
+    advance_clock(&mut c, 150_000);
+    assert_eq!(g(&mut c, "k", &["2", "3", "0.3", "3"]), [1, 0, 0, 300, 3]);
+    assert_eq!(
+        g(&mut c, "k", &["2", "3", "0.3", "4"]),
+        [0, 0, -1, 300, 3],
+        "more than the burst: never"
+    );
+}
+
+#[test]
+fn two_hundred_concurrent_clients_admit_exactly_the_limit() {
+    let s = Server::with_test_clock();
+    let start = Arc::new(Barrier::new(200));
+    let workers: Vec<_> = (0..200)
+        .map(|_| {
+            let mut c = s.connect();
+            let start = Arc::clone(&start);
+            thread::spawn(move || {
+                start.wait();
+                g(&mut c, "race", &["9", "1", "60"])[0]
+            })
+        })
+        .collect();
+    let allowed: i64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    assert_eq!(allowed, 10);
+}
+
+#[test]
+fn stored_state_and_expiry() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0 + 1);
+    g(&mut c, "k", &["4", "3", "1", "2"]);
+    // 1/3 s rounds up to 333334 us; two of them.
+    assert_eq!(
+        hash_bytes(&mut c, "k"),
+        vec![(b"tat".to_vec(), b"1900000000666669".to_vec())]
+    );
+    // The first millisecond at which tat is no longer ahead of now.
+    assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_667);
+    advance_clock(&mut c, 1_000_000);
+    g(&mut c, "k", &["4", "3", "1"]);
+    assert_eq!(
+        hash_bytes(&mut c, "k"),
+        vec![(b"tat".to_vec(), b"1900000001333335".to_vec())],
+        "a stale tat counts from now"
+    );
+}
+
+#[test]
+fn an_idle_key_expires_and_comes_back_fresh() {
+    let s = Server::start();
+    let mut c = s.connect();
+    assert_eq!(g(&mut c, "idle", &["1", "10", "1", "2"])[0..2], [1, 0]);
+    let ttl: i64 = redis::cmd("PTTL").arg("idle").query(&mut c).unwrap();
+    assert!(
+        ttl > 0 && ttl <= 201,
+        "expires when fresh again (200 ms): {ttl}"
+    );
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(cmd(&mut c, &["EXISTS", "idle"]), Ok(Value::Int(0)));
+    assert_eq!(g(&mut c, "idle", &["1", "10", "1"]), [1, 1, 0, 100, 2]);
+}
+
+#[test]
+fn denial_and_cost_zero_write_nothing() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    assert_eq!(g(&mut c, "fresh", &["4", "10", "1", "0"]), [1, 5, 0, 0, 5]);
+    assert_eq!(
+        cmd(&mut c, &["EXISTS", "fresh"]),
+        Ok(Value::Int(0)),
+        "a peek creates nothing"
+    );
+
+    assert_eq!(g(&mut c, "k", &["4", "10", "1", "5"]), [1, 0, 0, 500, 5]);
+    let before = hash_bytes(&mut c, "k");
+    let expiry = pexpiretime(&mut c, "k");
+    let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
+    let offset = info_field(&mut c, "replication", "master_repl_offset");
+    assert_eq!(g(&mut c, "k", &["4", "10", "1"]), [0, 0, 100, 500, 5]);
+    assert_eq!(g(&mut c, "k", &["4", "10", "1", "6"]), [0, 0, -1, 500, 5]);
+    advance_clock(&mut c, 250_000);
+    assert_eq!(g(&mut c, "k", &["4", "10", "1", "0"]), [1, 2, 0, 250, 5]);
+    assert_eq!(g(&mut c, "k", &["4", "10", "1", "3"]), [0, 2, 50, 250, 5]);
+    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(pexpiretime(&mut c, "k"), expiry);
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
+        dirty
+    );
+    assert_eq!(
+        info_field(&mut c, "replication", "master_repl_offset"),
+        offset
+    );
+    assert_eq!(g(&mut c, "k", &["4", "10", "1", "2"]), [1, 0, 0, 450, 5]);
+}
+
+#[test]
+fn bad_arguments_get_clear_errors_and_change_nothing() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    g(&mut c, "k", &["4", "10", "1"]);
+    let before = hash_bytes(&mut c, "k");
+    let arity = "ERR wrong number of arguments for 'rl.gcra' command";
+    let cases: &[(&[&str], &str)] = &[
+        (&["k"], arity),
+        (&["k", "4", "10"], arity),
+        (&["k", "4", "10", "1", "1", "1"], arity),
+        (&["k", "x", "10", "1"], "ERR max_burst must be an integer"),
+        (&["k", "1.5", "10", "1"], "ERR max_burst must be an integer"),
+        (
+            &["k", "-1", "10", "1"],
+            "ERR max_burst must be between 0 and 1000000000000000",
+        ),
+        (
+            &["k", "4", "0", "1"],
+            "ERR count_per_period must be between 1 and 1000000000000000",
+        ),
+        (
+            &["k", "4", "1e3", "1"],
+            "ERR count_per_period must be an integer",
+        ),
+        (&["k", "4", "10", "nan"], "ERR period_sec must be a number"),
+        (&["k", "4", "10", "inf"], "ERR period_sec must be a number"),
+        (
+            &["k", "4", "10", "0"],
+            "ERR period_sec must be greater than 0 and at most 1000000000000000",
+        ),
+        (
+            &["k", "4", "10", "-1"],
+            "ERR period_sec must be greater than 0 and at most 1000000000000000",
+        ),
+        (
+            &["k", "4", "10", "1", "-1"],
+            "ERR cost must be between 0 and 1000000000000000",
+        ),
+        (&["k", "4", "10", "1", "one"], "ERR cost must be an integer"),
+        (
+            &["k", "4", "2000000", "1"],
+            "ERR count_per_period / period_sec must be at most 1000000 per second",
+        ),
+        (
+            &["k", "999", "1", "1e7"],
+            "ERR (max_burst + 1) * period_sec / count_per_period must be at most 1000000000 seconds",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut full = vec![GCRA];
+        full.extend_from_slice(args);
+        assert_eq!(cmd(&mut c, &full), Err(expected.to_string()), "{args:?}");
+    }
+    assert_eq!(hash_bytes(&mut c, "k"), before);
+}
+
+#[test]
+fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    cmd(&mut c, &["SET", "str", "x"]).unwrap();
+    assert_eq!(
+        cmd(&mut c, &[GCRA, "str", "4", "10", "1"]),
+        Err("WRONGTYPE Operation against a key holding the wrong kind of value".into())
+    );
+    assert_eq!(
+        cmd(&mut c, &["GET", "str"]),
+        Ok(Value::BulkString(b"x".to_vec()))
+    );
+    let tat_err = "ERR corrupt rate limiter state: field 'tat' is not a valid timestamp";
+    let corrupt: &[&[&str]] = &[
+        &["tat", "abc"],
+        &["tat", "-1"],
+        &["tat", "1.5"],
+        &["tat", "1e15"],
+        &["tat", "inf"],
+        &["tat", ""],
+        &["tat", "8000000000000001"],
+        &["other", "1"],
+    ];
+    for (i, fields) in corrupt.iter().enumerate() {
+        let key = format!("bad{i}");
+        let mut hset = vec!["HSET", key.as_str()];
+        hset.extend_from_slice(fields);
+        cmd(&mut c, &hset).unwrap();
+        let before = hash_bytes(&mut c, &key);
+        assert_eq!(
+            cmd(&mut c, &[GCRA, &key, "4", "10", "1"]),
+            Err(tat_err.to_string()),
+            "{fields:?}"
+        );
+        assert_eq!(hash_bytes(&mut c, &key), before);
+        assert_eq!(pexpiretime(&mut c, &key), -1);
+    }
+}
+
+#[test]
+fn effects_are_replicated_not_the_command() {
+    let master = Server::with_test_clock();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    set_clock(&mut m, T0);
+    for i in 0..50 {
+        let key = format!("k{}", i % 5);
+        g(
+            &mut m,
+            &key,
+            &["2", "3", "1", if i % 7 == 0 { "0" } else { "1" }],
+        );
+        advance_clock(&mut m, 123_457);
+    }
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    for i in 0..5 {
+        let key = format!("k{i}");
+        let on_master = hash_bytes(&mut m, &key);
+        assert!(!on_master.is_empty(), "{key} was written");
+        assert_eq!(hash_bytes(&mut r, &key), on_master);
+        assert_eq!(pexpiretime(&mut r, &key), pexpiretime(&mut m, &key));
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut r)
+        .unwrap();
+    assert!(stats.contains("cmdstat_hset:"), "{stats}");
+    assert!(stats.contains("cmdstat_pexpireat:"), "{stats}");
+    assert!(!stats.to_lowercase().contains("rl.gcra"), "{stats}");
+}
+
+#[test]
+fn info_section_counts_calls() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    for _ in 0..3 {
+        g(&mut c, "k", &["1", "1", "1"]);
+    }
+    let _ = cmd(&mut c, &[GCRA, "k", "x", "1", "1"]);
+    assert_eq!(
+        info_field(&mut c, "ratelimit", "ratelimit_rl_gcra"),
+        "calls=4,allowed=2,denied=1,errors=1"
+    );
+}
