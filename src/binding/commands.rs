@@ -5,7 +5,8 @@ use std::ffi::{CStr, c_int};
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Command, api, clock, entry, hash_key};
+use super::{Command, api, clock, entry, hash_key, zset_key};
+use crate::command::sliding_log;
 use crate::command::token_bucket::TokenBucket;
 use crate::pipeline::HashLimiter;
 
@@ -24,7 +25,7 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
     }
 }
 
-pub const ALL: [Command; 1] = [hash_limiter::<TokenBucket, 2>()];
+pub const ALL: [Command; 2] = [hash_limiter::<TokenBucket, 2>(), SLIDING_LOG];
 
 pub const TEST_CLOCK: Command = Command {
     name: c"RL.TESTCLOCK",
@@ -52,4 +53,26 @@ unsafe extern "C" fn test_clock_command(
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, clock::test_clock_command)
+}
+
+/// `RL.SLIDINGLOG`: its state is a sorted set, handled by `zset_key`.
+const SLIDING_LOG: Command = Command {
+    name: sliding_log::NAME,
+    handler: sliding_log_command,
+    // Not `fast`: a call reads every entry of the key (up to the limit bound).
+    flags: c"write deny-oom",
+    keys: (1, 1, 1),
+    stats: Some(&sliding_log::STATS),
+};
+
+unsafe extern "C" fn sliding_log_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    entry(ctx, argv, argc, |ctx, argv| {
+        let outcome = zset_key::run_sliding_log(ctx, argv);
+        sliding_log::STATS.record(&outcome);
+        Ok(api::reply_integers(ctx, &outcome?.to_array()))
+    })
 }

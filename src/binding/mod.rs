@@ -6,6 +6,7 @@ mod clock;
 mod commands;
 mod hash_key;
 mod info;
+mod zset_key;
 
 use std::ffi::{CStr, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
