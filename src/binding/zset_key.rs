@@ -40,22 +40,9 @@ impl ZsetStore for RedisZsetKey {
     }
 
     fn write(&mut self, w: &ZsetWrite) -> Result<(), ErrorReply> {
-        let score = score_string(self.ctx, w.score)?;
-        // ZADD's argument vector: score member score member ...
-        let capacity = usize::try_from(w.count).unwrap_or(0);
-        let mut members: Vec<TempString> = Vec::with_capacity(capacity);
-        let mut zadd: Vec<*mut RedisModuleString> = Vec::with_capacity(capacity * 2);
-        let mut name = Vec::new();
-        for i in w.first_index..w.first_index.saturating_add(w.count) {
-            member_name(w.score, i, &mut name);
-            let member = TempString::new(self.ctx, &name)?;
-            self.key.zset_add(w.score, member.as_ptr())?;
-            zadd.push(score.as_ptr());
-            zadd.push(member.as_ptr());
-            members.push(member);
-        }
-        // New entries are at the call time, never inside the trimmed range; adding first keeps
-        // the key from ever being empty.
+        // Trim first, then add, as the replicated commands do: a set emptied by the trim is
+        // deleted and created anew, so the encoding Redis picks (listpack or skiplist) is the
+        // one a replica or the Lua twin ends up with too.
         let trim = match w.trim_up_to {
             Some(up_to) => {
                 let mut old = Vec::new();
@@ -70,6 +57,20 @@ impl ZsetStore for RedisZsetKey {
             }
             None => None,
         };
+        let score = score_string(self.ctx, w.score)?;
+        // ZADD's argument vector: score member score member ...
+        let capacity = usize::try_from(w.count).unwrap_or(0);
+        let mut members: Vec<TempString> = Vec::with_capacity(capacity);
+        let mut zadd: Vec<*mut RedisModuleString> = Vec::with_capacity(capacity * 2);
+        let mut name = Vec::new();
+        for i in w.first_index..w.first_index.saturating_add(w.count) {
+            member_name(w.score, i, &mut name);
+            let member = TempString::new(self.ctx, &name)?;
+            self.key.zset_add(w.score, member.as_ptr())?;
+            zadd.push(score.as_ptr());
+            zadd.push(member.as_ptr());
+            members.push(member);
+        }
         self.key.set_abs_expire(w.expire_at_ms)?;
         if let Some(up_to) = &trim {
             let low = TempString::new(self.ctx, b"-inf")?;

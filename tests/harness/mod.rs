@@ -307,3 +307,14 @@ pub fn now_us() -> i64 {
 
 pub mod memory;
 pub mod scenarios;
+
+/// `ZRANGE key 0 -1 WITHSCORES` as raw bytes: member, score, member, score, ...
+pub fn zset_bytes(c: &mut Connection, key: &str) -> Vec<Vec<u8>> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(c)
+        .unwrap_or_default()
+}
