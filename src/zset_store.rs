@@ -23,14 +23,14 @@ pub struct ZsetWrite {
     pub expire_at_ms: i64,
 }
 
+/// Called for each stored entry with its member and score; an error stops the scan.
+pub type EntryVisitor<'a> = dyn FnMut(&[u8], f64) -> Result<(), ErrorReply> + 'a;
+
 /// One open key of a storage layer.
 pub trait ZsetStore {
     fn kind(&self) -> Result<ZsetKind, ErrorReply>;
     /// Visits every entry in Redis order (score, then member bytes); stops at the first error.
-    fn scan(
-        &self,
-        visit: &mut dyn FnMut(&[u8], f64) -> Result<(), ErrorReply>,
-    ) -> Result<(), ErrorReply>;
+    fn scan(&self, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply>;
     /// Applies the write and the absolute expiry, and propagates exactly that
     /// (`ZREMRANGEBYSCORE` when trimming, `ZADD`, `PEXPIREAT`).
     fn write(&mut self, write: &ZsetWrite) -> Result<(), ErrorReply>;

@@ -9,7 +9,7 @@ use crate::command::sliding_log;
 use crate::core::Reply;
 use crate::error::ErrorReply;
 use crate::number::{G17_MAX_LEN, format_g17};
-use crate::zset_store::{ZsetKind, ZsetStore, ZsetWrite, member_name};
+use crate::zset_store::{EntryVisitor, ZsetKind, ZsetStore, ZsetWrite, member_name};
 
 struct RedisZsetKey {
     ctx: *mut RedisModuleCtx,
@@ -29,10 +29,7 @@ impl ZsetStore for RedisZsetKey {
         self.key.zset_kind()
     }
 
-    fn scan(
-        &self,
-        visit: &mut dyn FnMut(&[u8], f64) -> Result<(), ErrorReply>,
-    ) -> Result<(), ErrorReply> {
+    fn scan(&self, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
         self.key
             .zset_range(f64::NEG_INFINITY, f64::INFINITY, &mut |member, score| {
                 visit(member.as_ref(), score)

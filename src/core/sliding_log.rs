@@ -47,6 +47,7 @@ fn leaves_after_ms(params: &Params, score: f64, now: f64) -> f64 {
 
 /// `scores`: every stored entry's score, ascending (empty for a new key).
 pub fn decide(params: &Params, cost: i64, now_us: i64, scores: &[f64]) -> Outcome {
+    // Exact: times are integers below 2^53.
     let now = now_us as f64;
     let limit = params.limit;
     // Entries are sorted, so the ones still in the window are a suffix.

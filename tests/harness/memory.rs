@@ -15,15 +15,18 @@ use mlua::{Function, Lua, Table, Value as LuaValue};
 use redis_rate_limiter::error::{ErrorReply, WRONGTYPE};
 use redis_rate_limiter::number::g17_string;
 use redis_rate_limiter::pipeline::{FieldName, HashStore, KeyKind};
-use redis_rate_limiter::zset_store::{ZsetKind, ZsetStore, ZsetWrite, member_name};
+use redis_rate_limiter::zset_store::{EntryVisitor, ZsetKind, ZsetStore, ZsetWrite, member_name};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Data {
     Hash(BTreeMap<Vec<u8>, Vec<u8>>),
     Str(Vec<u8>),
     /// A sorted set in Redis order: score, then member bytes.
-    Zset(Vec<(f64, Vec<u8>)>),
+    Zset(Zset),
 }
+
+/// Sorted-set entries `(score, member)`.
+pub type Zset = Vec<(f64, Vec<u8>)>;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
@@ -335,7 +338,7 @@ pub fn zset_order(a: &(f64, Vec<u8>), b: &(f64, Vec<u8>)) -> std::cmp::Ordering 
 
 impl Keyspace {
     /// The sorted set at `key` (`None` for a missing key), or WRONGTYPE.
-    fn zset_mut(&mut self, key: &[u8]) -> Result<Option<&mut Vec<(f64, Vec<u8>)>>, Reply> {
+    fn zset_mut(&mut self, key: &[u8]) -> Result<Option<&mut Zset>, Reply> {
         match self.lookup(key).map(|e| &mut e.data) {
             None => Ok(None),
             Some(Data::Zset(z)) => Ok(Some(z)),
@@ -351,7 +354,7 @@ impl Keyspace {
         match name {
             "ZADD" => {
                 let pairs = &argv[2..];
-                if pairs.is_empty() || pairs.len() % 2 != 0 {
+                if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
                     return syntax();
                 }
                 let mut parsed = Vec::new();
@@ -463,10 +466,7 @@ impl ZsetStore for MemoryKey<'_> {
         })
     }
 
-    fn scan(
-        &self,
-        visit: &mut dyn FnMut(&[u8], f64) -> Result<(), ErrorReply>,
-    ) -> Result<(), ErrorReply> {
+    fn scan(&self, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
         if let Some(Data::Zset(z)) = self.space.keys.get(&self.key).map(|e| &e.data) {
             for (score, member) in z {
                 visit(member, *score)?;
@@ -486,10 +486,11 @@ impl ZsetStore for MemoryKey<'_> {
         if let Reply::Error(_) = self.space.command(&argv) {
             return Err(WRONGTYPE);
         }
-        if let Some(Data::Zset(z)) = self.space.keys.get_mut(&self.key).map(|e| &mut e.data) {
-            if let Some(up_to) = w.trim_up_to {
-                z.retain(|(s, _)| *s > up_to);
-            }
+        if let (Some(Data::Zset(z)), Some(up_to)) = (
+            self.space.keys.get_mut(&self.key).map(|e| &mut e.data),
+            w.trim_up_to,
+        ) {
+            z.retain(|(s, _)| *s > up_to);
         }
         if let Some(e) = self.space.keys.get_mut(&self.key) {
             e.expire_at_ms = Some(w.expire_at_ms);
