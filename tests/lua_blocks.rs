@@ -81,8 +81,10 @@ fn shared_lua_blocks_are_identical_copies() {
             all = all.replacen(&block, &wanted, 1);
         }
     }
-    // CL.THROTTLE is not part of RL.ALL: its reply and its key format are redis-cell's.
-    for (name, _) in sources.iter().filter(|(n, _)| n != "limiter throttle") {
+    // RL.ALL combines the hash-backed algorithms: not CL.THROTTLE (redis-cell's reply and key
+    // format) nor the sorted-set log.
+    let combined = |n: &str| n != "limiter throttle" && n != "limiter sliding_log";
+    for (name, _) in sources.iter().filter(|(n, _)| combined(n)) {
         assert!(
             all.contains(&format!("-- @{name}\n")),
             "all.lua lacks the block {name}"

@@ -33,13 +33,15 @@ fn snapshot(c: &mut Connection) -> Vec<KeyState> {
 fn mixed_calls(i: u64, key: &str) -> Vec<Vec<String>> {
     let cost = (i % 4).to_string();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
-    let mut calls = vec![s(&[
-        "RL.TOKENBUCKET",
-        &format!("tb:{key}"),
-        "5",
-        "0.5",
-        &cost,
-    ])];
+    let mut calls = vec![
+        s(&["RL.TOKENBUCKET", &format!("tb:{key}"), "5", "0.5", &cost]),
+        s(&["RL.LEAKYBUCKET", &format!("lb:{key}"), "5", "0.5", &cost]),
+        s(&["RL.FIXEDWINDOW", &format!("fw:{key}"), "5", "2.5", &cost]),
+        s(&["RL.SLIDINGWINDOW", &format!("sw:{key}"), "5", "2.5", &cost]),
+        s(&["RL.SLIDINGLOG", &format!("sl:{key}"), "5", "2.5", &cost]),
+        s(&["RL.GCRA", &format!("gcra:{key}"), "3", "2", "1", &cost]),
+        s(&["CL.THROTTLE", &format!("cl:{key}"), "3", "2", "1", &cost]),
+    ];
     if i.is_multiple_of(5) {
         let route = format!("{{{key}}}:route:{}", i % 7);
         let client = format!("{{{key}}}:all");
@@ -51,9 +53,9 @@ fn mixed_calls(i: u64, key: &str) -> Vec<Vec<String>> {
             "TOKENBUCKET",
             "20",
             "2",
-            "TOKENBUCKET",
+            "SLIDINGWINDOW",
             "5",
-            "0.5",
+            "2.5",
         ]));
     }
     calls
@@ -87,7 +89,7 @@ fn state_survives_restart_from_aof_and_from_rdb() {
     let server = Server::with(opts.clone());
     let mut c = server.connect();
     // Far ahead of the real clock, so no key expires by the real clock during the test.
-    workload(&mut c, now_us() + 86_400_000_000, 2_000);
+    workload(&mut c, now_us() + 86_400_000_000, 400);
     let dirty: i64 = info_field(&mut c, "persistence", "rdb_changes_since_last_save")
         .parse()
         .unwrap();
@@ -127,7 +129,7 @@ fn a_replica_ends_byte_identical_after_ten_thousand_mixed_calls() {
     let replica = Server::with_test_clock();
     replica.replicate_from(&master);
     let mut m = master.connect();
-    let calls = workload(&mut m, now_us() + 86_400_000_000, 8_500);
+    let calls = workload(&mut m, now_us() + 86_400_000_000, 1_500);
     assert!(calls >= 10_000, "{calls} calls");
     let _: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut m).unwrap();
     let mut r = replica.connect();
@@ -138,10 +140,14 @@ fn a_replica_ends_byte_identical_after_ten_thousand_mixed_calls() {
         .arg("commandstats")
         .query(&mut r)
         .unwrap();
-    assert!(
-        stats.contains("cmdstat_hset:") && stats.contains("cmdstat_pexpireat:"),
-        "{stats}"
-    );
+    for effect in [
+        "cmdstat_hset:",
+        "cmdstat_pexpireat:",
+        "cmdstat_zadd:",
+        "cmdstat_set:",
+    ] {
+        assert!(stats.contains(effect), "{effect} in {stats}");
+    }
     assert!(
         !stats.contains("cmdstat_rl."),
         "the replica received effects, not commands: {stats}"
@@ -359,4 +365,85 @@ fn a_hundred_thousand_keys_are_small_and_all_expire() {
 #[ignore = "soak: run with make soak"]
 fn a_million_keys_are_small_and_all_expire() {
     keys_are_counted_and_expire(1_000_000);
+}
+
+/// Each command with arguments that admit on a fresh key, and the same with cost 0 (a peek).
+const EVERY_COMMAND: &[(&[&str], &[&str])] = &[
+    (
+        &["RL.TOKENBUCKET", "k1", "5", "1"],
+        &["RL.TOKENBUCKET", "k1", "5", "1", "0"],
+    ),
+    (
+        &["RL.LEAKYBUCKET", "k2", "5", "1"],
+        &["RL.LEAKYBUCKET", "k2", "5", "1", "0"],
+    ),
+    (
+        &["RL.FIXEDWINDOW", "k3", "5", "1"],
+        &["RL.FIXEDWINDOW", "k3", "5", "1", "0"],
+    ),
+    (
+        &["RL.SLIDINGWINDOW", "k4", "5", "1"],
+        &["RL.SLIDINGWINDOW", "k4", "5", "1", "0"],
+    ),
+    (
+        &["RL.SLIDINGLOG", "k5", "5", "1"],
+        &["RL.SLIDINGLOG", "k5", "5", "1", "0"],
+    ),
+    (
+        &["RL.GCRA", "k6", "4", "1", "1"],
+        &["RL.GCRA", "k6", "4", "1", "1", "0"],
+    ),
+    (
+        &["CL.THROTTLE", "k7", "4", "1", "1"],
+        &["CL.THROTTLE", "k7", "4", "1", "1", "0"],
+    ),
+    (
+        &[
+            "RL.ALL",
+            "2",
+            "{k}8",
+            "{k}9",
+            "TOKENBUCKET",
+            "5",
+            "1",
+            "GCRA",
+            "4",
+            "1",
+            "1",
+        ],
+        &[
+            "RL.ALL",
+            "2",
+            "{k}8",
+            "{k}9",
+            "TOKENBUCKET",
+            "5",
+            "1",
+            "GCRA",
+            "4",
+            "1",
+            "1",
+            "COST",
+            "0",
+        ],
+    ),
+];
+
+#[test]
+fn over_maxmemory_every_command_refuses_writes_and_still_answers_peeks() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).unwrap();
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    let oom = "OOM command not allowed when used memory > 'maxmemory'.";
+    for (admit, peek) in EVERY_COMMAND {
+        assert_eq!(cmd(&mut c, admit), Err(oom.to_string()), "{admit:?}");
+        assert!(cmd(&mut c, peek).is_ok(), "{peek:?}");
+    }
+    let keys: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(keys, 0, "nothing was written");
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory", "0"]).unwrap();
+    for (admit, _) in EVERY_COMMAND {
+        assert!(cmd(&mut c, admit).is_ok(), "{admit:?}");
+    }
 }

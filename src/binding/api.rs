@@ -412,3 +412,130 @@ pub fn signal_string_write(
     }
     Ok(())
 }
+
+/// Sorted-set access on an open key, for limiters whose state is one sorted set.
+impl OpenKey {
+    pub fn zset_kind(&self) -> Result<crate::zset_store::ZsetKind, ErrorReply> {
+        use crate::zset_store::ZsetKind;
+        let key_type = api!(RedisModule_KeyType)?;
+        // SAFETY: the key is open.
+        let t = unsafe { key_type(self.key.as_ptr()) } as isize;
+        Ok(match t {
+            raw::REDISMODULE_KEYTYPE_EMPTY => ZsetKind::Empty,
+            raw::REDISMODULE_KEYTYPE_ZSET => ZsetKind::Zset,
+            _ => ZsetKind::Other,
+        })
+    }
+
+    /// Visits the entries with `min <= score <= max`, ascending (score, then member bytes).
+    pub fn zset_range(
+        &self,
+        min: f64,
+        max: f64,
+        visit: &mut dyn FnMut(TempString, f64) -> Result<(), ErrorReply>,
+    ) -> Result<(), ErrorReply> {
+        let first = api!(RedisModule_ZsetFirstInScoreRange)?;
+        let end_reached = api!(RedisModule_ZsetRangeEndReached)?;
+        let current = api!(RedisModule_ZsetRangeCurrentElement)?;
+        let next = api!(RedisModule_ZsetRangeNext)?;
+        let stop = api!(RedisModule_ZsetRangeStop)?;
+        let key = self.key.as_ptr();
+        // SAFETY: the key is open and holds a sorted set (else the range is refused).
+        if unsafe { first(key, min, max, 0, 0) } != raw::REDISMODULE_OK as c_int {
+            return Ok(());
+        }
+        let mut walk = || -> Result<(), ErrorReply> {
+            // SAFETY: the range iterator is active on this key until `stop` below.
+            while unsafe { end_reached(key) } == 0 {
+                let mut score = 0.0f64;
+                let Some(member) = TempString::adopt(self.ctx, unsafe { current(key, &mut score) })
+                else {
+                    break;
+                };
+                visit(member, score)?;
+                if unsafe { next(key) } == 0 {
+                    break;
+                }
+            }
+            Ok(())
+        };
+        let result = walk();
+        // SAFETY: ends the iterator started above, also after an error.
+        unsafe { stop(key) };
+        result
+    }
+
+    pub fn zset_add(&self, score: f64, member: *mut RedisModuleString) -> Result<(), ErrorReply> {
+        let add = api!(RedisModule_ZsetAdd)?;
+        let mut flags: c_int = 0;
+        // SAFETY: the key is open for writing; Redis copies the member.
+        if unsafe { add(self.key.as_ptr(), score, member, &mut flags) }
+            == raw::REDISMODULE_OK as c_int
+        {
+            Ok(())
+        } else {
+            Err(API_MISSING)
+        }
+    }
+
+    pub fn zset_rem(&self, member: *mut RedisModuleString) -> Result<(), ErrorReply> {
+        let rem = api!(RedisModule_ZsetRem)?;
+        let mut deleted: c_int = 0;
+        // SAFETY: the key is open for writing and holds a sorted set.
+        unsafe { rem(self.key.as_ptr(), member, &mut deleted) };
+        Ok(())
+    }
+}
+
+/// Propagates `<command> key args...` to replicas and the AOF.
+pub fn replicate_key_command(
+    ctx: *mut RedisModuleCtx,
+    command: &'static std::ffi::CStr,
+    key: *mut RedisModuleString,
+    args: &[*mut RedisModuleString],
+) -> Result<(), ErrorReply> {
+    let replicate = api!(RedisModule_Replicate)?;
+    // SAFETY: format "sv" takes a key string and an array of strings with its length.
+    unsafe {
+        replicate(
+            ctx,
+            command.as_ptr(),
+            c"sv".as_ptr(),
+            key,
+            args.as_ptr(),
+            args.len(),
+        )
+    };
+    Ok(())
+}
+
+/// Tells WATCH, client-side caching and keyspace-notification subscribers that a sorted set was
+/// written (and maybe trimmed) and given an expiry, as the replicated commands would.
+pub fn signal_zset_write(
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleString,
+    trimmed: bool,
+) -> Result<(), ErrorReply> {
+    let signal = api!(RedisModule_SignalModifiedKey)?;
+    let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
+    // SAFETY: valid context and key name; the event names are NUL-terminated.
+    unsafe {
+        signal(ctx, key);
+        if trimmed {
+            notify(
+                ctx,
+                raw::REDISMODULE_NOTIFY_ZSET,
+                c"zremrangebyscore".as_ptr(),
+                key,
+            );
+        }
+        notify(ctx, raw::REDISMODULE_NOTIFY_ZSET, c"zadd".as_ptr(), key);
+        notify(
+            ctx,
+            raw::REDISMODULE_NOTIFY_GENERIC,
+            c"expire".as_ptr(),
+            key,
+        );
+    }
+    Ok(())
+}

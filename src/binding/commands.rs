@@ -5,11 +5,12 @@ use std::ffi::{CStr, c_int};
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Command, api, clock, entry, hash_key, string_key};
+use super::{Command, api, clock, entry, hash_key, string_key, zset_key};
 use crate::command::all;
 use crate::command::fixed_window::FixedWindow;
 use crate::command::gcra::Gcra;
 use crate::command::leaky_bucket::LeakyBucket;
+use crate::command::sliding_log;
 use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
 use crate::pipeline::HashLimiter;
@@ -30,12 +31,13 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
     }
 }
 
-pub const ALL: [Command; 7] = [
+pub const ALL: [Command; 8] = [
     hash_limiter::<TokenBucket, 2>(),
     hash_limiter::<LeakyBucket, 2>(),
     hash_limiter::<FixedWindow, 2>(),
     hash_limiter::<SlidingWindow, 3>(),
     hash_limiter::<Gcra, 1>(),
+    SLIDING_LOG,
     string_key::THROTTLE,
     Command {
         name: all::NAME,
@@ -101,5 +103,28 @@ unsafe extern "C" fn all_command(
         ];
         let nested: Vec<[i64; 5]> = r.replies.iter().map(|x| x.to_array()).collect();
         Ok(api::reply_nested(ctx, &head, &nested))
+    })
+}
+
+/// `RL.SLIDINGLOG`: its state is a sorted set, handled by `zset_key`.
+const SLIDING_LOG: Command = Command {
+    name: sliding_log::NAME,
+    handler: sliding_log_command,
+    // Not `fast`: a call reads every entry of the key (up to the limit bound). Not `deny-oom`,
+    // as for every limiter (see LIMITER_FLAGS).
+    flags: c"write",
+    keys: (1, 1, 1),
+    stats: Some(&sliding_log::STATS),
+};
+
+unsafe extern "C" fn sliding_log_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    entry(ctx, argv, argc, |ctx, argv| {
+        let outcome = zset_key::run_sliding_log(ctx, argv);
+        sliding_log::STATS.record(&outcome);
+        Ok(api::reply_integers(ctx, &outcome?.to_array()))
     })
 }

@@ -204,10 +204,76 @@ const ALL: Doc = Doc {
     ],
 };
 
+const LEAKY_BUCKET: Doc = Doc {
+    summary: c"Leaky bucket (policing): admits cost if the level stays within capacity; drains continuously",
+    complexity: c"O(1)",
+    arity: -4,
+    keys: Keys::One(1),
+    args: &[arg(c"key", Key), arg(c"capacity", Integer), arg(c"leak_per_sec", Double), COST],
+};
+
+const FIXED_WINDOW: Doc = Doc {
+    summary: c"Fixed window counter: at most limit per window, the window opening at the first admitted call",
+    complexity: c"O(1)",
+    arity: -4,
+    keys: Keys::One(1),
+    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST],
+};
+
+const SLIDING_WINDOW: Doc = Doc {
+    summary: c"Sliding window counter: the previous window weighted by its overlap plus the current one",
+    complexity: c"O(1)",
+    arity: -4,
+    keys: Keys::One(1),
+    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST],
+};
+
+const SLIDING_LOG: Doc = Doc {
+    summary: c"Sliding log: exactly at most limit in any window, one sorted-set entry per admitted unit",
+    complexity: c"O(N) where N is the number of entries in the key (at most limit)",
+    arity: -4,
+    keys: Keys::One(1),
+    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST],
+};
+
+const GCRA: Doc = Doc {
+    summary: c"GCRA: max_burst + 1 at once, then evenly spaced at count_per_period per period",
+    complexity: c"O(1)",
+    arity: -5,
+    keys: Keys::One(1),
+    args: &[
+        arg(c"key", Key),
+        arg(c"max_burst", Integer),
+        arg(c"count_per_period", Integer),
+        arg(c"period_sec", Double),
+        COST,
+    ],
+};
+
+const THROTTLE: Doc = Doc {
+    summary: c"redis-cell compatible GCRA throttle: [limited, limit, remaining, retry_after_s, reset_after_s]",
+    complexity: c"O(1)",
+    arity: -5,
+    keys: Keys::One(1),
+    args: &[
+        arg(c"key", Key),
+        arg(c"max_burst", Integer),
+        arg(c"count_per_period", Integer),
+        arg(c"period", Integer),
+        optional(c"quantity", Integer),
+    ],
+};
+
 /// The metadata of each command, by name.
 pub fn doc_for(name: &CStr) -> Option<&'static Doc> {
     match name.to_bytes() {
         b"RL.TOKENBUCKET" => Some(&TOKEN_BUCKET),
+        b"RL.LEAKYBUCKET" => Some(&LEAKY_BUCKET),
+        b"RL.FIXEDWINDOW" => Some(&FIXED_WINDOW),
+        b"RL.SLIDINGWINDOW" => Some(&SLIDING_WINDOW),
+        b"RL.SLIDINGLOG" => Some(&SLIDING_LOG),
+        b"RL.GCRA" => Some(&GCRA),
+        b"CL.THROTTLE" => Some(&THROTTLE),
         b"RL.ALL" => Some(&ALL),
         _ => None,
     }

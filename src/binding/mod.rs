@@ -8,6 +8,7 @@ mod docs;
 mod hash_key;
 mod info;
 mod string_key;
+mod zset_key;
 
 use std::ffi::{CStr, CString, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -5,6 +5,7 @@ pub mod all;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
+pub mod sliding_log;
 pub mod sliding_window;
 pub mod throttle;
 pub mod token_bucket;

@@ -36,3 +36,5 @@ impl Reply {
 pub(crate) fn lua_integer(x: f64) -> i64 {
     x as i64
 }
+
+pub mod sliding_log;

@@ -14,13 +14,20 @@ use std::rc::Rc;
 use mlua::{Function, Lua, Table, Value as LuaValue};
 use redis_rate_limiter::command::throttle::{Slot, StringStore};
 use redis_rate_limiter::error::{ErrorReply, WRONGTYPE};
+use redis_rate_limiter::number::g17_string;
 use redis_rate_limiter::pipeline::{FieldName, HashStore, KeyKind};
+use redis_rate_limiter::zset_store::{EntryVisitor, ZsetKind, ZsetStore, ZsetWrite, member_name};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Data {
     Hash(BTreeMap<Vec<u8>, Vec<u8>>),
     Str(Vec<u8>),
+    /// A sorted set in Redis order: score, then member bytes.
+    Zset(Zset),
 }
+
+/// Sorted-set entries `(score, member)`.
+pub type Zset = Vec<(f64, Vec<u8>)>;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
@@ -155,6 +162,7 @@ impl Keyspace {
                 );
                 Reply::Status("OK".into())
             }
+            "ZADD" | "ZRANGE" | "ZREMRANGEBYSCORE" | "ZCARD" => self.zset_command(&name, argv),
             other => Reply::Error(format!("ERR unknown command '{other}' in the test shim")),
         }
     }
@@ -185,7 +193,7 @@ impl HashStore for MemoryKey<'_> {
         Ok(match self.space.keys.get(&self.key) {
             Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match e.data {
                 Data::Hash(_) => KeyKind::Hash,
-                Data::Str(_) => KeyKind::Other,
+                Data::Str(_) | Data::Zset(_) => KeyKind::Other,
             },
             _ => KeyKind::Empty,
         })
@@ -423,7 +431,7 @@ impl StringStore for MemoryKey<'_> {
         Ok(match self.space.keys.get(&self.key) {
             Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match &e.data {
                 Data::Str(v) => Slot::Value(v),
-                Data::Hash(_) => Slot::WrongType,
+                Data::Hash(_) | Data::Zset(_) => Slot::WrongType,
             },
             _ => Slot::Empty,
         })
@@ -437,6 +445,196 @@ impl StringStore for MemoryKey<'_> {
                 expire_at_ms: Some(expire_at_ms),
             },
         );
+        Ok(())
+    }
+}
+
+/// A score as Redis parses one (`strtod`: also `inf`, `-inf`, `+inf`); NaN is refused.
+pub fn parse_score(raw: &[u8]) -> Option<f64> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let v: f64 = match text.to_ascii_lowercase().as_str() {
+        "inf" | "+inf" => f64::INFINITY,
+        "-inf" => f64::NEG_INFINITY,
+        t if t.contains("inf") || t.contains("nan") => return None,
+        t => t.parse().ok()?,
+    };
+    (!v.is_nan()).then_some(v)
+}
+
+/// A `ZRANGEBYSCORE`-style bound: `(x` is exclusive.
+fn parse_bound(raw: &[u8]) -> Option<(f64, bool)> {
+    match raw.split_first() {
+        Some((b'(', rest)) => parse_score(rest).map(|v| (v, true)),
+        _ => parse_score(raw).map(|v| (v, false)),
+    }
+}
+
+/// Redis order of sorted-set entries.
+pub fn zset_order(a: &(f64, Vec<u8>), b: &(f64, Vec<u8>)) -> std::cmp::Ordering {
+    a.0.partial_cmp(&b.0)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then_with(|| a.1.cmp(&b.1))
+}
+
+impl Keyspace {
+    /// The sorted set at `key` (`None` for a missing key), or WRONGTYPE.
+    fn zset_mut(&mut self, key: &[u8]) -> Result<Option<&mut Zset>, Reply> {
+        match self.lookup(key).map(|e| &mut e.data) {
+            None => Ok(None),
+            Some(Data::Zset(z)) => Ok(Some(z)),
+            Some(_) => Err(Reply::Error(WRONGTYPE.message().to_string())),
+        }
+    }
+
+    /// `ZADD key score member ...`, `ZRANGE key start stop [WITHSCORES]`,
+    /// `ZREMRANGEBYSCORE key min max`, `ZCARD key`, with Redis's replies.
+    fn zset_command(&mut self, name: &str, argv: &[Vec<u8>]) -> Reply {
+        let key = argv.get(1).cloned().unwrap_or_default();
+        let syntax = || Reply::Error("ERR syntax error".to_string());
+        match name {
+            "ZADD" => {
+                let pairs = &argv[2..];
+                if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
+                    return syntax();
+                }
+                let mut parsed = Vec::new();
+                for pair in pairs.chunks(2) {
+                    match parse_score(&pair[0]) {
+                        Some(s) => parsed.push((s, pair[1].clone())),
+                        None => return Reply::Error("ERR value is not a valid float".to_string()),
+                    }
+                }
+                let z = match self.zset_mut(&key) {
+                    Err(e) => return e,
+                    Ok(Some(z)) => z,
+                    Ok(None) => {
+                        self.keys.insert(
+                            key.clone(),
+                            Entry {
+                                data: Data::Zset(Vec::new()),
+                                expire_at_ms: None,
+                            },
+                        );
+                        match self.keys.get_mut(&key).map(|e| &mut e.data) {
+                            Some(Data::Zset(z)) => z,
+                            _ => unreachable!(),
+                        }
+                    }
+                };
+                // Later pairs win for a repeated member, as in Redis; one sort for the batch.
+                let mut latest: HashMap<Vec<u8>, f64> = HashMap::new();
+                for (score, member) in parsed {
+                    latest.insert(member, score);
+                }
+                let before = z.len();
+                z.retain(|(_, m)| !latest.contains_key(m));
+                z.extend(latest.into_iter().map(|(m, s)| (s, m)));
+                z.sort_by(zset_order);
+                Reply::Int((z.len() - before) as i64)
+            }
+            "ZCARD" => match self.zset_mut(&key) {
+                Err(e) => e,
+                Ok(z) => Reply::Int(z.map_or(0, |z| z.len() as i64)),
+            },
+            "ZRANGE" => {
+                let int = |i: usize| {
+                    String::from_utf8_lossy(argv.get(i).map_or(&b""[..], |v| v))
+                        .parse::<i64>()
+                        .expect("ZRANGE index")
+                };
+                let (start, stop) = (int(2), int(3));
+                let with_scores = argv
+                    .get(4)
+                    .is_some_and(|a| a.eq_ignore_ascii_case(b"withscores"));
+                let z = match self.zset_mut(&key) {
+                    Err(e) => return e,
+                    Ok(None) => return Reply::Array(Vec::new()),
+                    Ok(Some(z)) => z,
+                };
+                let len = z.len() as i64;
+                let norm = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+                let (from, to) = (norm(start), norm(stop).min(len - 1));
+                let mut out = Vec::new();
+                if from <= to {
+                    for (score, member) in &z[from as usize..=to as usize] {
+                        out.push(Reply::Bulk(member.clone()));
+                        if with_scores {
+                            out.push(Reply::Bulk(g17_string(*score).into_bytes()));
+                        }
+                    }
+                }
+                Reply::Array(out)
+            }
+            "ZREMRANGEBYSCORE" => {
+                let (Some((min, min_ex)), Some((max, max_ex))) = (
+                    argv.get(2).and_then(|b| parse_bound(b)),
+                    argv.get(3).and_then(|b| parse_bound(b)),
+                ) else {
+                    return Reply::Error("ERR min or max is not a float".to_string());
+                };
+                let z = match self.zset_mut(&key) {
+                    Err(e) => return e,
+                    Ok(None) => return Reply::Int(0),
+                    Ok(Some(z)) => z,
+                };
+                let before = z.len();
+                z.retain(|(s, _)| {
+                    let above_min = if min_ex { *s > min } else { *s >= min };
+                    let below_max = if max_ex { *s < max } else { *s <= max };
+                    !(above_min && below_max)
+                });
+                let removed = (before - z.len()) as i64;
+                if z.is_empty() {
+                    self.keys.remove(&key);
+                }
+                Reply::Int(removed)
+            }
+            _ => syntax(),
+        }
+    }
+}
+
+impl ZsetStore for MemoryKey<'_> {
+    fn kind(&self) -> Result<ZsetKind, ErrorReply> {
+        let now = self.space.now_ms();
+        Ok(match self.space.keys.get(&self.key) {
+            Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match e.data {
+                Data::Zset(_) => ZsetKind::Zset,
+                _ => ZsetKind::Other,
+            },
+            _ => ZsetKind::Empty,
+        })
+    }
+
+    fn scan(&self, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
+        if let Some(Data::Zset(z)) = self.space.keys.get(&self.key).map(|e| &e.data) {
+            for (score, member) in z {
+                visit(member, *score)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, w: &ZsetWrite) -> Result<(), ErrorReply> {
+        let mut name = Vec::new();
+        let mut argv = vec![b"ZADD".to_vec(), self.key.clone()];
+        for i in w.first_index..w.first_index + w.count {
+            member_name(w.score, i, &mut name);
+            argv.push(g17_string(w.score).into_bytes());
+            argv.push(name.clone());
+        }
+        if let Reply::Error(_) = self.space.command(&argv) {
+            return Err(WRONGTYPE);
+        }
+        if let (Some(Data::Zset(z)), Some(up_to)) = (
+            self.space.keys.get_mut(&self.key).map(|e| &mut e.data),
+            w.trim_up_to,
+        ) {
+            z.retain(|(s, _)| *s > up_to);
+        }
+        if let Some(e) = self.space.keys.get_mut(&self.key) {
+            e.expire_at_ms = Some(w.expire_at_ms);
+        }
         Ok(())
     }
 }

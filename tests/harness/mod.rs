@@ -319,3 +319,14 @@ pub fn scaled(cases: u32) -> u32 {
         .unwrap_or(1);
     cases.saturating_mul(scale.max(1))
 }
+
+/// `ZRANGE key 0 -1 WITHSCORES` as raw bytes: member, score, member, score, ...
+pub fn zset_bytes(c: &mut Connection, key: &str) -> Vec<Vec<u8>> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(c)
+        .unwrap_or_default()
+}

@@ -386,3 +386,99 @@ pub fn throttle_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = V
         prop::collection::vec(step, len.clone())
     })
 }
+
+/// Something done to a sliding log's sorted set between two calls, identically on both paths.
+#[derive(Debug, Clone)]
+pub enum LogCorruption {
+    /// `ZADD key score member` with arbitrary text (Redis refuses only NaN).
+    AddRaw(&'static str, &'static str),
+    /// A well-formed entry `<now + offset>:<index>` at score `now + offset`.
+    AddAt(i64, u32),
+    /// `ZPOPMIN key`.
+    PopOldest,
+    /// `ZPOPMAX key`.
+    PopNewest,
+    DeleteKey,
+    MakeString,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogStep {
+    pub dt_us: i64,
+    pub args: Vec<String>,
+    pub corrupt: Option<LogCorruption>,
+}
+
+pub fn log_corruption() -> impl Strategy<Value = LogCorruption> {
+    let score = prop::sample::select(vec![
+        "inf",
+        "-inf",
+        "-5",
+        "-0",
+        "0",
+        "1.5",
+        "100000000000000000",
+        "9007199254740992",
+        "9007199254740994",
+        "1700000000000000",
+    ]);
+    let member = prop::sample::select(vec![
+        "x",
+        "",
+        "0:0",
+        "-0:0",
+        "00:1",
+        "1.5:0",
+        "9007199254740992:0",
+        "9007199254740993:0",
+        "1700000000000000:0",
+        "1700000000000000:x",
+    ]);
+    prop_oneof![
+        3 => (score, member).prop_map(|(s, m)| LogCorruption::AddRaw(s, m)),
+        6 => (-20_000_000i64..2_000_000, 0u32..4).prop_map(|(o, i)| LogCorruption::AddAt(o, i)),
+        2 => Just(LogCorruption::PopOldest),
+        2 => Just(LogCorruption::PopNewest),
+        4 => Just(LogCorruption::DeleteKey),
+        1 => Just(LogCorruption::MakeString),
+    ]
+}
+
+/// Arguments for `RL.SLIDINGLOG`: one log shape per sequence, varying costs, now and then other
+/// or invalid arguments, and sometimes a large limit (ZADD in several batches).
+pub fn sliding_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<LogStep>> {
+    let limit = prop_oneof![
+        16 => (1u64..30).prop_map(|n| n.to_string()),
+        4 => count_text(),
+        1 => (400u64..800).prop_map(|n| n.to_string()),
+        1 => prop::sample::select(vec!["100000", "100001"]).prop_map(String::from),
+    ];
+    (limit, window_text()).prop_flat_map(move |(limit, window)| {
+        let (l, w) = (limit.clone(), window.clone());
+        let big: u64 = limit.parse().unwrap_or(30).clamp(1, 800);
+        let cost = prop_oneof![
+            3 => Just("1".to_string()),
+            1 => Just("0".to_string()),
+            3 => (0u64..25).prop_map(|n| n.to_string()),
+            1 => (0..=big).prop_map(|n| n.to_string()),
+            1 => count_text(),
+        ];
+        let args = prop_oneof![
+            8 => cost.prop_map(move |k| vec![l.clone(), w.clone(), k]),
+            2 => Just(vec![limit, window]),
+            1 => (count_text(), window_text()).prop_map(|(l, w)| vec![l, w]),
+            1 => prop::collection::vec(junk(), 0..5),
+        ];
+        let step = (
+            time_step(),
+            args,
+            prop::option::weighted(0.04, log_corruption()),
+        )
+            .prop_map(|(dt_us, args, corrupt)| LogStep {
+                dt_us,
+                args,
+                corrupt,
+            });
+        prop::collection::vec(step, len.clone())
+    })
+}

@@ -1,0 +1,230 @@
+-- Sliding log, the Lua twin of RL.SLIDINGLOG.
+--
+--   EVALSHA <sha> 1 <key> <limit> <window_sec> [cost]
+--
+-- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
+-- the module's. State: a sorted set with one member "<t>:<i>" per admitted unit of cost, at score
+-- t (unix microseconds), and an absolute expiry when the newest entry leaves the window. Every
+-- number is computed in the same order as src/core/sliding_log.rs; integers are formatted with
+-- '%.0f' (tostring would use '%.14g'), so both paths store the same bytes.
+--
+-- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
+-- block with parse / load / decide / store, and a short "main". lua-reference/multi.lua is
+-- assembled from these blocks.
+
+-- @common
+local MAX_INTEGER_ARG = 1e15
+local MAX_RATE_ARG = 1e15
+local MAX_FILL_SECONDS = 1e10
+local MAX_TIMESTAMP_US = 9007199254740992
+
+local function is_integer(s)
+  return string.match(s, '^[+-]?%d+$') ~= nil
+end
+
+local function is_decimal(s)
+  local mantissa = s
+  local e = string.find(s, '[eE]')
+  if e then
+    if not is_integer(string.sub(s, e + 1)) then return false end
+    mantissa = string.sub(s, 1, e - 1)
+  end
+  return string.match(mantissa, '^[+-]?%d+%.?%d*$') ~= nil
+      or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
+end
+
+-- An integer argument in [lo, hi], or nil and the error message.
+local function integer_arg(s, lo, hi, not_integer, out_of_range)
+  if not is_integer(s) then return nil, not_integer end
+  local v = tonumber(s)
+  if v >= lo and v <= hi then return v end
+  return nil, out_of_range
+end
+
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
+end
+
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
+    'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
+end
+
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
+end
+
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
+
+-- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
+local function load_hash(key, ...)
+  local fields = redis.pcall('HMGET', key, ...)
+  if fields.err then return nil, fields end
+  for i = 1, select('#', ...) do
+    if fields[i] then return fields end
+  end
+  if redis.call('EXISTS', key) == 0 then return false end
+  return fields
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter sliding_log
+local sliding_log = {
+  ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
+  -- Every admitted unit is one member and every call reads them all: this bounds both.
+  MAX_LIMIT = 100000,
+  MAX_WINDOW_SECONDS = 1e10,
+  -- Members per ZADD call: unpack() has a small limit on results.
+  ZADD_BATCH = 500,
+}
+
+function sliding_log.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, sliding_log.ARITY end
+  local limit, cost, err
+  limit, err = integer_arg(argv[1], 1, sliding_log.MAX_LIMIT,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+  if not limit then return nil, err end
+  if not is_decimal(argv[2]) then return nil, 'ERR window_sec must be a number' end
+  local window_sec = tonumber(argv[2])
+  if not (window_sec > 0 and window_sec <= sliding_log.MAX_WINDOW_SECONDS) then
+    return nil, 'ERR window_sec must be greater than 0 and at most 10000000000'
+  end
+  -- Millisecond resolution, rounded half up.
+  local window_ms = math.floor(window_sec * 1000 + 0.5)
+  if window_ms < 1 then return nil, 'ERR window_sec must be at least 1 millisecond' end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, window_us = window_ms * 1000, cost = cost}
+end
+
+-- Every entry's score, ascending; false for a new key, or nil and an error reply. Each entry is
+-- checked: an integer score in [0, 2^53] and the member "<score>:<n>". Read-only; `now` is not
+-- needed because the window is applied in decide.
+function sliding_log.load(key)
+  local entries = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
+  if entries.err then return nil, entries end
+  if #entries == 0 then return false end
+  local scores = {}
+  for i = 1, #entries, 2 do
+    local score = stored_timestamp(entries[i + 1])
+    if not score then
+      return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+    end
+    local t = string.match(entries[i], '^(%d+):%d+$')
+    if not t or tonumber(t) ~= score then
+      return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'")
+    end
+    scores[#scores + 1] = score
+  end
+  return scores
+end
+
+-- Milliseconds from now until an entry at `score` leaves the window, rounded up.
+local function sliding_log_leaves_after(a, score, now)
+  return math.ceil((score - now) / 1000) + a.window_ms
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function sliding_log.decide(a, scores, now)
+  local limit, cost = a.limit, a.cost
+  scores = scores or {}
+  local n = #scores
+  -- Entries are sorted, so the ones still in the window are a suffix.
+  local start = n + 1
+  for i = 1, n do
+    if scores[i] - now > -a.window_us then
+      start = i
+      break
+    end
+  end
+  local count = n - start + 1
+
+  -- A clock that went backwards never places new entries before stored ones.
+  local t = now
+  if n > 0 and scores[n] > now then t = scores[n] end
+  local tied = 0
+  if n > 0 and scores[n] == t then
+    local i = n
+    while i >= 1 and scores[i] == t do
+      tied = tied + 1
+      i = i - 1
+    end
+  end
+
+  local allowed = count + cost <= limit
+  local admits = allowed and cost > 0
+  local count_after = count
+  if admits then count_after = count + cost end
+  local remaining = limit - count_after
+  if remaining < 0 then remaining = 0 end
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > limit then
+    retry_after = -1
+  else
+    -- Enough room once the k-th oldest entry in the window has left it.
+    local k = count + cost - limit
+    retry_after = sliding_log_leaves_after(a, scores[start + k - 1], now)
+  end
+  local reset_after = 0
+  if admits then
+    reset_after = sliding_log_leaves_after(a, t, now)
+  elseif count > 0 then
+    reset_after = sliding_log_leaves_after(a, scores[n], now)
+  end
+
+  local write
+  if admits then
+    local trim
+    if start > 1 then trim = now - a.window_us end
+    write = {trim = trim, t = t, first = tied, count = cost,
+             expire_at = math.ceil(t / 1000) + a.window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function sliding_log.store(key, w)
+  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', w.trim) end
+  local t = string.format('%.0f', w.t)
+  local batch = {}
+  for i = w.first, w.first + w.count - 1 do
+    batch[#batch + 1] = w.t
+    batch[#batch + 1] = t .. ':' .. string.format('%.0f', i)
+    if #batch == 2 * sliding_log.ZADD_BATCH then
+      redis.call('ZADD', key, unpack(batch))
+      batch = {}
+    end
+  end
+  if #batch > 0 then redis.call('ZADD', key, unpack(batch)) end
+  redis.call('PEXPIREAT', key, w.expire_at)
+end
+-- @end
+
+-- @main
+if #KEYS ~= 1 then return redis.error_reply(sliding_log.ARITY) end
+local args, err = sliding_log.parse(ARGV)
+if not args then return redis.error_reply(err) end
+local state, load_err = sliding_log.load(KEYS[1])
+if state == nil then return load_err end
+local reply, write = sliding_log.decide(args, state, now_us())
+if write then sliding_log.store(KEYS[1], write) end
+return reply
