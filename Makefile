@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Debian packages: the server and CLI tools, and libclang for redis-module's bindgen.
 APT_PACKAGES := redis-server redis-tools libclang-dev
 
-.PHONY: deps build run test soak lint bench clean
+.PHONY: deps build run test soak fuzz fuzz-deps lint bench clean
 
 deps:
 	@missing=""; \
@@ -32,10 +32,25 @@ run: build
 
 test: deps
 	$(CARGO) test --all-targets
+	$(MAKE) fuzz FUZZ_SECONDS=15
 
 # Long variants: a million keys, and the differential suites with 10x more generated calls.
 soak: deps
 	RL_DIFF_SCALE=10 $(CARGO) test --release --all-targets -- --include-ignored
+
+# Coverage-guided fuzzing (libFuzzer via cargo-fuzz) of every argument parser, stored-value reader
+# and decision path. Stable Rust: no sanitizer, panics and assertion failures are the findings.
+FUZZ_SECONDS ?= 300
+FUZZ_TARGETS := arguments decisions
+
+fuzz-deps:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
+
+fuzz: deps fuzz-deps
+	cd fuzz && $(CARGO) fuzz build --sanitizer none -O
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		$(CARGO) fuzz run --sanitizer none -O $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 lint: deps
 	$(CARGO) fmt --check

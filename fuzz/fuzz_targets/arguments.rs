@@ -1,0 +1,29 @@
+//! Every command's argument parser, and the stored-value readers, on arbitrary input: each
+//! returns a value or an error, never panics. Arguments are the input split at NUL bytes.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use redis_rate_limiter::command::fixed_window::FixedWindow;
+use redis_rate_limiter::command::gcra::Gcra;
+use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
+use redis_rate_limiter::command::sliding_window::SlidingWindow;
+use redis_rate_limiter::command::token_bucket::TokenBucket;
+use redis_rate_limiter::command::{all, sliding_log, throttle};
+use redis_rate_limiter::pipeline::HashLimiter;
+
+fuzz_target!(|data: &[u8]| {
+    let args: Vec<&[u8]> = data.split(|&b| b == 0).collect();
+    let _ = TokenBucket::parse(&args);
+    let _ = LeakyBucket::parse(&args);
+    let _ = FixedWindow::parse(&args);
+    let _ = SlidingWindow::parse(&args);
+    let _ = Gcra::parse(&args);
+    let _ = sliding_log::parse(&args);
+    let _ = throttle::parse(&args);
+    let _ = throttle::decode(data);
+    if let Ok(call) = all::parse(&args) {
+        assert_eq!(call.keys.len(), call.limits.len());
+    }
+    let positions = all::key_positions(args.len() + 1, |i| i.checked_sub(1).and_then(|i| args.get(i).copied()));
+    assert!(positions.end <= args.len() + 1);
+});
