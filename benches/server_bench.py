@@ -410,7 +410,7 @@ def main() -> int:
     ap.add_argument(
         "--budget",
         type=float,
-        default=150.0,
+        default=120.0,
         help="seconds of redis-benchmark runs in all rounds together; sets -n per case",
     )
     ap.add_argument("--memory-keys", type=int, default=100_000, help="keys per memory measurement")
