@@ -471,6 +471,7 @@ def main() -> int:
     runs = ", ".join(f"{c.n:,}" for c in cases)
     print()
     print(machine_line(pinned))
+    print()
     print(
         f"redis-benchmark -P {PIPELINE} -c {CLIENTS}, random keys from {KEYSPACE:,} (-r); "
         f"{opts.rounds} interleaved rounds, medians; -n per case: {runs}; "
