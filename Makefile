@@ -56,5 +56,16 @@ lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
+# Micro-benchmarks of the pure core (criterion), then the server benchmark (module vs Lua twin vs
+# HSET, about 3 minutes). `make bench BENCH_ARGS=--quick` for a short run.
+BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
+BENCH_ARGS ?=
+
+bench: deps
+	$(CARGO) build --release
+	$(CARGO) bench --bench core -- --warm-up-time 1 --measurement-time 2
+	python3 benches/server_bench.py --module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
+		--criterion-dir $(BENCH_TARGET)/criterion $(BENCH_ARGS)
+
 clean:
 	$(CARGO) clean

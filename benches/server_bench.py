@@ -1,0 +1,486 @@
+#!/usr/bin/env python3
+"""Server-side benchmark: each rate-limiter command against its Lua twin and plain HSET.
+
+Starts one redis-server with the module loaded (loopback, free port, no persistence, temporary
+directory) and always stops it. Then, in interleaved rounds, runs redis-benchmark once per case
+and reads two numbers from that run:
+
+  * server CPU per call: `usec / calls` of the command in INFO commandstats (after CONFIG
+    RESETSTAT); for a Lua twin that is EVALSHA, which includes the commands the script calls;
+  * throughput: requests per second as reported by redis-benchmark (--csv).
+
+Finally it measures memory per key (used_memory delta over 100,000 new keys, and MEMORY USAGE of
+one of them) for each command and its twin, and prints Markdown tables: medians over rounds, the
+ratios module / HSET and Lua / module, and the memory table. Python standard library only.
+
+Usage: python3 benches/server_bench.py [--module PATH] [--quick] [--rounds N] [--budget SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODULE = ROOT / "target" / "release" / "libredis_rate_limiter.so"
+LUA_DIR = ROOT / "lua-reference"
+
+PIPELINE = 16
+CLIENTS = 50
+KEYSPACE = 100_000
+
+
+@dataclass(frozen=True)
+class Limiter:
+    """One algorithm: its module command, its Lua twin, and argument strings after the key.
+
+    admit:  a hot key that keeps admitting (fast refill); also run over random keys.
+    deny:   a hot key that is denied after its first call (tiny limit, slow refill). Its first
+            call on a new key writes state that lives for a long time, so the memory
+            measurement uses it too.
+    steady: random keys that stay admitted and keep their state between visits (a large quota
+            with a slow refill, so stored counts are fractional).
+    """
+
+    command: str
+    script: str
+    admit: str
+    deny: str
+    steady: str
+
+
+# One line per algorithm. Commands the loaded module does not have, and scripts that do not
+# exist, are skipped, so adding a line before the command lands is harmless.
+LIMITERS = [
+    Limiter("RL.TOKENBUCKET", "token_bucket.lua", "100 1000000", "1 0.001", "1000 0.1"),
+]
+
+FLOOR = "HSET"
+FLOOR_ARGS = "f1 v1 f2 v2"
+
+
+@dataclass
+class Case:
+    label: str  # command as shown in the table
+    args: str  # arguments shown in the table
+    keys: str  # "hot" or "random"
+    argv: list[str]  # redis-benchmark command line after the options
+    stat: str  # commandstats entry to read, lower case
+    limiter: str | None  # module command this case belongs to, or None for the floor
+    lua: bool
+    n: int = 0
+    usec: list[float] = field(default_factory=list)
+    rps: list[float] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A redis-server process, talked to with redis-cli."""
+
+    def __init__(self, module: Path, workdir: Path, pin: list[str]):
+        self.port = free_port()
+        self.workdir = workdir
+        argv = pin + [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(workdir),
+            "--logfile", str(workdir / "redis.log"),
+            "--loadmodule", str(module),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"redis-server exited at start; log:\n{self.log()}")
+            try:
+                if self.cli("PING", check=False) == "PONG":
+                    return
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"redis-server did not start; log:\n{self.log()}")
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        try:
+            return (self.workdir / "redis.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def cli(self, *args: str, stdin: bytes | None = None, check: bool = True) -> str:
+        argv = ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args]
+        out = subprocess.run(argv, input=stdin, capture_output=True, timeout=120)
+        text = out.stdout.decode(errors="replace").strip()
+        if check and (out.returncode != 0 or re.match(r"^(ERR|WRONGTYPE|NOSCRIPT)", text)):
+            raise SystemExit(f"redis-cli {' '.join(args[:3])}... failed: {text} {out.stderr!r}")
+        return text
+
+    def info(self, section: str) -> dict[str, str]:
+        result = {}
+        for line in self.cli("INFO", section).splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                result[k.strip().lower()] = v.strip()
+        return result
+
+    def has_command(self, name: str) -> bool:
+        return name.lower() in self.cli("COMMAND", "INFO", name).lower().split()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def command_stats(server: Server, stat: str) -> tuple[int, float, int]:
+    """(calls, usec, failed_calls) of one commandstats entry."""
+    entry = server.info("commandstats").get(f"cmdstat_{stat}")
+    if entry is None:
+        return 0, 0.0, 0
+    fields = dict(kv.split("=", 1) for kv in entry.split(","))
+    return int(fields["calls"]), float(fields["usec"]), int(fields.get("failed_calls", "0"))
+
+
+def run_case(server: Server, case: Case, n: int, pin: list[str]) -> tuple[float, float]:
+    """One redis-benchmark run on an empty database: (server usec per call, requests/s)."""
+    server.cli("FLUSHALL")
+    server.cli("CONFIG", "RESETSTAT")
+    argv = pin + ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port)]
+    argv += ["-P", str(PIPELINE), "-c", str(CLIENTS), "-n", str(n), "--csv"]
+    if case.keys == "random":
+        argv += ["-r", str(KEYSPACE)]
+    out = subprocess.run(argv + case.argv, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"redis-benchmark failed for {case.label}: {out.stderr}")
+    rows = [r for r in csv.reader(io.StringIO(out.stdout)) if len(r) > 1 and r[0] != "test"]
+    if not rows:
+        raise SystemExit(f"no result from redis-benchmark for {case.label}:\n{out.stdout}")
+    rps = float(rows[0][1])
+    calls, usec, failed = command_stats(server, case.stat)
+    # redis-benchmark sends whole pipelines, so a few more calls than -n may reach the server.
+    if failed or not n <= calls <= n + PIPELINE * CLIENTS:
+        raise SystemExit(
+            f"{case.label} {case.args}: {calls} calls of {n} counted, {failed} failed; "
+            f"check the arguments (redis-cli {' '.join(case.argv)})"
+        )
+    return usec / calls, rps
+
+
+def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
+    """The admit and steady arguments keep admitting; the deny arguments deny from the second
+    call on."""
+    for lua in ([False, True] if sha else [False]):
+        prefix = ["EVALSHA", sha, "1"] if lua else [limiter.command]
+        who = "Lua twin" if lua else limiter.command
+        server.cli("FLUSHALL")
+        for args in [limiter.admit, limiter.steady]:
+            for _ in range(3):
+                reply = server.cli(*prefix, f"check:{args}", *args.split()).split()
+                if reply[:1] != ["1"]:
+                    raise SystemExit(f"{who} {args}: expected admitted, got {reply}")
+        replies = [
+            server.cli(*prefix, "check:deny", *limiter.deny.split()).split() for _ in range(2)
+        ]
+        if replies[0][:1] != ["1"] or replies[1][:1] != ["0"]:
+            raise SystemExit(f"{who} {limiter.deny}: expected admitted then denied, got {replies}")
+
+
+def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
+    """Cases for every limiter the module has (and its twin, if the script exists)."""
+    cases: list[Case] = []
+    shas: dict[str, str] = {}
+    notes: list[str] = []
+    for lim in LIMITERS:
+        if not server.has_command(lim.command):
+            notes.append(f"{lim.command}: not in the loaded module, skipped")
+            continue
+        script = LUA_DIR / lim.script
+        if script.is_file():
+            shas[lim.command] = server.cli("-x", "SCRIPT", "LOAD", stdin=script.read_bytes())
+        else:
+            notes.append(f"{lim.command}: no lua-reference/{lim.script}, Lua twin skipped")
+        check_decisions(server, lim, shas.get(lim.command))
+        tag = lim.command.split(".")[-1].lower()
+        variants = [("admit", "hot", lim.admit), ("admit", "random", lim.admit)]
+        variants += [("deny", "hot", lim.deny), ("steady", "random", lim.steady)]
+        for lua in [False, True]:
+            if lua and lim.command not in shas:
+                continue
+            for kind, keys, args in variants:
+                key = f"{'lua' if lua else 'rl'}:{tag}:{kind}:" + (
+                    "{__rand_int__}" if keys == "random" else "hot"
+                )
+                head = ["EVALSHA", shas[lim.command], "1"] if lua else [lim.command]
+                cases.append(
+                    Case(
+                        label=f"{lim.command} (Lua twin)" if lua else lim.command,
+                        args=args,
+                        keys=keys,
+                        argv=head + [key] + args.split(),
+                        stat="evalsha" if lua else lim.command.lower(),
+                        limiter=lim.command,
+                        lua=lua,
+                    )
+                )
+    for keys in ["hot", "random"]:
+        key = "floor:{__rand_int__}" if keys == "random" else "floor:hot"
+        cases.append(
+            Case(
+                label=f"{FLOOR} (floor)",
+                args=FLOOR_ARGS,
+                keys=keys,
+                argv=[FLOOR, key] + FLOOR_ARGS.split(),
+                stat=FLOOR.lower(),
+                limiter=None,
+                lua=False,
+            )
+        )
+    return cases, shas, notes
+
+
+def resp(args: list[str]) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def memory_per_key(
+    server: Server, head: list[str], args: list[str], count: int
+) -> tuple[int, float, int]:
+    """New keys `mem:000000`... each written once: (keys present, used_memory delta per key,
+    MEMORY USAGE of the first key)."""
+    payload = b"".join(resp(head + [f"mem:{i:06d}"] + args) for i in range(count))
+    # Filled twice: the first fill brings in whatever the command allocates once and keeps
+    # (outside the keyspace), the second is measured.
+    for _ in range(2):
+        server.cli("FLUSHALL")
+        text = server.cli("--pipe", stdin=payload, check=False)
+        m = re.search(r"errors:\s*(\d+),\s*replies:\s*(\d+)", text)
+        if not m or int(m.group(1)) != 0 or int(m.group(2)) != count:
+            raise SystemExit(f"redis-cli --pipe failed for {' '.join(head)}: {text}")
+    with_keys = settled_used_memory(server)
+    keys = int(server.cli("DBSIZE"))
+    sample = int(server.cli("MEMORY", "USAGE", "mem:000000", "SAMPLES", "0") or 0)
+    # The baseline is taken once the keys are gone.
+    server.cli("FLUSHALL")
+    without = settled_used_memory(server)
+    return keys, (with_keys - without) / keys if keys else float("nan"), sample
+
+
+def measure_memory(
+    server: Server, cases: list[Case], shas: dict[str, str], count: int
+) -> list[tuple[str, str, int, float, int]]:
+    """Memory rows: each benchmarked command and its twin, with its deny arguments (the first
+    call writes state that lives for 1000 s), then the HSET floor."""
+    rows = []
+    benchmarked = {c.limiter for c in cases}
+    for lim in LIMITERS:
+        if lim.command not in benchmarked:
+            continue
+        args = lim.deny.split()
+        rows.append((lim.command, lim.deny, *memory_per_key(server, [lim.command], args, count)))
+        if lim.command in shas:
+            head = ["EVALSHA", shas[lim.command], "1"]
+            label = f"{lim.command} (Lua twin)"
+            rows.append((label, lim.deny, *memory_per_key(server, head, args, count)))
+    floor = memory_per_key(server, [FLOOR], FLOOR_ARGS.split(), count)
+    rows.append((f"{FLOOR} (floor, no TTL)", FLOOR_ARGS, *floor))
+    return rows
+
+
+def settled_used_memory(server: Server) -> int:
+    """used_memory once it stops moving: right after many inserts the keyspace tables may be
+    halfway through an incremental rehash, holding both the old and the new bucket arrays."""
+    last = int(server.info("memory")["used_memory"])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = int(server.info("memory")["used_memory"])
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def machine_line(pinned: str) -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    v = re.search(r"v=(\S+)", version)
+    malloc = re.search(r"malloc=(\S+)", version)
+    return (
+        f"Machine: {model}, {os.cpu_count()} cores, Linux {platform.release()}; "
+        f"redis-server {v.group(1) if v else '?'} ({malloc.group(1) if malloc else '?'}); "
+        f"{pinned}; {time.strftime('%Y-%m-%d', time.gmtime())}"
+    )
+
+
+def criterion_table(directory: Path) -> list[str]:
+    """Median ns per call of each criterion benchmark found under `directory`, in run order."""
+    found = []
+    for est in directory.glob("*/*/new/estimates.json"):
+        try:
+            meta = json.loads((est.parent / "benchmark.json").read_text())
+            median = json.loads(est.read_text())["median"]["point_estimate"]
+        except (OSError, KeyError, ValueError):
+            continue
+        found.append((est.stat().st_mtime, meta.get("full_id", str(est.parent.parent)), median))
+    if not found:
+        return []
+    lines = ["| pure core (criterion) | ns per call (median) |", "|---|---:|"]
+    for _, name, ns in sorted(found):
+        lines.append(f"| `{name}` | {ns:.1f} |")
+    return lines
+
+
+def render(cases: list[Case], memory: list[tuple[str, str, int, float, int]]) -> list[str]:
+    """The Markdown tables: medians over rounds with their ratios, then memory."""
+    med = {id(c): (statistics.median(c.usec), statistics.median(c.rps)) for c in cases}
+    floor = {c.keys: med[id(c)][0] for c in cases if c.limiter is None}
+    module = {(c.limiter, c.args, c.keys): med[id(c)][0] for c in cases if c.limiter and not c.lua}
+    lines = [
+        "| command | arguments | keys | server µs/call | range over rounds | requests/s "
+        "| CPU ÷ HSET | Lua ÷ module CPU |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in cases:
+        usec, rps = med[id(c)]
+        vs_floor = usec / floor[c.keys] if c.limiter else None
+        twin_of = module.get((c.limiter, c.args, c.keys)) if c.lua else None
+        vs_module = usec / twin_of if twin_of else None
+        lines.append(
+            f"| {c.label} | `{c.args}` | {c.keys} | {usec:.2f} | "
+            f"{min(c.usec):.2f}–{max(c.usec):.2f} | {rps:,.0f} | "
+            f"{fmt_ratio(vs_floor)} | {fmt_ratio(vs_module)} |"
+        )
+    lines += [
+        "",
+        "| memory | arguments | keys | used_memory per key (bytes) | MEMORY USAGE of one key |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for label, args, keys, per_key, sample in memory:
+        lines.append(f"| {label} | `{args}` | {keys:,} | {per_key:.1f} | {sample} |")
+    return lines
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}×"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--module", type=Path, default=DEFAULT_MODULE, help="module .so to load")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (at least 3)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=120.0,
+        help="seconds of redis-benchmark runs in all rounds together; sets -n per case",
+    )
+    ap.add_argument("--memory-keys", type=int, default=100_000, help="keys per memory measurement")
+    ap.add_argument("--quick", action="store_true", help="3 short rounds and 20,000 memory keys")
+    ap.add_argument("--criterion-dir", type=Path, help="also tabulate criterion results found here")
+    opts = ap.parse_args()
+    if opts.quick:
+        opts.rounds, opts.budget, opts.memory_keys = 3, 20.0, 20_000
+    opts.rounds = max(opts.rounds, 3)
+
+    for tool in ["redis-server", "redis-cli", "redis-benchmark"]:
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found (make deps installs it)")
+    module = opts.module.resolve()
+    if not module.is_file():
+        raise SystemExit(f"module not found: {module} (build it with cargo build --release)")
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2 and shutil.which("taskset"):
+        server_pin = ["taskset", "-c", str(cpus[0])]
+        bench_pin = ["taskset", "-c", str(cpus[1])]
+        pinned = f"redis-server on CPU {cpus[0]}, redis-benchmark on CPU {cpus[1]}"
+    else:
+        server_pin, bench_pin, pinned = [], [], "not pinned"
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rl-bench-") as tmp:
+        server = Server(module, Path(tmp), server_pin)
+        try:
+            server.wait_ready()
+            cases, shas, notes = build_cases(server)
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr)
+
+            # Warm-up run per case, which also sizes -n so that the rounds fit the budget.
+            per_run = opts.budget / (opts.rounds * len(cases))
+            for case in cases:
+                _, rps = run_case(server, case, 20_000, bench_pin)
+                batch = PIPELINE * CLIENTS
+                case.n = int(min(max(rps * per_run, 20_000), 2_000_000)) // batch * batch
+            for r in range(opts.rounds):
+                print(f"round {r + 1}/{opts.rounds}", file=sys.stderr)
+                for case in cases:
+                    usec, rps = run_case(server, case, case.n, bench_pin)
+                    case.usec.append(usec)
+                    case.rps.append(rps)
+
+            memory = measure_memory(server, cases, shas, opts.memory_keys)
+        finally:
+            server.stop()
+
+    lines = render(cases, memory)
+    if opts.criterion_dir:
+        core = criterion_table(opts.criterion_dir)
+        if core:
+            lines += [""] + core
+
+    runs = ", ".join(f"{c.n:,}" for c in cases)
+    print()
+    print(machine_line(pinned))
+    print()
+    print(
+        f"redis-benchmark -P {PIPELINE} -c {CLIENTS}, random keys from {KEYSPACE:,} (-r); "
+        f"{opts.rounds} interleaved rounds, medians; -n per case: {runs}; "
+        f"memory over {opts.memory_keys:,} new keys; {time.monotonic() - started:.0f} s"
+    )
+    print()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
