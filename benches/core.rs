@@ -7,7 +7,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use redis_rate_limiter::args;
+use redis_rate_limiter::command::token_bucket::TokenBucket;
+use redis_rate_limiter::pipeline::HashLimiter;
 use redis_rate_limiter::core::token_bucket::{self, Params, State};
 use redis_rate_limiter::number::{G17_MAX_LEN, format_g17};
 
@@ -84,14 +85,14 @@ fn number_format_g17(c: &mut Criterion) {
 }
 
 fn args_token_bucket(c: &mut Criterion) {
-    let mut group = c.benchmark_group("args::token_bucket");
+    let mut group = c.benchmark_group("TokenBucket::parse");
     let two: [&[u8]; 2] = [b"100", b"1000000"];
     group.bench_function("capacity rate", |b| {
-        b.iter(|| args::token_bucket(black_box(&two)))
+        b.iter(|| TokenBucket::parse(black_box(&two)))
     });
     let three: [&[u8]; 3] = [b"100", b"0.5", b"3"];
     group.bench_function("capacity rate cost", |b| {
-        b.iter(|| args::token_bucket(black_box(&three)))
+        b.iter(|| TokenBucket::parse(black_box(&three)))
     });
     group.finish();
 }
