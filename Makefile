@@ -57,7 +57,7 @@ lint: deps
 	$(CARGO) clippy --all-targets -- -D warnings
 
 # Micro-benchmarks of the pure core (criterion), then the server benchmark (module vs Lua twin vs
-# HSET, about 3 minutes). `make bench BENCH_ARGS=--quick` for a short run.
+# HSET, 3-4 minutes). `make bench BENCH_ARGS=--quick` for a short run.
 BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
 BENCH_ARGS ?=
 
