@@ -46,7 +46,32 @@ pub fn is_decimal(s: &[u8]) -> bool {
 /// as glibc's `strtod` does, so both paths get the same double; out-of-range exponents give
 /// infinity or zero, which callers reject by range.
 fn to_f64(s: &[u8]) -> Option<f64> {
+    if let Some(v) = small_integer(s) {
+        return Some(v);
+    }
     std::str::from_utf8(s).ok()?.parse::<f64>().ok()
+}
+
+/// Fast path for the common case, plain digits with an optional sign and at most 15 digits: the
+/// integer is exact in a double, so converting it is the correctly rounded result too.
+fn small_integer(s: &[u8]) -> Option<f64> {
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || digits.len() > 15 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u64::from(d - b'0');
+    }
+    let v = n as f64;
+    Some(if negative { -v } else { v })
 }
 
 /// A decimal string as a double, or `None` if it is not in the grammar.
@@ -133,6 +158,34 @@ mod tests {
         }
         assert!(is_integer(b"-12") && is_integer(b"+0") && !is_integer(b"1.0"));
         assert!(!is_integer(b"") && !is_integer(b"-") && !is_integer(b"1e3"));
+    }
+
+    #[test]
+    fn the_integer_fast_path_agrees_with_the_general_parser() {
+        for text in [
+            "0",
+            "-0",
+            "+7",
+            "123456789012345",
+            "-999999999999999",
+            "000001",
+            "1.5",
+            "1e3",
+        ] {
+            let general = std::str::from_utf8(text.as_bytes())
+                .ok()
+                .and_then(|t| t.parse::<f64>().ok());
+            assert_eq!(
+                to_f64(text.as_bytes()).map(f64::to_bits),
+                general.map(f64::to_bits),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            small_integer(b"1234567890123456"),
+            None,
+            "16 digits go the general way"
+        );
     }
 
     #[test]

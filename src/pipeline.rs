@@ -41,6 +41,17 @@ pub trait HashStore {
     type Bytes: AsRef<[u8]>;
     fn kind(&self) -> Result<KeyKind, ErrorReply>;
     fn get(&self, field: &'static FieldName) -> Result<Option<Self::Bytes>, ErrorReply>;
+    /// Several fields; a store may fetch them in one go.
+    fn get_many<const N: usize>(
+        &self,
+        fields: [&'static FieldName; N],
+    ) -> Result<[Option<Self::Bytes>; N], ErrorReply> {
+        let mut out: [Option<Self::Bytes>; N] = [const { None }; N];
+        for (slot, field) in out.iter_mut().zip(fields) {
+            *slot = self.get(field)?;
+        }
+        Ok(out)
+    }
     /// Sets the fields (in order) and the key's absolute expiry, and propagates exactly that.
     fn write(
         &mut self,

@@ -148,15 +148,68 @@ impl OpenKey {
         Ok(TempString::adopt(self.ctx, out))
     }
 
-    pub fn hash_set(
+    /// Several fields in one call (up to three at once: the limiters' hashes are that small).
+    pub fn hash_get_many<const N: usize>(
         &self,
-        field: *mut RedisModuleString,
-        value: *mut RedisModuleString,
+        fields: [*mut RedisModuleString; N],
+    ) -> Result<[Option<TempString>; N], ErrorReply> {
+        let get = api!(RedisModule_HashGet)?;
+        let mut out: [*mut RedisModuleString; N] = [ptr::null_mut(); N];
+        let (k, none, end) = (
+            self.key.as_ptr(),
+            raw::REDISMODULE_HASH_NONE as c_int,
+            ptr::null_mut::<u8>(),
+        );
+        // SAFETY: NULL-terminated variadic lists of (field, out-pointer) pairs.
+        unsafe {
+            match (fields.as_slice(), out.as_mut_slice()) {
+                ([f0, f1], [o0, o1]) => get(k, none, *f0, o0 as *mut _, *f1, o1 as *mut _, end),
+                ([f0, f1, f2], [o0, o1, o2]) => get(
+                    k,
+                    none,
+                    *f0,
+                    o0 as *mut _,
+                    *f1,
+                    o1 as *mut _,
+                    *f2,
+                    o2 as *mut _,
+                    end,
+                ),
+                _ => {
+                    for (f, o) in fields.iter().zip(out.iter_mut()) {
+                        get(k, none, *f, o as *mut _, end);
+                    }
+                    0
+                }
+            };
+        }
+        Ok(out.map(|p| TempString::adopt(self.ctx, p)))
+    }
+
+    /// Sets (field, value) pairs in one call where there are two or three of them.
+    pub fn hash_set_many(
+        &self,
+        pairs: &[(*mut RedisModuleString, *mut RedisModuleString)],
     ) -> Result<(), ErrorReply> {
         let set = api!(RedisModule_HashSet)?;
-        let none = raw::REDISMODULE_HASH_NONE as c_int;
-        // SAFETY: NULL-terminated variadic list of (field, value) pairs; Redis copies both.
-        unsafe { set(self.key.as_ptr(), none, field, value, ptr::null_mut::<u8>()) };
+        let (k, none, end) = (
+            self.key.as_ptr(),
+            raw::REDISMODULE_HASH_NONE as c_int,
+            ptr::null_mut::<u8>(),
+        );
+        // SAFETY: NULL-terminated variadic lists of (field, value) pairs; Redis copies both.
+        unsafe {
+            match pairs {
+                [(f0, v0), (f1, v1)] => set(k, none, *f0, *v0, *f1, *v1, end),
+                [(f0, v0), (f1, v1), (f2, v2)] => set(k, none, *f0, *v0, *f1, *v1, *f2, *v2, end),
+                _ => {
+                    for (f, v) in pairs {
+                        set(k, none, *f, *v, end);
+                    }
+                    0
+                }
+            };
+        }
         Ok(())
     }
 

@@ -221,19 +221,31 @@ const FIXED_WINDOW: Doc = Doc {
 };
 
 const SLIDING_WINDOW: Doc = Doc {
-    summary: c"Sliding window counter: the previous window weighted by its overlap plus the current one",
+    summary:
+        c"Sliding window counter: the previous window weighted by its overlap plus the current one",
     complexity: c"O(1)",
     arity: -4,
     keys: Keys::One(1),
-    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST],
+    args: &[
+        arg(c"key", Key),
+        arg(c"limit", Integer),
+        arg(c"window_sec", Double),
+        COST,
+    ],
 };
 
 const SLIDING_LOG: Doc = Doc {
-    summary: c"Sliding log: exactly at most limit in any window, one sorted-set entry per admitted unit",
+    summary:
+        c"Sliding log: exactly at most limit in any window, one sorted-set entry per admitted unit",
     complexity: c"O(N) where N is the number of entries in the key (at most limit)",
     arity: -4,
     keys: Keys::One(1),
-    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST],
+    args: &[
+        arg(c"key", Key),
+        arg(c"limit", Integer),
+        arg(c"window_sec", Double),
+        COST,
+    ],
 };
 
 const GCRA: Doc = Doc {

@@ -41,6 +41,17 @@ impl HashStore for RedisHashKey {
         self.key.hash_get(field_string(field)?)
     }
 
+    fn get_many<const N: usize>(
+        &self,
+        fields: [&'static FieldName; N],
+    ) -> Result<[Option<TempString>; N], ErrorReply> {
+        let mut names = [std::ptr::null_mut(); N];
+        for (name, field) in names.iter_mut().zip(fields) {
+            *name = field_string(field)?;
+        }
+        self.key.hash_get_many(names)
+    }
+
     fn write(
         &mut self,
         fields: &[(&'static FieldName, &[u8])],
@@ -50,19 +61,29 @@ impl HashStore for RedisHashKey {
         // HSET's argument vector: f1 v1 f2 v2 ... (at most 8 fields).
         let mut held: [Option<TempString>; 8] = [const { None }; 8];
         let mut argv = [std::ptr::null_mut(); 16];
+        let mut pairs = [(std::ptr::null_mut(), std::ptr::null_mut()); 8];
         let mut used = 0;
-        for (((field, value), slot), pair) in
-            fields.iter().zip(&mut held).zip(argv.chunks_exact_mut(2))
+        for ((((field, value), slot), pair), set) in fields
+            .iter()
+            .zip(&mut held)
+            .zip(argv.chunks_exact_mut(2))
+            .zip(&mut pairs)
         {
             let value = slot.insert(TempString::new(self.ctx, value)?);
             let [f, v] = pair else { continue };
             *f = field_string(field)?;
             *v = value.as_ptr();
-            self.key.hash_set(*f, *v)?;
-            used += 2;
+            *set = (*f, *v);
+            used += 1;
         }
+        self.key
+            .hash_set_many(pairs.get(..used).unwrap_or_default())?;
         self.key.set_abs_expire(expire_at_ms)?;
-        api::replicate_hset(self.ctx, self.name, argv.get(..used).unwrap_or_default())?;
+        api::replicate_hset(
+            self.ctx,
+            self.name,
+            argv.get(..2 * used).unwrap_or_default(),
+        )?;
         api::replicate_pexpireat(self.ctx, self.name, expire_at_ms)?;
         api::signal_hash_write(self.ctx, self.name)
     }
