@@ -156,6 +156,10 @@ impl Server {
         std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// Kills the server at once (no shutdown handshake), as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
