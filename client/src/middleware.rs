@@ -114,12 +114,12 @@ pub struct Config {
 
 impl Config {
     /// The limits for `plan` and route `class`: from the function if one is set, else the
-    /// table: (plan, class), then (plan, "*"), then ("*", class), then ("*", "*").
+    /// table: (plan, class), then ("*", class), then (plan, "*"), then ("*", "*").
     fn limits(&self, plan: &str, class: &str) -> Vec<Policy> {
         if let Some(f) = &self.limits_fn {
             return f(plan, class);
         }
-        for (p, c) in [(plan, class), (plan, "*"), ("*", class), ("*", "*")] {
+        for (p, c) in [(plan, class), ("*", class), (plan, "*"), ("*", "*")] {
             if let Some(v) = self.table.get(&(p.to_string(), c.to_string())) {
                 return v.clone();
             }
