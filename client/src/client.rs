@@ -435,7 +435,10 @@ where
             }
             Ok(Err(e)) if !is_unavailable(&e) => {
                 self.inner.breaker.success();
-                Err(Failure::Rejected(e.to_string()))
+                Err(Failure::Rejected(match (e.code(), e.detail()) {
+                    (Some(code), Some(detail)) => format!("{code} {detail}"),
+                    _ => e.to_string(),
+                }))
             }
             Ok(Err(_)) | Err(_) => {
                 self.inner.breaker.failure();
