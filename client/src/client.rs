@@ -259,7 +259,10 @@ fn multi(v: &Value, n: usize) -> Option<(bool, usize, Vec<Decision>)> {
     if items.len() != n + 2 {
         return None;
     }
-    let decisions = items[2..].iter().map(decision).collect::<Option<Vec<_>>>()?;
+    let decisions = items[2..]
+        .iter()
+        .map(decision)
+        .collect::<Option<Vec<_>>>()?;
     Some((
         int(&items[0])? == 1,
         usize::try_from(int(&items[1])?).ok()?,

@@ -381,7 +381,8 @@ fn too_many(policies: &[Policy], outcome: &MultiOutcome) -> Response<Body> {
             "retry_after": secs,
         }),
     );
-    r.headers_mut().insert(RETRY_AFTER, header(secs.to_string()));
+    r.headers_mut()
+        .insert(RETRY_AFTER, header(secs.to_string()));
     r
 }
 
@@ -455,12 +456,7 @@ where
             } else {
                 too_many(&policies, &outcome)
             };
-            rate_limit_headers(
-                &policies,
-                &outcome,
-                cfg.legacy_headers,
-                resp.headers_mut(),
-            );
+            rate_limit_headers(&policies, &outcome, cfg.legacy_headers, resp.headers_mut());
             Ok(resp)
         })
     }

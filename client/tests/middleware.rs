@@ -26,9 +26,14 @@ fn per_minute() -> Policy {
     )
 }
 
-fn app(client: Client<ConnectionManager>, legacy: bool) -> (Router, RateLimitLayer<ConnectionManager>) {
+fn app(
+    client: Client<ConnectionManager>,
+    legacy: bool,
+) -> (Router, RateLimitLayer<ConnectionManager>) {
     let layer = RateLimitLayer::builder(client)
-        .key(KeySource::Header(http::HeaderName::from_static("x-api-key")))
+        .key(KeySource::Header(http::HeaderName::from_static(
+            "x-api-key",
+        )))
         .plan(|p| {
             p.headers
                 .get("x-plan")
@@ -126,7 +131,9 @@ async fn send(router: &Router, req: Request<Body>) -> Reply {
         .iter()
         .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
         .collect();
-    let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
     Reply {
         status,
         headers,

@@ -232,7 +232,9 @@ async fn detects_the_module_and_falls_back_to_scripts_on_a_plain_server() {
         let p = b.peek("other").await.unwrap();
         assert_eq!((p.decision.allowed, p.decision.remaining), (true, 4));
         let _: () = redis::cmd("FLUSHALL").query(&mut with.connect()).unwrap();
-        let _: () = redis::cmd("FLUSHALL").query(&mut without.connect()).unwrap();
+        let _: () = redis::cmd("FLUSHALL")
+            .query(&mut without.connect())
+            .unwrap();
     }
 }
 
