@@ -129,7 +129,7 @@ async fn breaker_spares_the_timeout_on_a_hung_server() {
         let took = t.elapsed();
         assert_eq!(o.degraded, Some(Degraded::FailOpen), "call {i}");
         assert!(
-            took >= Duration::from_millis(95) && took < Duration::from_millis(400),
+            took >= Duration::from_millis(95) && took < Duration::from_millis(1000),
             "call {i} took {took:?}"
         );
     }
@@ -138,7 +138,7 @@ async fn breaker_spares_the_timeout_on_a_hung_server() {
         let t = Instant::now();
         let o = l.check("k").await.unwrap();
         assert_eq!(o.degraded, Some(Degraded::FailOpen));
-        assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
     }
     signal(&server, "-CONT");
     tokio::time::sleep(Duration::from_millis(550)).await;
