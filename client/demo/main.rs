@@ -146,8 +146,10 @@ async fn prometheus(State(app): State<App>) -> Response {
 async fn main() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:8080".into());
-    let client = Client::connect(&url, Options::default()).expect("REDIS_URL");
-    let mode = client.detect().await;
+    let client = Client::open(&url, Options::default())
+        .await
+        .expect("REDIS_URL");
+    let mode = client.mode();
     let metrics = Arc::new(Metrics::default());
     let app = App {
         policy: Arc::new(RwLock::new(policy_of(Algorithm::TokenBucket {

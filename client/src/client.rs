@@ -220,6 +220,14 @@ impl Client<redis::aio::ConnectionManager> {
             .map_err(Error::Config)?;
         Ok(Client::new(conn, options))
     }
+
+    /// [`Client::connect`], then detects the mode at once (within the timeout). If Redis is
+    /// unreachable now, the mode is detected on the first call that reaches it.
+    pub async fn open(url: &str, options: Options) -> Result<Self, Error> {
+        let client = Client::connect(url, options)?;
+        client.detect().await;
+        Ok(client)
+    }
 }
 
 fn is_unavailable(e: &RedisError) -> bool {
@@ -585,6 +593,11 @@ impl Limiter<redis::aio::ConnectionManager> {
     /// A limiter on `url` (see [`Client::connect`]).
     pub fn connect(url: &str, algorithm: Algorithm, options: Options) -> Result<Self, Error> {
         Ok(Limiter::new(Client::connect(url, options)?, algorithm))
+    }
+
+    /// A limiter on `url` that detects the mode at once (see [`Client::open`]).
+    pub async fn open(url: &str, algorithm: Algorithm, options: Options) -> Result<Self, Error> {
+        Ok(Limiter::new(Client::open(url, options).await?, algorithm))
     }
 }
 

@@ -239,6 +239,28 @@ async fn detects_the_module_and_falls_back_to_scripts_on_a_plain_server() {
 }
 
 #[tokio::test]
+async fn open_detects_the_mode_at_once() {
+    let with = Server::with_module();
+    let without = Server::without_module();
+    let algo = Algorithm::FixedWindow {
+        limit: 1,
+        window_sec: 1.0,
+    };
+    let a = Limiter::open(&with.url(), algo.clone(), Options::default())
+        .await
+        .unwrap();
+    let b = Limiter::open(&without.url(), algo.clone(), Options::default())
+        .await
+        .unwrap();
+    assert_eq!(a.client().mode(), Some(Mode::Module));
+    assert_eq!(b.client().mode(), Some(Mode::Script));
+    let lazy = Limiter::connect(&with.url(), algo, Options::default()).unwrap();
+    assert_eq!(lazy.client().mode(), None);
+    lazy.check("k").await.unwrap();
+    assert_eq!(lazy.client().mode(), Some(Mode::Module));
+}
+
+#[tokio::test]
 async fn bad_parameters_are_reported_not_degraded() {
     let server = Server::with_module();
     let l = Limiter::connect(
