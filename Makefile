@@ -3,10 +3,16 @@ PORT ?= 6379
 MODULE := target/release/libredis_rate_limiter.so
 CARGO ?= cargo
 
-# Debian packages: the server and CLI tools, and libclang for redis-module's bindgen.
-APT_PACKAGES := redis-server redis-tools libclang-dev
+# Debian packages: the server and CLI tools, libclang for redis-module's bindgen, and headless
+# Chromium with its WebDriver for the demo's browser test.
+APT_PACKAGES := redis-server redis-tools libclang-dev chromium chromium-driver
 
-.PHONY: deps build run test soak fuzz fuzz-deps lint bench clean
+# The demo: a redis-server with the module on DEMO_REDIS_PORT, the web page on DEMO_PORT.
+DEMO_PORT ?= 8080
+DEMO_REDIS_PORT ?= 6390
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+
+.PHONY: deps build run test e2e demo soak fuzz fuzz-deps lint bench clean
 
 deps:
 	@missing=""; \
@@ -14,6 +20,8 @@ deps:
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v redis-benchmark >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
@@ -30,13 +38,32 @@ run: build
 	redis-server --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no \
 		--loadmodule $(CURDIR)/$(MODULE)
 
+# Every crate of the workspace: the module's suites, the client's, and the demo in headless
+# Chromium (client/tests/e2e.rs).
 test: deps
-	$(CARGO) test --all-targets
+	$(CARGO) test --workspace --all-targets
 	$(MAKE) fuzz FUZZ_SECONDS=15
+
+# The demo page driven in headless Chromium: apply a limit, single requests, a burst, a peek,
+# a screenshot (left in $(TARGET_DIR)/tmp/demo-e2e.png).
+e2e: deps
+	$(CARGO) build -p redis-rate-limiter
+	$(CARGO) test -p ratelimit-client --test e2e
+
+demo: deps
+	$(CARGO) build --release -p redis-rate-limiter
+	$(CARGO) build --release -p ratelimit-client --bin ratelimit-demo
+	@redis-server --port $(DEMO_REDIS_PORT) --bind 127.0.0.1 --save "" --appendonly no \
+		--loadmodule $(TARGET_DIR)/release/libredis_rate_limiter.so & redis=$$!; \
+	trap 'kill $$redis' EXIT INT TERM; \
+	until redis-cli -p $(DEMO_REDIS_PORT) ping >/dev/null 2>&1; do sleep 0.1; done; \
+	echo "open http://127.0.0.1:$(DEMO_PORT)/ (Ctrl-C stops the demo and its redis-server)"; \
+	REDIS_URL=redis://127.0.0.1:$(DEMO_REDIS_PORT) LISTEN=127.0.0.1:$(DEMO_PORT) \
+		$(TARGET_DIR)/release/ratelimit-demo
 
 # Long variants: a million keys, and the differential suites with 10x more generated calls.
 soak: deps
-	RL_DIFF_SCALE=10 $(CARGO) test --release --all-targets -- --include-ignored
+	RL_DIFF_SCALE=10 $(CARGO) test --release -p redis-rate-limiter --all-targets -- --include-ignored
 
 # Coverage-guided fuzzing (libFuzzer via cargo-fuzz) of every argument parser, stored-value reader
 # and decision path. Stable Rust: no sanitizer, panics and assertion failures are the findings.
@@ -54,7 +81,7 @@ fuzz: deps fuzz-deps
 
 lint: deps
 	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Micro-benchmarks of the pure core (criterion), then the server benchmark (module vs Lua twin vs
 # HSET, 3-4 minutes). `make bench BENCH_ARGS=--quick` for a short run.

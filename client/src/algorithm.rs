@@ -1,0 +1,163 @@
+//! The algorithms of the module and their parameters.
+
+/// One algorithm with its parameters, as the matching `RL.*` command takes them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Algorithm {
+    /// `RL.TOKENBUCKET key capacity refill_per_sec`
+    TokenBucket { capacity: u64, refill_per_sec: f64 },
+    /// `RL.LEAKYBUCKET key capacity leak_per_sec`
+    LeakyBucket { capacity: u64, leak_per_sec: f64 },
+    /// `RL.FIXEDWINDOW key limit window_sec`
+    FixedWindow { limit: u64, window_sec: f64 },
+    /// `RL.SLIDINGWINDOW key limit window_sec`
+    SlidingWindow { limit: u64, window_sec: f64 },
+    /// `RL.SLIDINGLOG key limit window_sec` (not available inside `RL.ALL`)
+    SlidingLog { limit: u64, window_sec: f64 },
+    /// `RL.GCRA key max_burst count_per_period period_sec`: `max_burst + 1` at once
+    Gcra {
+        max_burst: u64,
+        count_per_period: u64,
+        period_sec: f64,
+    },
+}
+
+/// Plain decimal, as the module accepts (Rust's `Display` for `f64` never uses an exponent).
+fn num(v: f64) -> String {
+    format!("{v}")
+}
+
+impl Algorithm {
+    /// The command name (`RL.TOKENBUCKET`).
+    pub fn command(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket { .. } => "RL.TOKENBUCKET",
+            Algorithm::LeakyBucket { .. } => "RL.LEAKYBUCKET",
+            Algorithm::FixedWindow { .. } => "RL.FIXEDWINDOW",
+            Algorithm::SlidingWindow { .. } => "RL.SLIDINGWINDOW",
+            Algorithm::SlidingLog { .. } => "RL.SLIDINGLOG",
+            Algorithm::Gcra { .. } => "RL.GCRA",
+        }
+    }
+
+    /// The keyword inside `RL.ALL` (`TOKENBUCKET`).
+    pub fn keyword(&self) -> &'static str {
+        &self.command()[3..]
+    }
+
+    /// The Lua twin in `lua-reference/`.
+    pub(crate) fn script(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket { .. } => include_str!("../../lua-reference/token_bucket.lua"),
+            Algorithm::LeakyBucket { .. } => include_str!("../../lua-reference/leaky_bucket.lua"),
+            Algorithm::FixedWindow { .. } => include_str!("../../lua-reference/fixed_window.lua"),
+            Algorithm::SlidingWindow { .. } => {
+                include_str!("../../lua-reference/sliding_window.lua")
+            }
+            Algorithm::SlidingLog { .. } => include_str!("../../lua-reference/sliding_log.lua"),
+            Algorithm::Gcra { .. } => include_str!("../../lua-reference/gcra.lua"),
+        }
+    }
+
+    /// Whether `RL.ALL` (and `all.lua`) accept this algorithm.
+    pub fn combinable(&self) -> bool {
+        !matches!(self, Algorithm::SlidingLog { .. })
+    }
+
+    /// The parameters after the key, without the cost.
+    pub fn params(&self) -> Vec<String> {
+        match *self {
+            Algorithm::TokenBucket {
+                capacity,
+                refill_per_sec: r,
+            }
+            | Algorithm::LeakyBucket {
+                capacity,
+                leak_per_sec: r,
+            } => vec![capacity.to_string(), num(r)],
+            Algorithm::FixedWindow { limit, window_sec }
+            | Algorithm::SlidingWindow { limit, window_sec }
+            | Algorithm::SlidingLog { limit, window_sec } => {
+                vec![limit.to_string(), num(window_sec)]
+            }
+            Algorithm::Gcra {
+                max_burst,
+                count_per_period,
+                period_sec,
+            } => vec![
+                max_burst.to_string(),
+                count_per_period.to_string(),
+                num(period_sec),
+            ],
+        }
+    }
+
+    /// The limit the commands report (field 5).
+    pub fn limit(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
+                capacity
+            }
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::SlidingWindow { limit, .. }
+            | Algorithm::SlidingLog { limit, .. } => limit,
+            Algorithm::Gcra { max_burst, .. } => max_burst.saturating_add(1),
+        }
+    }
+
+    /// The sustained rate in units per second.
+    pub fn rate_per_sec(&self) -> f64 {
+        match *self {
+            Algorithm::TokenBucket { refill_per_sec, .. } => refill_per_sec,
+            Algorithm::LeakyBucket { leak_per_sec, .. } => leak_per_sec,
+            Algorithm::FixedWindow { limit, window_sec }
+            | Algorithm::SlidingWindow { limit, window_sec }
+            | Algorithm::SlidingLog { limit, window_sec } => limit as f64 / window_sec,
+            Algorithm::Gcra {
+                count_per_period,
+                period_sec,
+                ..
+            } => count_per_period as f64 / period_sec,
+        }
+    }
+
+    /// The window of the policy in whole seconds (rounded up, at least 1): the window for the
+    /// window algorithms, the time to go from empty to full for the others.
+    pub fn window_secs(&self) -> u64 {
+        let w = match *self {
+            Algorithm::FixedWindow { window_sec, .. }
+            | Algorithm::SlidingWindow { window_sec, .. }
+            | Algorithm::SlidingLog { window_sec, .. } => window_sec,
+            _ => self.limit() as f64 / self.rate_per_sec(),
+        };
+        (w.ceil() as u64).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_plain_decimals() {
+        let a = Algorithm::TokenBucket {
+            capacity: 10,
+            refill_per_sec: 0.0000001,
+        };
+        assert_eq!(a.params(), vec!["10".to_string(), "0.0000001".to_string()]);
+        assert_eq!(a.keyword(), "TOKENBUCKET");
+        let g = Algorithm::Gcra {
+            max_burst: 4,
+            count_per_period: 1,
+            period_sec: 2.5,
+        };
+        assert_eq!(g.params(), vec!["4", "1", "2.5"]);
+        assert_eq!(g.limit(), 5);
+        assert_eq!(g.window_secs(), 13);
+        let w = Algorithm::FixedWindow {
+            limit: 3,
+            window_sec: 0.5,
+        };
+        assert_eq!(w.window_secs(), 1);
+        assert_eq!(w.rate_per_sec(), 6.0);
+    }
+}

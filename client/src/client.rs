@@ -1,0 +1,633 @@
+//! The connection side: module detection, the Lua fallback, timeouts, the failure policy and the
+//! circuit breaker.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{RedisError, Script, Value};
+
+use crate::algorithm::Algorithm;
+use crate::breaker::{Breaker, BreakerConfig};
+use crate::local::LocalLimiter;
+
+/// One limit's answer: the five fields every `RL.*` command replies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    pub remaining: u64,
+    /// 0 when allowed; -1 when the cost can never be admitted.
+    pub retry_after_ms: i64,
+    pub reset_after_ms: u64,
+    pub limit: u64,
+}
+
+/// How decisions are made on the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The module's `RL.*` commands.
+    Module,
+    /// `EVALSHA` of the `lua-reference/` scripts (EVAL on `NOSCRIPT`).
+    Script,
+}
+
+/// Which [`Mode`] to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ModeChoice {
+    /// The module if `COMMAND INFO rl.all` knows it, else the scripts (detected on the first
+    /// call that reaches Redis).
+    #[default]
+    Auto,
+    Module,
+    Script,
+}
+
+/// What to answer when Redis cannot (timeout, connection error, breaker open).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Admit everything.
+    FailOpen,
+    /// Deny everything.
+    FailClosed,
+    /// An in-process token bucket per key, with the limit and the rate divided by the expected
+    /// number of instances sharing the limit.
+    Local { instances: u32 },
+}
+
+/// Set on an outcome that did not come from Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Degraded {
+    FailOpen,
+    FailClosed,
+    Local,
+}
+
+impl Degraded {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Degraded::FailOpen => "fail-open",
+            Degraded::FailClosed => "fail-closed",
+            Degraded::Local => "local",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Budget of one call to Redis, module detection included.
+    pub timeout: Duration,
+    pub policy: FailurePolicy,
+    pub breaker: BreakerConfig,
+    pub mode: ModeChoice,
+    /// `retry_after_ms` reported by [`FailurePolicy::FailClosed`].
+    pub fail_closed_retry_ms: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            timeout: Duration::from_millis(100),
+            policy: FailurePolicy::FailOpen,
+            breaker: BreakerConfig::default(),
+            mode: ModeChoice::Auto,
+            fail_closed_retry_ms: 1000,
+        }
+    }
+}
+
+/// The answer for one limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub decision: Decision,
+    /// `Some` when Redis was not asked or did not answer in time.
+    pub degraded: Option<Degraded>,
+    /// The mode that answered (`None` when degraded).
+    pub mode: Option<Mode>,
+}
+
+/// The answer for several limits checked at once (`RL.ALL`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultiOutcome {
+    pub allowed: bool,
+    /// 1-based position of the first limit that denied, 0 when allowed.
+    pub denied_by: usize,
+    pub decisions: Vec<Decision>,
+    pub degraded: Option<Degraded>,
+    pub mode: Option<Mode>,
+}
+
+#[derive(Debug)]
+pub enum Error {
+    /// Redis answered with an error about the call itself (bad parameters, wrong key type).
+    Rejected(String),
+    /// The combination cannot be checked in one call.
+    Unsupported(&'static str),
+    /// The URL could not be parsed.
+    Config(RedisError),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Rejected(m) => write!(f, "rejected by redis: {m}"),
+            Error::Unsupported(m) => write!(f, "unsupported: {m}"),
+            Error::Config(e) => write!(f, "bad configuration: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+const MODE_UNKNOWN: u8 = 0;
+const MODE_MODULE: u8 = 1;
+const MODE_SCRIPT: u8 = 2;
+
+static ALL_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua-reference/all.lua")));
+static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
+    [
+        Algorithm::TokenBucket {
+            capacity: 1,
+            refill_per_sec: 1.0,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 1,
+            leak_per_sec: 1.0,
+        },
+        Algorithm::FixedWindow {
+            limit: 1,
+            window_sec: 1.0,
+        },
+        Algorithm::SlidingWindow {
+            limit: 1,
+            window_sec: 1.0,
+        },
+        Algorithm::SlidingLog {
+            limit: 1,
+            window_sec: 1.0,
+        },
+        Algorithm::Gcra {
+            max_burst: 1,
+            count_per_period: 1,
+            period_sec: 1.0,
+        },
+    ]
+    .iter()
+    .map(|a| (a.command(), Script::new(a.script())))
+    .collect()
+});
+
+fn script_for(algo: &Algorithm) -> &'static Script {
+    let name = algo.command();
+    &SCRIPTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("a script per algorithm")
+        .1
+}
+
+struct Inner {
+    options: Options,
+    mode: AtomicU8,
+    breaker: Breaker,
+    local: LocalLimiter,
+}
+
+/// A connection to Redis (or Redis Cluster) that decides with the module or the scripts.
+///
+/// `C` is any async redis connection: [`redis::aio::ConnectionManager`] (what
+/// [`Client::connect`] makes), a multiplexed connection, or
+/// [`redis::cluster_async::ClusterConnection`] (keys are routed by slot; several keys in one
+/// call need a common hash tag). Cloning is cheap and shares the breaker and mode.
+#[derive(Clone)]
+pub struct Client<C> {
+    conn: C,
+    inner: Arc<Inner>,
+}
+
+impl Client<redis::aio::ConnectionManager> {
+    /// A client for `url` (`redis://host:port`, `redis+unix:///path`). Connects lazily, so a
+    /// server that is down at start is handled by the failure policy, and reconnects by itself.
+    pub fn connect(url: &str, options: Options) -> Result<Self, Error> {
+        let client = redis::Client::open(url).map_err(Error::Config)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.timeout))
+            .set_response_timeout(Some(options.timeout))
+            .set_number_of_retries(0);
+        let conn = client
+            .get_connection_manager_lazy(config)
+            .map_err(Error::Config)?;
+        Ok(Client::new(conn, options))
+    }
+
+    /// [`Client::connect`], then detects the mode at once (within the timeout). If Redis is
+    /// unreachable now, the mode is detected on the first call that reaches it.
+    pub async fn open(url: &str, options: Options) -> Result<Self, Error> {
+        let client = Client::connect(url, options)?;
+        client.detect().await;
+        Ok(client)
+    }
+}
+
+fn is_unavailable(e: &RedisError) -> bool {
+    // An error about the call itself (ERR ..., WRONGTYPE, CROSSSLOT) is an answer; anything
+    // else (I/O, timeouts, LOADING, CLUSTERDOWN, MASTERDOWN, TRYAGAIN...) means Redis could not
+    // decide.
+    !matches!(e.code(), Some("ERR" | "WRONGTYPE" | "CROSSSLOT"))
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        _ => None,
+    }
+}
+
+fn decision(v: &Value) -> Option<Decision> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    if items.len() != 5 {
+        return None;
+    }
+    Some(Decision {
+        allowed: int(&items[0])? == 1,
+        remaining: u64::try_from(int(&items[1])?).ok()?,
+        retry_after_ms: int(&items[2])?,
+        reset_after_ms: u64::try_from(int(&items[3])?).ok()?,
+        limit: u64::try_from(int(&items[4])?).ok()?,
+    })
+}
+
+fn multi(v: &Value, n: usize) -> Option<(bool, usize, Vec<Decision>)> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    if items.len() != n + 2 {
+        return None;
+    }
+    let decisions = items[2..]
+        .iter()
+        .map(decision)
+        .collect::<Option<Vec<_>>>()?;
+    Some((
+        int(&items[0])? == 1,
+        usize::try_from(int(&items[1])?).ok()?,
+        decisions,
+    ))
+}
+
+fn unexpected(v: &Value) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply",
+        format!("{v:?}"),
+    ))
+}
+
+enum Failure {
+    Rejected(String),
+    Unavailable,
+}
+
+impl<C> Client<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub fn new(conn: C, options: Options) -> Self {
+        let mode = match options.mode {
+            ModeChoice::Auto => MODE_UNKNOWN,
+            ModeChoice::Module => MODE_MODULE,
+            ModeChoice::Script => MODE_SCRIPT,
+        };
+        Client {
+            conn,
+            inner: Arc::new(Inner {
+                options,
+                mode: AtomicU8::new(mode),
+                breaker: Breaker::new(options.breaker),
+                local: LocalLimiter::default(),
+            }),
+        }
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.inner.options
+    }
+
+    /// The mode in use, once known (after the first call that reached Redis in `Auto`).
+    pub fn mode(&self) -> Option<Mode> {
+        match self.inner.mode.load(Ordering::Relaxed) {
+            MODE_MODULE => Some(Mode::Module),
+            MODE_SCRIPT => Some(Mode::Script),
+            _ => None,
+        }
+    }
+
+    /// Whether the circuit breaker is open (or half open).
+    pub fn breaker_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// Detects the mode now if not known yet (within the timeout). `None` if Redis is unreachable.
+    pub async fn detect(&self) -> Option<Mode> {
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(self.inner.options.timeout, self.resolve_mode(&mut conn))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    async fn resolve_mode(&self, conn: &mut C) -> Result<Mode, RedisError> {
+        if let Some(m) = self.mode() {
+            return Ok(m);
+        }
+        let info: Value = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg("rl.all")
+            .query_async(conn)
+            .await?;
+        let loaded = match &info {
+            Value::Array(items) => matches!(items.first(), Some(v) if *v != Value::Nil),
+            other => return Err(unexpected(other)),
+        };
+        let (code, mode) = if loaded {
+            (MODE_MODULE, Mode::Module)
+        } else {
+            (MODE_SCRIPT, Mode::Script)
+        };
+        self.inner.mode.store(code, Ordering::Relaxed);
+        Ok(mode)
+    }
+
+    async fn call_one(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        cost: u64,
+    ) -> Result<(Decision, Mode), RedisError> {
+        let mut conn = self.conn.clone();
+        let mode = self.resolve_mode(&mut conn).await?;
+        let reply: Value = match mode {
+            Mode::Module => {
+                redis::cmd(algo.command())
+                    .arg(key)
+                    .arg(algo.params())
+                    .arg(cost)
+                    .query_async(&mut conn)
+                    .await?
+            }
+            Mode::Script => {
+                script_for(algo)
+                    .key(key)
+                    .arg(algo.params())
+                    .arg(cost)
+                    .invoke_async(&mut conn)
+                    .await?
+            }
+        };
+        Ok((decision(&reply).ok_or_else(|| unexpected(&reply))?, mode))
+    }
+
+    async fn call_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+    ) -> Result<((bool, usize, Vec<Decision>), Mode), RedisError> {
+        let mut conn = self.conn.clone();
+        let mode = self.resolve_mode(&mut conn).await?;
+        let mut args: Vec<String> = Vec::new();
+        for (_, algo) in limits {
+            args.push(algo.keyword().to_string());
+            args.extend(algo.params());
+        }
+        args.push("COST".into());
+        args.push(cost.to_string());
+        let keys: Vec<&str> = limits.iter().map(|(k, _)| k.as_str()).collect();
+        let reply: Value = match mode {
+            Mode::Module => {
+                redis::cmd("RL.ALL")
+                    .arg(keys.len())
+                    .arg(&keys)
+                    .arg(&args)
+                    .query_async(&mut conn)
+                    .await?
+            }
+            Mode::Script => {
+                let mut inv = ALL_SCRIPT.prepare_invoke();
+                for k in &keys {
+                    inv.key(*k);
+                }
+                for a in &args {
+                    inv.arg(a);
+                }
+                inv.invoke_async(&mut conn).await?
+            }
+        };
+        Ok((
+            multi(&reply, limits.len()).ok_or_else(|| unexpected(&reply))?,
+            mode,
+        ))
+    }
+
+    /// Runs `fut` under the timeout and the breaker.
+    async fn guarded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, Failure> {
+        if !self.inner.breaker.permit() {
+            return Err(Failure::Unavailable);
+        }
+        match tokio::time::timeout(self.inner.options.timeout, fut).await {
+            Ok(Ok(v)) => {
+                self.inner.breaker.success();
+                Ok(v)
+            }
+            Ok(Err(e)) if !is_unavailable(&e) => {
+                self.inner.breaker.success();
+                Err(Failure::Rejected(match (e.code(), e.detail()) {
+                    (Some(code), Some(detail)) => format!("{code} {detail}"),
+                    _ => e.to_string(),
+                }))
+            }
+            Ok(Err(_)) | Err(_) => {
+                self.inner.breaker.failure();
+                Err(Failure::Unavailable)
+            }
+        }
+    }
+
+    fn degraded_one(&self, key: &str, algo: &Algorithm, cost: u64) -> (Decision, Degraded) {
+        let o = &self.inner.options;
+        match o.policy {
+            FailurePolicy::FailOpen => (
+                Decision {
+                    allowed: true,
+                    remaining: algo.limit(),
+                    retry_after_ms: 0,
+                    reset_after_ms: 0,
+                    limit: algo.limit(),
+                },
+                Degraded::FailOpen,
+            ),
+            FailurePolicy::FailClosed => (
+                Decision {
+                    allowed: false,
+                    remaining: 0,
+                    retry_after_ms: o.fail_closed_retry_ms as i64,
+                    reset_after_ms: o.fail_closed_retry_ms,
+                    limit: algo.limit(),
+                },
+                Degraded::FailClosed,
+            ),
+            FailurePolicy::Local { instances } => (
+                self.inner.local.check(key, algo, instances, cost),
+                Degraded::Local,
+            ),
+        }
+    }
+
+    /// Checks (and on admission consumes) `cost` units of `algo` on `key`.
+    pub async fn check(&self, key: &str, algo: &Algorithm, cost: u64) -> Result<Outcome, Error> {
+        match self.guarded(self.call_one(key, algo, cost)).await {
+            Ok((decision, mode)) => Ok(Outcome {
+                decision,
+                degraded: None,
+                mode: Some(mode),
+            }),
+            Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
+            Err(Failure::Unavailable) => {
+                let (decision, degraded) = self.degraded_one(key, algo, cost);
+                Ok(Outcome {
+                    decision,
+                    degraded: Some(degraded),
+                    mode: None,
+                })
+            }
+        }
+    }
+
+    /// Checks several limits at once: admitted only if every limit admits, and then `cost` is
+    /// consumed from all of them (`RL.ALL`, or `all.lua`). One limit alone uses its own command.
+    pub async fn check_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+    ) -> Result<MultiOutcome, Error> {
+        if let [(key, algo)] = limits {
+            let o = self.check(key, algo, cost).await?;
+            return Ok(MultiOutcome {
+                allowed: o.decision.allowed,
+                denied_by: usize::from(!o.decision.allowed),
+                decisions: vec![o.decision],
+                degraded: o.degraded,
+                mode: o.mode,
+            });
+        }
+        if limits.is_empty() || limits.len() > 16 {
+            return Err(Error::Unsupported("between 1 and 16 limits per call"));
+        }
+        if limits.iter().any(|(_, a)| !a.combinable()) {
+            return Err(Error::Unsupported(
+                "RL.SLIDINGLOG cannot be combined with other limits",
+            ));
+        }
+        match self.guarded(self.call_all(limits, cost)).await {
+            Ok(((allowed, denied_by, decisions), mode)) => Ok(MultiOutcome {
+                allowed,
+                denied_by,
+                decisions,
+                degraded: None,
+                mode: Some(mode),
+            }),
+            Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
+            Err(Failure::Unavailable) => Ok(self.degraded_all(limits, cost)),
+        }
+    }
+
+    fn degraded_all(&self, limits: &[(String, Algorithm)], cost: u64) -> MultiOutcome {
+        let mut degraded = Degraded::FailOpen;
+        // Peek first so that a denial consumes from none of the limits.
+        let peeks: Vec<Decision> = limits
+            .iter()
+            .map(|(k, a)| {
+                let (d, g) = self.degraded_one(k, a, 0);
+                degraded = g;
+                d
+            })
+            .collect();
+        let denier = peeks.iter().position(|d| match degraded {
+            Degraded::FailClosed => true,
+            _ => d.remaining < cost,
+        });
+        let decisions = match denier {
+            Some(i) => {
+                let mut ds = peeks;
+                ds[i] = self.degraded_one(&limits[i].0, &limits[i].1, cost).0;
+                ds
+            }
+            None => limits
+                .iter()
+                .map(|(k, a)| self.degraded_one(k, a, cost).0)
+                .collect(),
+        };
+        MultiOutcome {
+            allowed: denier.is_none(),
+            denied_by: denier.map_or(0, |i| i + 1),
+            decisions,
+            degraded: Some(degraded),
+            mode: None,
+        }
+    }
+}
+
+/// A [`Client`] bound to one algorithm and its parameters.
+#[derive(Clone)]
+pub struct Limiter<C> {
+    client: Client<C>,
+    algorithm: Algorithm,
+}
+
+impl Limiter<redis::aio::ConnectionManager> {
+    /// A limiter on `url` (see [`Client::connect`]).
+    pub fn connect(url: &str, algorithm: Algorithm, options: Options) -> Result<Self, Error> {
+        Ok(Limiter::new(Client::connect(url, options)?, algorithm))
+    }
+
+    /// A limiter on `url` that detects the mode at once (see [`Client::open`]).
+    pub async fn open(url: &str, algorithm: Algorithm, options: Options) -> Result<Self, Error> {
+        Ok(Limiter::new(Client::open(url, options).await?, algorithm))
+    }
+}
+
+impl<C> Limiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub fn new(client: Client<C>, algorithm: Algorithm) -> Self {
+        Limiter { client, algorithm }
+    }
+
+    pub fn client(&self) -> &Client<C> {
+        &self.client
+    }
+
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// One unit.
+    pub async fn check(&self, key: &str) -> Result<Outcome, Error> {
+        self.client.check(key, &self.algorithm, 1).await
+    }
+
+    pub async fn check_cost(&self, key: &str, cost: u64) -> Result<Outcome, Error> {
+        self.client.check(key, &self.algorithm, cost).await
+    }
+
+    /// The current state, consuming nothing (cost 0).
+    pub async fn peek(&self, key: &str) -> Result<Outcome, Error> {
+        self.client.check(key, &self.algorithm, 0).await
+    }
+}

@@ -1,0 +1,87 @@
+//! Counters of decisions per limit, in Prometheus text format.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub allowed: u64,
+    pub denied: u64,
+    pub degraded: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    by_limit: Mutex<BTreeMap<String, Counts>>,
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    pub fn record(&self, limit: &str, allowed: bool, degraded: bool) {
+        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let c = m.entry(limit.to_string()).or_default();
+        if allowed {
+            c.allowed += 1;
+        } else {
+            c.denied += 1;
+        }
+        if degraded {
+            c.degraded += 1;
+        }
+    }
+
+    pub fn counts(&self, limit: &str) -> Counts {
+        let m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(limit).copied().unwrap_or_default()
+    }
+
+    /// `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`.
+    pub fn render_prometheus(&self) -> String {
+        let m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::from(
+            "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, and degraded (made without Redis).\n# TYPE ratelimit_decisions_total counter\n",
+        );
+        for (name, c) in m.iter() {
+            let n = escape(name);
+            for (outcome, v) in [
+                ("allowed", c.allowed),
+                ("denied", c.denied),
+                ("degraded", c.degraded),
+            ] {
+                out.push_str(&format!(
+                    "ratelimit_decisions_total{{limit=\"{n}\",outcome=\"{outcome}\"}} {v}\n"
+                ));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text() {
+        let m = Metrics::default();
+        m.record("api", true, false);
+        m.record("api", false, true);
+        m.record("a\"b", true, false);
+        assert_eq!(
+            m.render_prometheus(),
+            "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, and degraded (made without Redis).\n\
+             # TYPE ratelimit_decisions_total counter\n\
+             ratelimit_decisions_total{limit=\"a\\\"b\",outcome=\"allowed\"} 1\n\
+             ratelimit_decisions_total{limit=\"a\\\"b\",outcome=\"denied\"} 0\n\
+             ratelimit_decisions_total{limit=\"a\\\"b\",outcome=\"degraded\"} 0\n\
+             ratelimit_decisions_total{limit=\"api\",outcome=\"allowed\"} 1\n\
+             ratelimit_decisions_total{limit=\"api\",outcome=\"denied\"} 1\n\
+             ratelimit_decisions_total{limit=\"api\",outcome=\"degraded\"} 1\n"
+        );
+    }
+}

@@ -1,0 +1,463 @@
+//! A tower [`Layer`] for axum: limits per route class and plan, the IETF `RateLimit-Policy` and
+//! `RateLimit` response fields (draft-ietf-httpapi-ratelimit-headers-11), optionally the older
+//! `RateLimit-Limit` / `-Remaining` / `-Reset`, 429 with `Retry-After` and a problem+json body,
+//! `RateLimit-Degraded` when Redis could not decide, and counters per limit.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use redis::aio::ConnectionLike;
+use tower::{Layer, Service};
+
+use crate::algorithm::Algorithm;
+use crate::client::{Client, Decision, MultiOutcome};
+use crate::metrics::Metrics;
+
+/// A named limit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    pub name: String,
+    pub algorithm: Algorithm,
+}
+
+impl Policy {
+    pub fn new(name: impl Into<String>, algorithm: Algorithm) -> Self {
+        Policy {
+            name: name.into(),
+            algorithm,
+        }
+    }
+}
+
+type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
+
+/// Who a request is counted against.
+#[derive(Clone)]
+pub enum KeySource {
+    /// The value of a header (an API key, a user id set by an authentication layer).
+    Header(HeaderName),
+    /// The client's IP: the peer address (axum's `ConnectInfo<SocketAddr>`), or, when the peer
+    /// is one of `trusted_proxies`, the rightmost address in `X-Forwarded-For` that is not a
+    /// trusted proxy. `X-Forwarded-For` from anyone else is ignored.
+    ClientIp { trusted_proxies: Vec<IpAddr> },
+    /// Anything computed from the request.
+    Custom(PartsFn<Option<String>>),
+}
+
+impl KeySource {
+    fn key(&self, parts: &Parts) -> Option<String> {
+        match self {
+            KeySource::Header(name) => parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .map(str::to_string),
+            KeySource::ClientIp { trusted_proxies } => {
+                client_ip(parts, trusted_proxies).map(|ip| ip.to_string())
+            }
+            KeySource::Custom(f) => f(parts),
+        }
+    }
+}
+
+fn client_ip(parts: &Parts, trusted: &[IpAddr]) -> Option<IpAddr> {
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())?;
+    if !trusted.contains(&peer) {
+        return Some(peer);
+    }
+    let chain: Vec<IpAddr> = parts
+        .headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .map(|s| s.parse::<IpAddr>().ok())
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default();
+    Some(
+        chain
+            .iter()
+            .rev()
+            .find(|ip| !trusted.contains(ip))
+            .copied()
+            .unwrap_or(peer),
+    )
+}
+
+type LimitsFn = Arc<dyn Fn(&str, &str) -> Vec<Policy> + Send + Sync>;
+
+/// The middleware's settings; build with [`RateLimitLayer::builder`].
+#[derive(Clone)]
+pub struct Config {
+    key: KeySource,
+    route_class: PartsFn<String>,
+    plan: PartsFn<String>,
+    table: HashMap<(String, String), Vec<Policy>>,
+    limits_fn: Option<LimitsFn>,
+    legacy_headers: bool,
+    prefix: String,
+}
+
+impl Config {
+    /// The limits for `plan` and route `class`: from the function if one is set, else the
+    /// table: (plan, class), then ("*", class), then (plan, "*"), then ("*", "*").
+    fn limits(&self, plan: &str, class: &str) -> Vec<Policy> {
+        if let Some(f) = &self.limits_fn {
+            return f(plan, class);
+        }
+        for (p, c) in [(plan, class), ("*", class), (plan, "*"), ("*", "*")] {
+            if let Some(v) = self.table.get(&(p.to_string(), c.to_string())) {
+                return v.clone();
+            }
+        }
+        Vec::new()
+    }
+}
+
+pub struct Builder<C> {
+    client: Client<C>,
+    config: Config,
+    metrics: Arc<Metrics>,
+}
+
+impl<C> Builder<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Who requests are counted against (default: the client IP with no trusted proxy).
+    pub fn key(mut self, key: KeySource) -> Self {
+        self.config.key = key;
+        self
+    }
+
+    /// The route class of a request (default: `"default"` for every request).
+    pub fn route_class(mut self, f: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
+        self.config.route_class = Arc::new(f);
+        self
+    }
+
+    /// The plan of the request's client, looked up on every request (default: `"default"`).
+    pub fn plan(mut self, f: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
+        self.config.plan = Arc::new(f);
+        self
+    }
+
+    /// The limits of `plan` on route `class` (`"*"` matches any); all of them apply at once.
+    pub fn limits(mut self, plan: &str, class: &str, policies: Vec<Policy>) -> Self {
+        self.config
+            .table
+            .insert((plan.to_string(), class.to_string()), policies);
+        self
+    }
+
+    /// Limits computed per request from (plan, class), instead of the table.
+    pub fn limits_fn(
+        mut self,
+        f: impl Fn(&str, &str) -> Vec<Policy> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.limits_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Also send `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (default off).
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.config.legacy_headers = on;
+        self
+    }
+
+    /// Prefix of the Redis keys (default `rl`): `rl:{client}:class:limit`.
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.config.prefix = prefix.to_string();
+        self
+    }
+
+    /// Share counters with another layer or an exporter.
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn build(self) -> RateLimitLayer<C> {
+        RateLimitLayer {
+            shared: Arc::new(Shared {
+                client: self.client,
+                config: self.config,
+                metrics: self.metrics,
+            }),
+        }
+    }
+}
+
+struct Shared<C> {
+    client: Client<C>,
+    config: Config,
+    metrics: Arc<Metrics>,
+}
+
+/// The layer; clone it freely.
+pub struct RateLimitLayer<C> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C> Clone for RateLimitLayer<C> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C> RateLimitLayer<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub fn builder(client: Client<C>) -> Builder<C> {
+        Builder {
+            client,
+            config: Config {
+                key: KeySource::ClientIp {
+                    trusted_proxies: Vec::new(),
+                },
+                route_class: Arc::new(|_| "default".to_string()),
+                plan: Arc::new(|_| "default".to_string()),
+                table: HashMap::new(),
+                limits_fn: None,
+                legacy_headers: false,
+                prefix: "rl".to_string(),
+            },
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+}
+
+impl<S, C> Layer<S> for RateLimitLayer<C> {
+    type Service = RateLimit<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+pub struct RateLimit<S, C> {
+    inner: S,
+    shared: Arc<Shared<C>>,
+}
+
+impl<S: Clone, C> Clone for RateLimit<S, C> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+fn ceil_secs(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+fn header(v: String) -> HeaderValue {
+    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+/// Policy names go into structured-field strings: keep them to safe characters.
+fn sf_string(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The response fields for these policies and decisions.
+pub fn rate_limit_headers(
+    policies: &[Policy],
+    outcome: &MultiOutcome,
+    legacy: bool,
+    headers: &mut HeaderMap,
+) {
+    let policy = policies
+        .iter()
+        .zip(&outcome.decisions)
+        .map(|(p, d)| {
+            format!(
+                "\"{}\";q={};w={}",
+                sf_string(&p.name),
+                d.limit,
+                p.algorithm.window_secs()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let state = policies
+        .iter()
+        .zip(&outcome.decisions)
+        .map(|(p, d)| {
+            format!(
+                "\"{}\";r={};t={}",
+                sf_string(&p.name),
+                d.remaining,
+                ceil_secs(d.reset_after_ms)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    headers.insert("ratelimit-policy", header(policy));
+    headers.insert("ratelimit", header(state));
+    if legacy && let Some(d) = tightest(outcome) {
+        headers.insert("ratelimit-limit", header(d.limit.to_string()));
+        headers.insert("ratelimit-remaining", header(d.remaining.to_string()));
+        headers.insert(
+            "ratelimit-reset",
+            header(ceil_secs(d.reset_after_ms).to_string()),
+        );
+    }
+    if let Some(g) = outcome.degraded {
+        headers.insert("ratelimit-degraded", HeaderValue::from_static(g.as_str()));
+    }
+}
+
+/// The limit that decided: the one that denied, else the one with the fewest units left.
+fn tightest(outcome: &MultiOutcome) -> Option<&Decision> {
+    if outcome.denied_by > 0 {
+        return outcome.decisions.get(outcome.denied_by - 1);
+    }
+    outcome.decisions.iter().min_by_key(|d| d.remaining)
+}
+
+fn problem(status: StatusCode, body: serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    r
+}
+
+fn too_many(policies: &[Policy], outcome: &MultiOutcome) -> Response<Body> {
+    let i = outcome.denied_by.max(1) - 1;
+    let d = outcome.decisions[i];
+    let name = &policies[i].name;
+    let wait_ms = if d.retry_after_ms >= 0 {
+        d.retry_after_ms as u64
+    } else {
+        d.reset_after_ms
+    };
+    let secs = ceil_secs(wait_ms).max(1);
+    let mut r = problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        serde_json::json!({
+            "type": "about:blank",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": format!("rate limit '{name}' exceeded; retry in {secs} s"),
+            "limit": name,
+            "retry_after": secs,
+        }),
+    );
+    r.headers_mut()
+        .insert(RETRY_AFTER, header(secs.to_string()));
+    r
+}
+
+impl<S, C, B> Service<Request<B>> for RateLimit<S, C>
+where
+    S: Service<Request<B>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The clone waits for readiness; the ready one serves this request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let cfg = &shared.config;
+            let who = cfg
+                .key
+                .key(&parts)
+                .unwrap_or_else(|| "anonymous".to_string());
+            let class = (cfg.route_class)(&parts);
+            let plan = (cfg.plan)(&parts);
+            let policies = cfg.limits(&plan, &class);
+            let req = Request::from_parts(parts, body);
+            if policies.is_empty() {
+                return inner.call(req).await;
+            }
+            let limits: Vec<(String, Algorithm)> = policies
+                .iter()
+                .map(|p| {
+                    (
+                        format!("{}:{{{}}}:{}:{}", cfg.prefix, who, class, p.name),
+                        p.algorithm.clone(),
+                    )
+                })
+                .collect();
+            let outcome = match shared.client.check_all(&limits, 1).await {
+                Ok(o) => o,
+                Err(e) => {
+                    return Ok(problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        serde_json::json!({
+                            "type": "about:blank",
+                            "title": "Internal Server Error",
+                            "status": 500,
+                            "detail": format!("rate limiter: {e}"),
+                        }),
+                    ));
+                }
+            };
+            for (i, p) in policies.iter().enumerate() {
+                let denied_here = !outcome.allowed && outcome.denied_by == i + 1;
+                if outcome.allowed || denied_here {
+                    shared
+                        .metrics
+                        .record(&p.name, outcome.allowed, outcome.degraded.is_some());
+                }
+            }
+            let mut resp = if outcome.allowed {
+                inner.call(req).await?
+            } else {
+                too_many(&policies, &outcome)
+            };
+            rate_limit_headers(&policies, &outcome, cfg.legacy_headers, resp.headers_mut());
+            Ok(resp)
+        })
+    }
+}

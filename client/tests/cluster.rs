@@ -1,0 +1,172 @@
+//! The client on a 3-master Redis Cluster (the module on every node, and the scripts): keys are
+//! routed by slot, and several limits with one hash tag go in one call.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::{Opts, Server};
+use ratelimit_client::{Algorithm, Client, Mode, ModeChoice, Options};
+
+/// A port whose cluster bus port (+10000) is free too.
+fn cluster_port() -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < 55_000 && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+struct Cluster {
+    nodes: Vec<Server>,
+}
+
+impl Cluster {
+    fn start(module: bool) -> Cluster {
+        let nodes: Vec<Server> = (0..3)
+            .map(|_| {
+                Server::start(Opts {
+                    module,
+                    cluster: true,
+                    port: Some(cluster_port()),
+                    ..Opts::default()
+                })
+            })
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for n in &nodes {
+            let mut c = n.connect();
+            loop {
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).unwrap();
+                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster never became ok");
+                sleep(Duration::from_millis(50));
+            }
+        }
+        Cluster { nodes }
+    }
+
+    async fn client(&self, mode: ModeChoice) -> Client<redis::cluster_async::ClusterConnection> {
+        let urls: Vec<String> = self.nodes.iter().map(|n| n.url()).collect();
+        let conn = redis::cluster::ClusterClient::new(urls)
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        Client::new(
+            conn,
+            Options {
+                mode,
+                timeout: Duration::from_secs(2),
+                ..Options::default()
+            },
+        )
+    }
+
+    fn dbsizes(&self) -> Vec<i64> {
+        self.nodes
+            .iter()
+            .map(|n| redis::cmd("DBSIZE").query(&mut n.connect()).unwrap())
+            .collect()
+    }
+}
+
+async fn every_key_admits_exactly_its_capacity(cluster: &Cluster, mode: ModeChoice, expect: Mode) {
+    let client = cluster.client(mode).await;
+    let algo = Algorithm::TokenBucket {
+        capacity: 3,
+        refill_per_sec: 0.0001,
+    };
+    for k in 0..60 {
+        let key = format!("user:{k}");
+        let mut allowed = 0;
+        for _ in 0..5 {
+            let o = client.check(&key, &algo, 1).await.unwrap();
+            assert_eq!((o.degraded, o.mode), (None, Some(expect)));
+            allowed += u32::from(o.decision.allowed);
+        }
+        assert_eq!(allowed, 3, "{key}");
+    }
+    let sizes = cluster.dbsizes();
+    assert_eq!(sizes.iter().sum::<i64>(), 60);
+    assert!(
+        sizes.iter().all(|&n| n > 0),
+        "keys on every shard: {sizes:?}"
+    );
+
+    // Several limits in one call: one hash tag puts them in one slot.
+    let limits = |who: &str| {
+        vec![
+            (
+                format!("{{{who}}}:route"),
+                Algorithm::FixedWindow {
+                    limit: 2,
+                    window_sec: 3600.0,
+                },
+            ),
+            (
+                format!("{{{who}}}:global"),
+                Algorithm::Gcra {
+                    max_burst: 9,
+                    count_per_period: 1,
+                    period_sec: 3600.0,
+                },
+            ),
+        ]
+    };
+    for who in ["a", "b", "c", "d", "e", "f"] {
+        let seen: Vec<(bool, usize)> = {
+            let mut v = Vec::new();
+            for _ in 0..3 {
+                let o = client.check_all(&limits(who), 1).await.unwrap();
+                assert_eq!(o.mode, Some(expect));
+                v.push((o.allowed, o.denied_by));
+            }
+            v
+        };
+        assert_eq!(seen, vec![(true, 0), (true, 0), (false, 1)], "{who}");
+    }
+    // Keys without a common tag in one call: Redis refuses (CROSSSLOT), nothing is degraded.
+    let err = client
+        .check_all(
+            &[
+                ("x1".to_string(), limits("x")[0].1.clone()),
+                ("x2".to_string(), limits("x")[1].1.clone()),
+            ],
+            1,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().starts_with("rejected by redis: "), "{err}");
+}
+
+#[tokio::test]
+async fn module_on_a_three_master_cluster() {
+    let cluster = Cluster::start(true);
+    every_key_admits_exactly_its_capacity(&cluster, ModeChoice::Auto, Mode::Module).await;
+}
+
+#[tokio::test]
+async fn scripts_on_a_three_master_cluster_without_the_module() {
+    let cluster = Cluster::start(false);
+    every_key_admits_exactly_its_capacity(&cluster, ModeChoice::Auto, Mode::Script).await;
+}

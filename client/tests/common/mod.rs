@@ -1,0 +1,195 @@
+//! Starts real `redis-server` processes for the client tests (with or without the module), on a
+//! loopback port, and shuts them down on drop.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// The module built in this workspace (`target/<profile>/libredis_rate_limiter.so`), or
+/// `RL_MODULE`.
+pub fn module_path() -> PathBuf {
+    if let Ok(p) = std::env::var("RL_MODULE") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    for dir in [deps, deps.parent().unwrap_or(deps)] {
+        let candidate = dir.join("libredis_rate_limiter.so");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!(
+        "libredis_rate_limiter.so not found next to {} (cargo build -p redis-rate-limiter)",
+        exe.display()
+    );
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+#[derive(Clone, Copy, Default)]
+pub struct Opts {
+    pub module: bool,
+    pub test_clock: bool,
+    pub port: Option<u16>,
+    pub cluster: bool,
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+impl Server {
+    pub fn with_module() -> Server {
+        Self::start(Opts {
+            module: true,
+            ..Opts::default()
+        })
+    }
+
+    pub fn without_module() -> Server {
+        Self::start(Opts::default())
+    }
+
+    pub fn with_test_clock() -> Server {
+        Self::start(Opts {
+            module: true,
+            test_clock: true,
+            ..Opts::default()
+        })
+    }
+
+    pub fn start(opts: Opts) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = opts.port.unwrap_or_else(free_port);
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            &dir.path().display().to_string(),
+            "--logfile",
+            &dir.path().join("redis.log").display().to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .map(String::from)
+        .to_vec();
+        if opts.module {
+            args.push("--loadmodule".into());
+            args.push(module_path().display().to_string());
+            if opts.test_clock {
+                args.push("TESTCLOCK".into());
+            }
+        }
+        if opts.cluster {
+            for a in [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ] {
+                args.push(a.into());
+            }
+        }
+        let child = Command::new("redis-server")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (make test installs it)");
+        let mut s = Server {
+            child: Some(child),
+            dir,
+            port,
+        };
+        s.wait_ready();
+        s
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = self.try_connect()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("redis-server exited with {status}; log:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn try_connect(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection()
+    }
+
+    pub fn connect(&self) -> redis::Connection {
+        self.try_connect().expect("connect to test server")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Kills the server at once (no shutdown handshake), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn set_clock(c: &mut redis::Connection, unix_us: i64) {
+    let _: i64 = redis::cmd("RL.TESTCLOCK")
+        .arg("SET")
+        .arg(unix_us)
+        .query(c)
+        .expect("RL.TESTCLOCK SET");
+}
+
+pub fn advance_clock(c: &mut redis::Connection, us: i64) {
+    let _: i64 = redis::cmd("RL.TESTCLOCK")
+        .arg("ADVANCE")
+        .arg(us)
+        .query(c)
+        .expect("RL.TESTCLOCK ADVANCE");
+}
