@@ -146,17 +146,8 @@ impl Server {
 
     /// Starts a server in `dir` (reusing its data files, for restart tests).
     pub fn start_in(dir: tempfile::TempDir, opts: Options) -> Server {
-        #[cfg(feature = "containers")]
         if let Some(image) = container_image() {
-            let (running, host, port) = container::start(&image, dir.path(), &opts);
-            let mut server = Server {
-                process: Some(Process::Container(running)),
-                dir,
-                port,
-                target: Target::Tcp { host, port },
-            };
-            server.wait_ready();
-            return server;
+            return Self::start_container(&image, dir, &opts);
         }
         let socket = dir.path().join("redis.sock");
         let port = opts.port.unwrap_or_else(free_port);
@@ -187,6 +178,24 @@ impl Server {
         };
         server.wait_ready();
         server
+    }
+
+    #[cfg(feature = "containers")]
+    fn start_container(image: &str, dir: tempfile::TempDir, opts: &Options) -> Server {
+        let (running, host, port) = container::start(image, dir.path(), opts);
+        let mut server = Server {
+            process: Some(Process::Container(running)),
+            dir,
+            port,
+            target: Target::Tcp { host, port },
+        };
+        server.wait_ready();
+        server
+    }
+
+    #[cfg(not(feature = "containers"))]
+    fn start_container(_: &str, _: tempfile::TempDir, _: &Options) -> Server {
+        unreachable!("container_image() refuses RL_REDIS_IMAGE without the containers feature")
     }
 
     fn wait_ready(&mut self) {
