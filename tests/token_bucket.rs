@@ -452,7 +452,7 @@ fn module_load_arguments_are_validated() {
         ..Options::default()
     });
     let mut c = s.connect();
-    let path = module_path().display().to_string();
+    let path = s.module_file();
     assert!(cmd(&mut c, &["MODULE", "LOAD", &path, "BOGUS"]).is_err());
     assert!(s.log().contains("unknown argument 'BOGUS'"), "{}", s.log());
     cmd(&mut c, &["MODULE", "LOAD", &path]).expect("loads without arguments");

@@ -1,6 +1,8 @@
 //! Test harness: starts real `redis-server` processes with the module loaded, in a temporary
-//! directory, and always shuts them down (on drop, also when a test fails). `memory` and
-//! `scenarios` hold the in-memory model and the generated sequences of the differential suites.
+//! directory, and always shuts them down (on drop, also when a test fails). With `--features
+//! containers` and `RL_REDIS_IMAGE` set, the servers are containers of that image instead
+//! (`container`). `memory` and `scenarios` hold the in-memory model and the generated sequences
+//! of the differential suites.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -57,11 +59,72 @@ pub struct Options {
     pub port: Option<u16>,
 }
 
+/// Where the tests connect to a server.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// A local redis-server's unix socket.
+    Unix(PathBuf),
+    /// A container's port as mapped on the Docker host.
+    Tcp { host: String, port: u16 },
+}
+
+enum Process {
+    Local(Child),
+    #[cfg(feature = "containers")]
+    Container(container::Running),
+}
+
 pub struct Server {
-    child: Option<Child>,
+    process: Option<Process>,
     pub dir: tempfile::TempDir,
+    /// The TCP port clients use (for a container: the port mapped on the Docker host).
     pub port: u16,
-    pub socket: PathBuf,
+    pub target: Target,
+}
+
+/// The image named by `RL_REDIS_IMAGE`, when the suite runs against containers.
+pub fn container_image() -> Option<String> {
+    let image = std::env::var("RL_REDIS_IMAGE")
+        .ok()
+        .filter(|i| !i.is_empty())?;
+    // Running the local server while the caller asked for an image would pass silently.
+    if cfg!(not(feature = "containers")) {
+        panic!("RL_REDIS_IMAGE={image} needs `cargo test --features containers`");
+    }
+    Some(image)
+}
+
+/// True (after saying why on stderr) when the suite runs against containers and the calling
+/// test needs the local backend: the test then returns early.
+pub fn skip_in_container(why: &str) -> bool {
+    let Some(image) = container_image() else {
+        return false;
+    };
+    eprintln!("skipped with RL_REDIS_IMAGE={image}: {why}");
+    true
+}
+
+/// Arguments for either backend; `dir` and `module` are paths as the server sees them.
+fn common_args(dir: &Path, module: &Path, opts: &Options) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--dir".into(),
+        dir.display().to_string(),
+        "--logfile".into(),
+        dir.join("redis.log").display().to_string(),
+        "--save".into(),
+        String::new(),
+        "--repl-diskless-sync-delay".into(),
+        "0".into(),
+    ];
+    if !opts.without_module {
+        args.push("--loadmodule".into());
+        args.push(module.display().to_string());
+        if opts.test_clock {
+            args.push("TESTCLOCK".into());
+        }
+    }
+    args.extend(opts.extra.iter().cloned());
+    args
 }
 
 impl Server {
@@ -83,6 +146,9 @@ impl Server {
 
     /// Starts a server in `dir` (reusing its data files, for restart tests).
     pub fn start_in(dir: tempfile::TempDir, opts: Options) -> Server {
+        if let Some(image) = container_image() {
+            return Self::start_container(&image, dir, &opts);
+        }
         let socket = dir.path().join("redis.sock");
         let port = opts.port.unwrap_or_else(free_port);
         let mut args: Vec<String> = vec![
@@ -94,25 +160,10 @@ impl Server {
             socket.display().to_string(),
             "--unixsocketperm".into(),
             "700".into(),
-            "--dir".into(),
-            dir.path().display().to_string(),
-            "--logfile".into(),
-            dir.path().join("redis.log").display().to_string(),
-            "--save".into(),
-            String::new(),
             "--enable-module-command".into(),
             "local".into(),
-            "--repl-diskless-sync-delay".into(),
-            "0".into(),
         ];
-        if !opts.without_module {
-            args.push("--loadmodule".into());
-            args.push(module_path().display().to_string());
-            if opts.test_clock {
-                args.push("TESTCLOCK".into());
-            }
-        }
-        args.extend(opts.extra.iter().cloned());
+        args.extend(common_args(dir.path(), &module_path(), &opts));
         let child = Command::new("redis-server")
             .args(&args)
             .stdout(Stdio::null())
@@ -120,13 +171,31 @@ impl Server {
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
         let mut server = Server {
-            child: Some(child),
+            process: Some(Process::Local(child)),
             dir,
             port,
-            socket,
+            target: Target::Unix(socket),
         };
         server.wait_ready();
         server
+    }
+
+    #[cfg(feature = "containers")]
+    fn start_container(image: &str, dir: tempfile::TempDir, opts: &Options) -> Server {
+        let (running, host, port) = container::start(image, dir.path(), opts);
+        let mut server = Server {
+            process: Some(Process::Container(running)),
+            dir,
+            port,
+            target: Target::Tcp { host, port },
+        };
+        server.wait_ready();
+        server
+    }
+
+    #[cfg(not(feature = "containers"))]
+    fn start_container(_: &str, _: tempfile::TempDir, _: &Options) -> Server {
+        unreachable!("container_image() refuses RL_REDIS_IMAGE without the containers feature")
     }
 
     fn wait_ready(&mut self) {
@@ -137,10 +206,8 @@ impl Server {
             {
                 return;
             }
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!("redis-server exited with {status}; log:\n{}", self.log());
+            if !self.is_running() {
+                panic!("the server exited; log:\n{}", self.log());
             }
             assert!(
                 Instant::now() < deadline,
@@ -152,7 +219,10 @@ impl Server {
     }
 
     fn try_connect(&self) -> redis::RedisResult<Connection> {
-        let url = format!("redis+unix://{}", self.socket.display());
+        let url = match &self.target {
+            Target::Unix(socket) => format!("redis+unix://{}", socket.display()),
+            Target::Tcp { host, port } => format!("redis://{host}:{port}/"),
+        };
         redis::Client::open(url)?.get_connection()
     }
 
@@ -165,15 +235,40 @@ impl Server {
     }
 
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+        match self.process.as_mut() {
+            Some(Process::Local(child)) => matches!(child.try_wait(), Ok(None)),
+            #[cfg(feature = "containers")]
+            Some(Process::Container(c)) => c.is_running(),
+            None => false,
+        }
+    }
+
+    /// The module file as this server sees it (for `MODULE LOAD`).
+    pub fn module_file(&self) -> String {
+        #[cfg(feature = "containers")]
+        if let Some(Process::Container(_)) = self.process {
+            return container::MODULE_FILE.to_string();
+        }
+        module_path().display().to_string()
+    }
+
+    /// The address another server uses to reach this one: loopback for local servers, the
+    /// container's address on the Docker bridge network for containers.
+    fn address_for_replicas(&self) -> (String, u16) {
+        #[cfg(feature = "containers")]
+        if let Some(Process::Container(c)) = &self.process {
+            return c.bridge_address();
+        }
+        ("127.0.0.1".to_string(), self.port)
     }
 
     /// Makes this server a replica of `master` and waits until the link is up and synced.
     pub fn replicate_from(&self, master: &Server) {
         let mut c = self.connect();
+        let (host, port) = master.address_for_replicas();
         let _: () = redis::cmd("REPLICAOF")
-            .arg("127.0.0.1")
-            .arg(master.port)
+            .arg(host)
+            .arg(port)
             .query(&mut c)
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -195,22 +290,32 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
-        let Some(mut child) = self.child.take() else {
+        let Some(process) = self.process.take() else {
             return;
         };
         if let Ok(mut c) = self.try_connect() {
             let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<Value>(&mut c);
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            sleep(Duration::from_millis(10));
+        match process {
+            Process::Local(child) => wait_or_kill(child),
+            // Dropping the container removes it; the data directory stays on the host.
+            #[cfg(feature = "containers")]
+            Process::Container(c) => drop(c),
         }
-        let _ = child.kill();
-        let _ = child.wait();
     }
+}
+
+/// Waits for a local server that was told to shut down, killing it if it hangs.
+fn wait_or_kill(mut child: Child) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Drop for Server {
@@ -308,6 +413,8 @@ pub fn now_us() -> i64 {
 }
 
 pub mod cluster;
+#[cfg(feature = "containers")]
+pub mod container;
 pub mod memory;
 pub mod scenarios;
 
