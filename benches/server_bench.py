@@ -67,7 +67,17 @@ class Limiter:
 # exist, are skipped, so adding a line before the command lands is harmless.
 LIMITERS = [
     Limiter("RL.TOKENBUCKET", "token_bucket.lua", "100 1000000", "1 0.001", "1000 0.1"),
+    Limiter("RL.LEAKYBUCKET", "leaky_bucket.lua", "100 1000000", "1 0.001", "1000 0.1"),
+    Limiter("RL.FIXEDWINDOW", "fixed_window.lua", "1000000000 1", "1 1000", "1000 1000"),
+    Limiter("RL.SLIDINGWINDOW", "sliding_window.lua", "1000000000 1", "1 1000", "1000 1000"),
+    Limiter("RL.SLIDINGLOG", "sliding_log.lua", "100000 0.001", "1 1000", "1000 1000"),
+    Limiter("RL.GCRA", "gcra.lua", "1000 500000 1", "0 1 1000", "1000 1 1"),
+    # CL.THROTTLE replies `limited` first: 0 means admitted (see check_decisions).
+    Limiter("CL.THROTTLE", "throttle.lua", "1000 500000 1", "0 1 1000", "1000 1 1"),
 ]
+
+# Commands whose first reply element is "limited" rather than "allowed".
+INVERTED = {"CL.THROTTLE"}
 
 FLOOR = "HSET"
 FLOOR_ARGS = "f1 v1 f2 v2"
@@ -197,6 +207,7 @@ def run_case(server: Server, case: Case, n: int, pin: list[str]) -> tuple[float,
 def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
     """The admit and steady arguments keep admitting; the deny arguments deny from the second
     call on."""
+    yes, no = (["0"], ["1"]) if limiter.command in INVERTED else (["1"], ["0"])
     for lua in ([False, True] if sha else [False]):
         prefix = ["EVALSHA", sha, "1"] if lua else [limiter.command]
         who = "Lua twin" if lua else limiter.command
@@ -204,12 +215,12 @@ def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
         for args in [limiter.admit, limiter.steady]:
             for _ in range(3):
                 reply = server.cli(*prefix, f"check:{args}", *args.split()).split()
-                if reply[:1] != ["1"]:
+                if reply[:1] != yes:
                     raise SystemExit(f"{who} {args}: expected admitted, got {reply}")
         replies = [
             server.cli(*prefix, "check:deny", *limiter.deny.split()).split() for _ in range(2)
         ]
-        if replies[0][:1] != ["1"] or replies[1][:1] != ["0"]:
+        if replies[0][:1] != yes or replies[1][:1] != no:
             raise SystemExit(f"{who} {limiter.deny}: expected admitted then denied, got {replies}")
 
 
