@@ -82,3 +82,32 @@ impl WindowArg {
         }
     }
 }
+
+/// The arguments of a bucket (`capacity rate [cost]`): each bucket names its rate differently.
+pub struct BucketArgs {
+    pub capacity: IntegerArg,
+    pub rate: RateArg,
+    /// `capacity / rate` above `MAX_FILL_SECONDS`.
+    pub too_slow: ErrorReply,
+}
+
+impl BucketArgs {
+    /// `(capacity, rate, cost)`, cost 1 when absent.
+    pub fn parse(&self, args: &[&[u8]], arity: ErrorReply) -> Result<(f64, f64, f64), ErrorReply> {
+        let (capacity, rate, cost) = match args {
+            [c, r] => (c, r, None),
+            [c, r, k] => (c, r, Some(k)),
+            _ => return Err(arity),
+        };
+        let capacity = self.capacity.parse(capacity)?;
+        let rate = self.rate.parse(rate)?;
+        let cost = match cost {
+            Some(raw) => COST.parse(raw)?,
+            None => 1.0,
+        };
+        if capacity / rate > MAX_FILL_SECONDS {
+            return Err(self.too_slow);
+        }
+        Ok((capacity, rate, cost))
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::ffi::CStr;
 
-use crate::args::{COST, IntegerArg, MAX_FILL_SECONDS, MAX_INTEGER_ARG, RateArg};
+use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::core::{Reply, token_bucket};
 use crate::error::ErrorReply;
 use crate::pipeline::{FieldName, HashLimiter, HashWrite};
@@ -30,6 +30,12 @@ const RATE: RateArg = RateArg {
 const TOO_SLOW: ErrorReply =
     ErrorReply(c"ERR capacity / refill_per_sec must be at most 10000000000 seconds");
 
+const BUCKET: BucketArgs = BucketArgs {
+    capacity: CAPACITY,
+    rate: RATE,
+    too_slow: TOO_SLOW,
+};
+
 pub const CORRUPT_TOKENS: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'tokens' is not a valid number");
 pub const CORRUPT_TS: ErrorReply =
@@ -52,20 +58,7 @@ impl HashLimiter<2> for TokenBucket {
         ErrorReply(c"ERR wrong number of arguments for 'rl.tokenbucket' command");
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
-        let (capacity, rate, cost) = match args {
-            [c, r] => (c, r, None),
-            [c, r, k] => (c, r, Some(k)),
-            _ => return Err(Self::ARITY_ERROR),
-        };
-        let capacity = CAPACITY.parse(capacity)?;
-        let refill_per_sec = RATE.parse(rate)?;
-        let cost = match cost {
-            Some(raw) => COST.parse(raw)?,
-            None => 1.0,
-        };
-        if capacity / refill_per_sec > MAX_FILL_SECONDS {
-            return Err(TOO_SLOW);
-        }
+        let (capacity, refill_per_sec, cost) = BUCKET.parse(args, Self::ARITY_ERROR)?;
         Ok(Args {
             params: token_bucket::Params {
                 capacity,
