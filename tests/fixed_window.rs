@@ -171,7 +171,6 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     fw(&mut c, "k", &["5", "10", "3"]);
-    let before = hash_bytes(&mut c, "k");
     let arity = "ERR wrong number of arguments for 'rl.fixedwindow' command";
     let window = "ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)";
     let cases: &[(&[&str], &str)] = &[
@@ -202,12 +201,7 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
         ),
         (&["k", "5", "10", "1.0"], "ERR cost must be an integer"),
     ];
-    for (args, expected) in cases {
-        let mut full = vec![FW];
-        full.extend_from_slice(args);
-        assert_eq!(cmd(&mut c, &full), Err(expected.to_string()), "{args:?}");
-    }
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_errors_change_nothing(&mut c, FW, "k", cases);
 }
 
 #[test]
@@ -238,20 +232,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["count", "1", "start", "99999999999999999999"], start_err),
         (&["count", "1"], start_err),
     ];
-    for (i, (fields, expected)) in corrupt.iter().enumerate() {
-        let key = format!("bad{i}");
-        let mut hset = vec!["HSET", key.as_str()];
-        hset.extend_from_slice(fields);
-        cmd(&mut c, &hset).unwrap();
-        let before = hash_bytes(&mut c, &key);
-        assert_eq!(
-            cmd(&mut c, &[FW, &key, "5", "10"]),
-            Err(expected.to_string()),
-            "{fields:?}"
-        );
-        assert_eq!(hash_bytes(&mut c, &key), before, "left as it was");
-        assert_eq!(pexpiretime(&mut c, &key), -1, "and given no expiry");
-    }
+    assert_corrupt_hashes_reported(&mut c, FW, &["5", "10"], corrupt);
 }
 
 #[test]

@@ -157,7 +157,6 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     lb(&mut c, "k", &["10", "5", "3"]);
-    let before = hash_bytes(&mut c, "k");
     let arity = "ERR wrong number of arguments for 'rl.leakybucket' command";
     let cases: &[(&[&str], &str)] = &[
         (&["k"], arity),
@@ -193,12 +192,7 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
             "ERR capacity / leak_per_sec must be at most 10000000000 seconds",
         ),
     ];
-    for (args, expected) in cases {
-        let mut full = vec![LB];
-        full.extend_from_slice(args);
-        assert_eq!(cmd(&mut c, &full), Err(expected.to_string()), "{args:?}");
-    }
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_errors_change_nothing(&mut c, LB, "k", cases);
 }
 
 #[test]
@@ -229,20 +223,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["level", "1", "ts", "9007199254740994"], ts_err),
         (&["level", "1"], ts_err),
     ];
-    for (i, (fields, expected)) in corrupt.iter().enumerate() {
-        let key = format!("bad{i}");
-        let mut hset = vec!["HSET", key.as_str()];
-        hset.extend_from_slice(fields);
-        cmd(&mut c, &hset).unwrap();
-        let before = hash_bytes(&mut c, &key);
-        assert_eq!(
-            cmd(&mut c, &[LB, &key, "10", "5"]),
-            Err(expected.to_string()),
-            "{fields:?}"
-        );
-        assert_eq!(hash_bytes(&mut c, &key), before, "left as it was");
-        assert_eq!(pexpiretime(&mut c, &key), -1, "and given no expiry");
-    }
+    assert_corrupt_hashes_reported(&mut c, LB, &["10", "5"], corrupt);
 }
 
 #[test]

@@ -192,7 +192,6 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     sw(&mut c, "k", &["5", "10", "3"]);
-    let before = hash_bytes(&mut c, "k");
     let arity = "ERR wrong number of arguments for 'rl.slidingwindow' command";
     let window = "ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)";
     let cases: &[(&[&str], &str)] = &[
@@ -223,12 +222,7 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
         ),
         (&["k", "5", "10", "1.0"], "ERR cost must be an integer"),
     ];
-    for (args, expected) in cases {
-        let mut full = vec![SW];
-        full.extend_from_slice(args);
-        assert_eq!(cmd(&mut c, &full), Err(expected.to_string()), "{args:?}");
-    }
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_errors_change_nothing(&mut c, SW, "k", cases);
 }
 
 #[test]
@@ -268,20 +262,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         ),
         (&["start", "1", "cur", "1"], prev_err),
     ];
-    for (i, (fields, expected)) in corrupt.iter().enumerate() {
-        let key = format!("bad{i}");
-        let mut hset = vec!["HSET", key.as_str()];
-        hset.extend_from_slice(fields);
-        cmd(&mut c, &hset).unwrap();
-        let before = hash_bytes(&mut c, &key);
-        assert_eq!(
-            cmd(&mut c, &[SW, &key, "5", "10"]),
-            Err(expected.to_string()),
-            "{fields:?}"
-        );
-        assert_eq!(hash_bytes(&mut c, &key), before, "left as it was");
-        assert_eq!(pexpiretime(&mut c, &key), -1, "and given no expiry");
-    }
+    assert_corrupt_hashes_reported(&mut c, SW, &["5", "10"], corrupt);
 }
 
 #[test]

@@ -234,7 +234,6 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     tb(&mut c, "k", &["10", "5", "3"]);
-    let before = hash_bytes(&mut c, "k");
     let cases: &[(&[&str], &str)] = &[
         (
             &["k"],
@@ -287,12 +286,7 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
             "ERR capacity / refill_per_sec must be at most 10000000000 seconds",
         ),
     ];
-    for (args, expected) in cases {
-        let mut full = vec![TB];
-        full.extend_from_slice(args);
-        assert_eq!(cmd(&mut c, &full), Err(expected.to_string()), "{args:?}");
-    }
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_errors_change_nothing(&mut c, TB, "k", cases);
 }
 
 #[test]
@@ -329,24 +323,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["tokens", "1", "ts", "99999999999999999999"], ts_err),
         (&["tokens", "1"], ts_err),
     ];
-    for (i, (fields, expected)) in corrupt.iter().enumerate() {
-        let key = format!("bad{i}");
-        let mut hset = vec!["HSET", key.as_str()];
-        hset.extend_from_slice(fields);
-        cmd(&mut c, &hset).unwrap();
-        let before = hash_bytes(&mut c, &key);
-        assert_eq!(
-            cmd(&mut c, &[TB, &key, "10", "5"]),
-            Err(expected.to_string()),
-            "{fields:?}"
-        );
-        assert_eq!(
-            hash_bytes(&mut c, &key),
-            before,
-            "corrupt state is left as it was"
-        );
-        assert_eq!(pexpiretime(&mut c, &key), -1, "and given no expiry");
-    }
+    assert_corrupt_hashes_reported(&mut c, TB, &["10", "5"], corrupt);
     assert_eq!(
         cmd(&mut c, &["PING"]),
         Ok(Value::SimpleString("PONG".into()))

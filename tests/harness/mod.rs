@@ -437,3 +437,45 @@ pub fn zset_bytes(c: &mut Connection, key: &str) -> Vec<Vec<u8>> {
         .query(c)
         .unwrap_or_default()
 }
+
+/// Each call `command key args...` gets exactly its error, and `key` keeps its bytes.
+pub fn assert_errors_change_nothing(
+    c: &mut Connection,
+    command: &str,
+    key: &str,
+    cases: &[(&[&str], &str)],
+) {
+    let before = hash_bytes(c, key);
+    for (args, expected) in cases {
+        let mut full = vec![command];
+        full.extend_from_slice(args);
+        assert_eq!(cmd(c, &full), Err(expected.to_string()), "{args:?}");
+    }
+    assert_eq!(hash_bytes(c, key), before, "a refused call changed {key}");
+}
+
+/// For each case a fresh hash with those fields: `command key args...` gets exactly the error,
+/// and the hash keeps its bytes and gets no expiry.
+pub fn assert_corrupt_hashes_reported(
+    c: &mut Connection,
+    command: &str,
+    args: &[&str],
+    cases: &[(&[&str], &str)],
+) {
+    for (i, (fields, expected)) in cases.iter().enumerate() {
+        let key = format!("corrupt:{command}:{i}");
+        let mut hset = vec!["HSET", key.as_str()];
+        hset.extend_from_slice(fields);
+        cmd(c, &hset).unwrap();
+        let before = hash_bytes(c, &key);
+        let mut call = vec![command, key.as_str()];
+        call.extend_from_slice(args);
+        assert_eq!(cmd(c, &call), Err(expected.to_string()), "{fields:?}");
+        assert_eq!(
+            hash_bytes(c, &key),
+            before,
+            "corrupt state is left as it was"
+        );
+        assert_eq!(pexpiretime(c, &key), -1, "and given no expiry");
+    }
+}
