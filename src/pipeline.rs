@@ -114,18 +114,27 @@ pub fn apply<L: HashLimiter<N>, S: HashStore, const N: usize>(
     };
     let (reply, write) = L::decide(args, now_us, prior);
     if let Some(write) = write {
-        let mut text = [[0u8; G17_MAX_LEN]; N];
-        let mut lens = [0usize; N];
-        for ((buf, len), v) in text.iter_mut().zip(lens.iter_mut()).zip(write.values) {
-            *len = format_g17(v, buf);
-        }
-        let mut fields: [(&'static FieldName, &[u8]); N] = L::FIELDS.map(|f| (f, &[][..]));
-        for ((slot, buf), len) in fields.iter_mut().zip(&text).zip(lens) {
-            slot.1 = buf.get(..len).unwrap_or_default();
-        }
-        store.write(&fields, write.expire_at_ms)?;
+        store_write(store, L::FIELDS, &write)?;
     }
     Ok(reply)
+}
+
+/// Formats the values as Redis stores Lua numbers (`%.17g`) and writes them with the expiry.
+fn store_write<S: DynHashStore + ?Sized, const N: usize>(
+    store: &mut S,
+    names: [&'static FieldName; N],
+    write: &HashWrite<N>,
+) -> Result<(), ErrorReply> {
+    let mut text = [[0u8; G17_MAX_LEN]; N];
+    let mut lens = [0usize; N];
+    for ((buf, len), v) in text.iter_mut().zip(lens.iter_mut()).zip(write.values) {
+        *len = format_g17(v, buf);
+    }
+    let mut fields: [(&'static FieldName, &[u8]); N] = names.map(|f| (f, &[][..]));
+    for ((slot, buf), len) in fields.iter_mut().zip(&text).zip(lens) {
+        slot.1 = buf.get(..len).unwrap_or_default();
+    }
+    store.write(&fields, write.expire_at_ms)
 }
 
 /// A storage key seen through an object-safe interface, for calls that mix algorithms.
@@ -230,16 +239,7 @@ impl<L: HashLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
         let Some(write) = &self.write else {
             return Ok(());
         };
-        let mut text = [[0u8; G17_MAX_LEN]; N];
-        let mut lens = [0usize; N];
-        for ((buf, len), v) in text.iter_mut().zip(lens.iter_mut()).zip(write.values) {
-            *len = format_g17(v, buf);
-        }
-        let mut fields: [(&'static FieldName, &[u8]); N] = L::FIELDS.map(|f| (f, &[][..]));
-        for ((slot, buf), len) in fields.iter_mut().zip(&text).zip(lens) {
-            slot.1 = buf.get(..len).unwrap_or_default();
-        }
-        store.write(&fields, write.expire_at_ms)
+        store_write(store, L::FIELDS, write)
     }
 }
 
