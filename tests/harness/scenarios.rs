@@ -123,15 +123,20 @@ pub fn sequence(
     prop::collection::vec(step, len)
 }
 
-/// Arguments for `RL.TOKENBUCKET`: one bucket shape per sequence, varying costs, and now and
-/// then a call with other or invalid arguments.
-pub fn token_bucket_args() -> impl Strategy<Value = (String, String)> {
-    (count_text(), rate_text())
-}
-
-pub fn token_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
-    token_bucket_args().prop_flat_map(move |(capacity, rate)| {
-        let (c, r) = (capacity.clone(), rate.clone());
+/// Calls `first second [cost]` of one limiter: one shape per sequence (drawn from the two
+/// strategies), varying costs, and now and then a call with other or invalid arguments.
+fn shaped_sequence<A, B>(
+    first: fn() -> A,
+    second: fn() -> B,
+    fields: &'static [&'static str],
+    len: std::ops::Range<usize>,
+) -> impl Strategy<Value = Vec<Step>>
+where
+    A: Strategy<Value = String> + 'static,
+    B: Strategy<Value = String> + 'static,
+{
+    (first(), second()).prop_flat_map(move |(a, b)| {
+        let (x, y) = (a.clone(), b.clone());
         let cost = prop_oneof![
             3 => Just("1".to_string()),
             1 => Just("0".to_string()),
@@ -139,13 +144,18 @@ pub fn token_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value
             1 => count_text(),
         ];
         let args = prop_oneof![
-            8 => cost.prop_map(move |k| vec![c.clone(), r.clone(), k]),
-            2 => Just(vec![capacity, rate]),
-            1 => (count_text(), rate_text()).prop_map(|(c, r)| vec![c, r]),
+            8 => cost.prop_map(move |k| vec![x.clone(), y.clone(), k]),
+            2 => Just(vec![a, b]),
+            1 => (first(), second()).prop_map(|(a, b)| vec![a, b]),
             1 => prop::collection::vec(junk(), 0..5),
         ];
-        sequence(args, &["tokens", "ts"], len.clone())
+        sequence(args, fields, len.clone())
     })
+}
+
+/// `RL.TOKENBUCKET capacity refill_per_sec [cost]`.
+pub fn token_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    shaped_sequence(count_text, rate_text, &["tokens", "ts"], len)
 }
 
 /// One `RL.ALL` call: the number of keys and the words after the keys.
@@ -212,25 +222,9 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
     )
 }
 
-/// Arguments for `RL.LEAKYBUCKET`: one bucket shape per sequence, varying costs, and now and
-/// then a call with other or invalid arguments.
+/// `RL.LEAKYBUCKET capacity leak_per_sec [cost]`.
 pub fn leaky_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
-    (count_text(), rate_text()).prop_flat_map(move |(capacity, rate)| {
-        let (c, r) = (capacity.clone(), rate.clone());
-        let cost = prop_oneof![
-            3 => Just("1".to_string()),
-            1 => Just("0".to_string()),
-            3 => (0u64..25).prop_map(|n| n.to_string()),
-            1 => count_text(),
-        ];
-        let args = prop_oneof![
-            8 => cost.prop_map(move |k| vec![c.clone(), r.clone(), k]),
-            2 => Just(vec![capacity, rate]),
-            1 => (count_text(), rate_text()).prop_map(|(c, r)| vec![c, r]),
-            1 => prop::collection::vec(junk(), 0..5),
-        ];
-        sequence(args, &["level", "ts"], len.clone())
-    })
+    shaped_sequence(count_text, rate_text, &["level", "ts"], len)
 }
 
 /// A window length in seconds as text: mostly comparable to the time steps (so windows open,
@@ -249,36 +243,12 @@ pub fn window_text() -> impl Strategy<Value = String> {
     ]
 }
 
-/// Calls of a windowed limiter (`limit window_sec [cost]`): one shape per sequence, varying
-/// costs, and now and then a call with other or invalid arguments.
-fn window_sequence(
-    fields: &'static [&'static str],
-    len: std::ops::Range<usize>,
-) -> impl Strategy<Value = Vec<Step>> {
-    (count_text(), window_text()).prop_flat_map(move |(limit, window)| {
-        let (l, w) = (limit.clone(), window.clone());
-        let cost = prop_oneof![
-            3 => Just("1".to_string()),
-            1 => Just("0".to_string()),
-            3 => (0u64..25).prop_map(|n| n.to_string()),
-            1 => count_text(),
-        ];
-        let args = prop_oneof![
-            8 => cost.prop_map(move |k| vec![l.clone(), w.clone(), k]),
-            2 => Just(vec![limit, window]),
-            1 => (count_text(), window_text()).prop_map(|(l, w)| vec![l, w]),
-            1 => prop::collection::vec(junk(), 0..5),
-        ];
-        sequence(args, fields, len.clone())
-    })
-}
-
 pub fn fixed_window_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
-    window_sequence(&["count", "start"], len)
+    shaped_sequence(count_text, window_text, &["count", "start"], len)
 }
 
 pub fn sliding_window_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
-    window_sequence(&["start", "cur", "prev"], len)
+    shaped_sequence(count_text, window_text, &["start", "cur", "prev"], len)
 }
 
 /// Arguments for `RL.GCRA`: one shape per sequence (max_burst, count_per_period, period_sec),
