@@ -90,15 +90,19 @@ lint: deps
 	$(CARGO) clippy --all-targets --features containers -- -D warnings
 
 # Micro-benchmarks of the pure core (criterion), then the server benchmark (module vs Lua twin vs
-# HSET, 3-4 minutes). `make bench BENCH_ARGS=--quick` for a short run.
+# HSET, 3-4 minutes). `make bench BENCH_ARGS=--quick` for a short run. With
+# REDIS_CELL_MODULE=/path/to/libredis_cell.so (built separately) it also compares CL.THROTTLE with
+# redis-cell's, on a second redis-server.
 BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
 BENCH_ARGS ?=
+REDIS_CELL_MODULE ?=
 
 bench: deps
 	$(CARGO) build --release
 	$(CARGO) bench --bench core -- --warm-up-time 1 --measurement-time 2
 	python3 benches/server_bench.py --module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
-		--criterion-dir $(BENCH_TARGET)/criterion $(BENCH_ARGS)
+		--criterion-dir $(BENCH_TARGET)/criterion \
+		$(if $(REDIS_CELL_MODULE),--redis-cell $(REDIS_CELL_MODULE)) $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -13,7 +13,13 @@ Finally it measures memory per key (used_memory delta over 100,000 new keys, and
 one of them) for each command and its twin, and prints Markdown tables: medians over rounds, the
 ratios module / HSET and Lua / module, and the memory table. Python standard library only.
 
-Usage: python3 benches/server_bench.py [--module PATH] [--quick] [--rounds N] [--budget SECONDS]
+With --redis-cell PATH it also starts a second redis-server (same options and CPU) with the
+redis-cell module loaded: both modules register CL.THROTTLE, so they cannot share a server. Its
+CL.THROTTLE runs with the same arguments and keys as ours, in the same rounds, next to an HSET
+floor on that server, and its CPU per call is divided by ours.
+
+Usage: python3 benches/server_bench.py [--module PATH] [--redis-cell PATH] [--quick]
+                                       [--rounds N] [--budget SECONDS]
 """
 
 from __future__ import annotations
@@ -82,6 +88,10 @@ INVERTED = {"CL.THROTTLE"}
 FLOOR = "HSET"
 FLOOR_ARGS = "f1 v1 f2 v2"
 
+# The command redis-cell provides, compared with ours of the same name.
+CELL_COMMAND = "CL.THROTTLE"
+CELL_LABEL = f"{CELL_COMMAND} (redis-cell)"
+
 
 @dataclass
 class Case:
@@ -92,6 +102,7 @@ class Case:
     stat: str  # commandstats entry to read, lower case
     limiter: str | None  # module command this case belongs to, or None for the floor
     lua: bool
+    cell: bool = False  # runs on the redis-cell server
     n: int = 0
     usec: list[float] = field(default_factory=list)
     rps: list[float] = field(default_factory=list)
@@ -224,6 +235,36 @@ def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
             raise SystemExit(f"{who} {limiter.deny}: expected admitted then denied, got {replies}")
 
 
+def variants(lim: Limiter) -> list[tuple[str, str, str]]:
+    """(kind, keys, arguments) of the cases of one limiter."""
+    return [
+        ("admit", "hot", lim.admit),
+        ("admit", "random", lim.admit),
+        ("deny", "hot", lim.deny),
+        ("steady", "random", lim.steady),
+    ]
+
+
+def floor_cases(label: str, cell: bool = False) -> list[Case]:
+    """HSET on a hot key and on random keys."""
+    cases = []
+    for keys in ["hot", "random"]:
+        key = "floor:{__rand_int__}" if keys == "random" else "floor:hot"
+        cases.append(
+            Case(
+                label=label,
+                args=FLOOR_ARGS,
+                keys=keys,
+                argv=[FLOOR, key] + FLOOR_ARGS.split(),
+                stat=FLOOR.lower(),
+                limiter=None,
+                lua=False,
+                cell=cell,
+            )
+        )
+    return cases
+
+
 def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
     """Cases for every limiter the module has (and its twin, if the script exists)."""
     cases: list[Case] = []
@@ -240,12 +281,10 @@ def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
             notes.append(f"{lim.command}: no lua-reference/{lim.script}, Lua twin skipped")
         check_decisions(server, lim, shas.get(lim.command))
         tag = lim.command.split(".")[-1].lower()
-        variants = [("admit", "hot", lim.admit), ("admit", "random", lim.admit)]
-        variants += [("deny", "hot", lim.deny), ("steady", "random", lim.steady)]
         for lua in [False, True]:
             if lua and lim.command not in shas:
                 continue
-            for kind, keys, args in variants:
+            for kind, keys, args in variants(lim):
                 key = f"{'lua' if lua else 'rl'}:{tag}:{kind}:" + (
                     "{__rand_int__}" if keys == "random" else "hot"
                 )
@@ -261,20 +300,44 @@ def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
                         lua=lua,
                     )
                 )
-    for keys in ["hot", "random"]:
-        key = "floor:{__rand_int__}" if keys == "random" else "floor:hot"
+    cases += floor_cases(f"{FLOOR} (floor)")
+    return cases, shas, notes
+
+
+def build_cell_cases(cell: Server) -> list[Case]:
+    """redis-cell's CL.THROTTLE with the arguments and keys of our CL.THROTTLE cases, and an HSET
+    floor on its server."""
+    lim = next(lim for lim in LIMITERS if lim.command == CELL_COMMAND)
+    if not cell.has_command(CELL_COMMAND):
+        raise SystemExit(f"--redis-cell: the loaded module has no {CELL_COMMAND}")
+    check_decisions(cell, lim, None)
+    tag = lim.command.split(".")[-1].lower()
+    cases = []
+    for kind, keys, args in variants(lim):
+        # The same key names as our cases, so only the module differs.
+        key = f"rl:{tag}:{kind}:" + ("{__rand_int__}" if keys == "random" else "hot")
         cases.append(
             Case(
-                label=f"{FLOOR} (floor)",
-                args=FLOOR_ARGS,
+                label=CELL_LABEL,
+                args=args,
                 keys=keys,
-                argv=[FLOOR, key] + FLOOR_ARGS.split(),
-                stat=FLOOR.lower(),
-                limiter=None,
+                argv=[lim.command, key] + args.split(),
+                stat=lim.command.lower(),
+                limiter=lim.command,
                 lua=False,
+                cell=True,
             )
         )
-    return cases, shas, notes
+    return cases + floor_cases(f"{FLOOR} (floor, redis-cell server)", cell=True)
+
+
+def merge_cell_cases(cases: list[Case], cell_cases: list[Case]) -> list[Case]:
+    """redis-cell's CL.THROTTLE rows right after ours, its floor rows after our floor."""
+    ours = [i for i, c in enumerate(cases) if c.limiter == CELL_COMMAND]
+    at = ours[-1] + 1 if ours else next(i for i, c in enumerate(cases) if c.limiter is None)
+    limited = [c for c in cell_cases if c.limiter]
+    floors = [c for c in cell_cases if not c.limiter]
+    return cases[:at] + limited + cases[at:] + floors
 
 
 def resp(args: list[str]) -> bytes:
@@ -309,21 +372,29 @@ def memory_per_key(
 
 
 def measure_memory(
-    server: Server, cases: list[Case], shas: dict[str, str], count: int
+    server: Server,
+    cases: list[Case],
+    shas: dict[str, str],
+    count: int,
+    cell: Server | None = None,
 ) -> list[tuple[str, str, int, float, int]]:
-    """Memory rows: each benchmarked command and its twin, with its deny arguments (the first
-    call writes state that lives for 1000 s), then the HSET floor."""
+    """Memory rows: each benchmarked command and its twin (and redis-cell's CL.THROTTLE, on its
+    server), with its deny arguments (the first call writes state that lives for 1000 s), then
+    the HSET floor."""
     rows = []
-    benchmarked = {c.limiter for c in cases}
+    benchmarked = {c.limiter for c in cases if not c.cell}
     for lim in LIMITERS:
-        if lim.command not in benchmarked:
-            continue
         args = lim.deny.split()
-        rows.append((lim.command, lim.deny, *memory_per_key(server, [lim.command], args, count)))
-        if lim.command in shas:
+        if lim.command in benchmarked:
+            head = [lim.command]
+            rows.append((lim.command, lim.deny, *memory_per_key(server, head, args, count)))
+        if lim.command in benchmarked and lim.command in shas:
             head = ["EVALSHA", shas[lim.command], "1"]
             label = f"{lim.command} (Lua twin)"
             rows.append((label, lim.deny, *memory_per_key(server, head, args, count)))
+        if cell and lim.command == CELL_COMMAND:
+            head = [lim.command]
+            rows.append((CELL_LABEL, lim.deny, *memory_per_key(cell, head, args, count)))
     floor = memory_per_key(server, [FLOOR], FLOOR_ARGS.split(), count)
     rows.append((f"{FLOOR} (floor, no TTL)", FLOOR_ARGS, *floor))
     return rows
@@ -383,17 +454,23 @@ def criterion_table(directory: Path) -> list[str]:
 def render(cases: list[Case], memory: list[tuple[str, str, int, float, int]]) -> list[str]:
     """The Markdown tables: medians over rounds with their ratios, then memory."""
     med = {id(c): (statistics.median(c.usec), statistics.median(c.rps)) for c in cases}
-    floor = {c.keys: med[id(c)][0] for c in cases if c.limiter is None}
-    module = {(c.limiter, c.args, c.keys): med[id(c)][0] for c in cases if c.limiter and not c.lua}
+    # Each server's rows are divided by the HSET floor of that server.
+    floor = {(c.cell, c.keys): med[id(c)][0] for c in cases if c.limiter is None}
+    module = {
+        (c.limiter, c.args, c.keys): med[id(c)][0]
+        for c in cases
+        if c.limiter and not c.lua and not c.cell
+    }
+    twins = "Lua or redis-cell" if any(c.cell for c in cases) else "Lua"
     lines = [
         "| command | arguments | keys | server µs/call | range over rounds | requests/s "
-        "| CPU ÷ HSET | Lua ÷ module CPU |",
+        f"| CPU ÷ HSET | {twins} ÷ module CPU |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for c in cases:
         usec, rps = med[id(c)]
-        vs_floor = usec / floor[c.keys] if c.limiter else None
-        twin_of = module.get((c.limiter, c.args, c.keys)) if c.lua else None
+        vs_floor = usec / floor[(c.cell, c.keys)] if c.limiter else None
+        twin_of = module.get((c.limiter, c.args, c.keys)) if c.lua or c.cell else None
         vs_module = usec / twin_of if twin_of else None
         lines.append(
             f"| {c.label} | `{c.args}` | {c.keys} | {usec:.2f} | "
@@ -417,6 +494,12 @@ def fmt_ratio(x: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--module", type=Path, default=DEFAULT_MODULE, help="module .so to load")
+    ap.add_argument(
+        "--redis-cell",
+        type=Path,
+        metavar="PATH",
+        help="redis-cell's libredis_cell.so: compare its CL.THROTTLE with ours",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (at least 3)")
     ap.add_argument(
         "--budget",
@@ -438,6 +521,9 @@ def main() -> int:
     module = opts.module.resolve()
     if not module.is_file():
         raise SystemExit(f"module not found: {module} (build it with cargo build --release)")
+    cell_module = opts.redis_cell.resolve() if opts.redis_cell else None
+    if cell_module and not cell_module.is_file():
+        raise SystemExit(f"redis-cell module not found: {cell_module}")
 
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= 2 and shutil.which("taskset"):
@@ -450,28 +536,41 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as tmp:
         server = Server(module, Path(tmp), server_pin)
+        cell: Server | None = None
         try:
+            if cell_module:
+                # Its own directory, so the two servers' logs stay apart.
+                (Path(tmp) / "redis-cell").mkdir()
+                cell = Server(cell_module, Path(tmp) / "redis-cell", server_pin)
             server.wait_ready()
             cases, shas, notes = build_cases(server)
             for note in notes:
                 print(f"note: {note}", file=sys.stderr)
+            if cell:
+                cell.wait_ready()
+                cases = merge_cell_cases(cases, build_cell_cases(cell))
+
+            def host(case: Case) -> Server:
+                return cell if case.cell and cell else server
 
             # Warm-up run per case, which also sizes -n so that the rounds fit the budget.
             per_run = opts.budget / (opts.rounds * len(cases))
             for case in cases:
-                _, rps = run_case(server, case, 20_000, bench_pin)
+                _, rps = run_case(host(case), case, 20_000, bench_pin)
                 batch = PIPELINE * CLIENTS
                 case.n = int(min(max(rps * per_run, 20_000), 2_000_000)) // batch * batch
             for r in range(opts.rounds):
                 print(f"round {r + 1}/{opts.rounds}", file=sys.stderr)
                 for case in cases:
-                    usec, rps = run_case(server, case, case.n, bench_pin)
+                    usec, rps = run_case(host(case), case, case.n, bench_pin)
                     case.usec.append(usec)
                     case.rps.append(rps)
 
-            memory = measure_memory(server, cases, shas, opts.memory_keys)
+            memory = measure_memory(server, cases, shas, opts.memory_keys, cell)
         finally:
             server.stop()
+            if cell:
+                cell.stop()
 
     lines = render(cases, memory)
     if opts.criterion_dir:
@@ -488,6 +587,12 @@ def main() -> int:
         f"{opts.rounds} interleaved rounds, medians; -n per case: {runs}; "
         f"memory over {opts.memory_keys:,} new keys; {time.monotonic() - started:.0f} s"
     )
+    if cell_module:
+        print()
+        print(
+            f"redis-cell: {cell_module}, on a second redis-server with the same options and CPU; "
+            "its CPU ÷ HSET is against HSET on that server"
+        )
     print()
     print("\n".join(lines))
     return 0
