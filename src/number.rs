@@ -45,22 +45,22 @@ pub fn is_decimal(s: &[u8]) -> bool {
 /// Reads a string that `is_decimal` (or `is_integer`) accepted. Rust's parser rounds correctly,
 /// as glibc's `strtod` does, so both paths get the same double; out-of-range exponents give
 /// infinity or zero, which callers reject by range.
-fn to_f64(s: &[u8]) -> Option<f64> {
-    if let Some(v) = small_integer(s) {
-        return Some(v);
-    }
+fn general(s: &[u8]) -> Option<f64> {
     std::str::from_utf8(s).ok()?.parse::<f64>().ok()
 }
 
-/// Fast path for the common case, plain digits with an optional sign and at most 15 digits: the
-/// integer is exact in a double, so converting it is the correctly rounded result too.
+/// Fast path for the common case, plain digits with an optional sign whose value is at most 2^53
+/// (microsecond timestamps are 16 digits): the integer is exact in a double, so converting it is
+/// the correctly rounded result too.
 fn small_integer(s: &[u8]) -> Option<f64> {
+    const EXACT: u64 = 1 << f64::MANTISSA_DIGITS;
     let (negative, digits) = match s.split_first() {
         Some((b'-', rest)) => (true, rest),
         Some((b'+', rest)) => (false, rest),
         _ => (false, s),
     };
-    if digits.is_empty() || digits.len() > 15 {
+    // 19 digits cannot overflow a u64.
+    if digits.is_empty() || digits.len() > 19 {
         return None;
     }
     let mut n: u64 = 0;
@@ -70,18 +70,22 @@ fn small_integer(s: &[u8]) -> Option<f64> {
         }
         n = n * 10 + u64::from(d - b'0');
     }
+    if n > EXACT {
+        return None;
+    }
     let v = n as f64;
     Some(if negative { -v } else { v })
 }
 
 /// A decimal string as a double, or `None` if it is not in the grammar.
 pub fn parse_decimal(s: &[u8]) -> Option<f64> {
-    if is_decimal(s) { to_f64(s) } else { None }
+    // Plain digits are in both grammars; the fast path checks them itself.
+    small_integer(s).or_else(|| if is_decimal(s) { general(s) } else { None })
 }
 
 /// An integer string as a double (Lua has no other number type), or `None` if not in the grammar.
 pub fn parse_integer(s: &[u8]) -> Option<f64> {
-    if is_integer(s) { to_f64(s) } else { None }
+    small_integer(s).or_else(|| if is_integer(s) { general(s) } else { None })
 }
 
 /// Longest `%.17g` output: sign, 17 digits, point, `e-308`.
@@ -169,6 +173,13 @@ mod tests {
             "123456789012345",
             "-999999999999999",
             "000001",
+            "1764560000123456",
+            "9007199254740992",
+            "9007199254740993",
+            "-9007199254740993",
+            "9999999999999999999",
+            "18446744073709551616",
+            "0000000000000000000000000000001",
             "1.5",
             "1e3",
         ] {
@@ -176,16 +187,18 @@ mod tests {
                 .ok()
                 .and_then(|t| t.parse::<f64>().ok());
             assert_eq!(
-                to_f64(text.as_bytes()).map(f64::to_bits),
+                parse_decimal(text.as_bytes()).map(f64::to_bits),
                 general.map(f64::to_bits),
                 "{text}"
             );
         }
+        assert_eq!(small_integer(b"9007199254740992"), Some(9007199254740992.0));
         assert_eq!(
-            small_integer(b"1234567890123456"),
+            small_integer(b"9007199254740993"),
             None,
-            "16 digits go the general way"
+            "above 2^53 a double rounds, so the general parser decides"
         );
+        assert_eq!(small_integer(b"12345678901234567890"), None, "20 digits");
     }
 
     #[test]
