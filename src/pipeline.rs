@@ -52,7 +52,8 @@ pub trait HashStore {
         }
         Ok(out)
     }
-    /// Sets the fields (in order) and the key's absolute expiry, and propagates exactly that.
+    /// Sets the given fields (in order; the others keep their values) and the key's absolute
+    /// expiry, and propagates exactly that.
     fn write(
         &mut self,
         fields: &[(&'static FieldName, &[u8])],
@@ -99,11 +100,11 @@ pub fn apply<L: HashLimiter<N>, S: HashStore, const N: usize>(
     args: &L::Args,
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
+    let mut held: [Option<S::Bytes>; N] = [const { None }; N];
     let prior = match store.kind()? {
         KeyKind::Empty => None,
         KeyKind::Other => return Err(WRONGTYPE),
         KeyKind::Hash => {
-            let mut held: [Option<S::Bytes>; N] = [const { None }; N];
             for (slot, field) in held.iter_mut().zip(L::FIELDS) {
                 *slot = store.get(field)?;
             }
@@ -114,27 +115,46 @@ pub fn apply<L: HashLimiter<N>, S: HashStore, const N: usize>(
     };
     let (reply, write) = L::decide(args, now_us, prior);
     if let Some(write) = write {
-        store_write(store, L::FIELDS, &write)?;
+        let stored = held.each_ref().map(|v| v.as_ref().map(AsRef::as_ref));
+        store_write(store, L::FIELDS, &write, stored)?;
     }
     Ok(reply)
 }
 
 /// Formats the values as Redis stores Lua numbers (`%.17g`) and writes them with the expiry.
+/// Only fields whose stored bytes change are written (all of them when none would change, so
+/// an admitted call always writes): the resulting hash is the same, the write and its
+/// replication are smaller.
 fn store_write<S: DynHashStore + ?Sized, const N: usize>(
     store: &mut S,
     names: [&'static FieldName; N],
     write: &HashWrite<N>,
+    stored: [Option<&[u8]>; N],
 ) -> Result<(), ErrorReply> {
     let mut text = [[0u8; G17_MAX_LEN]; N];
     let mut lens = [0usize; N];
     for ((buf, len), v) in text.iter_mut().zip(lens.iter_mut()).zip(write.values) {
         *len = format_g17(v, buf);
     }
-    let mut fields: [(&'static FieldName, &[u8]); N] = names.map(|f| (f, &[][..]));
-    for ((slot, buf), len) in fields.iter_mut().zip(&text).zip(lens) {
+    let mut all: [(&'static FieldName, &[u8]); N] = names.map(|f| (f, &[][..]));
+    for ((slot, buf), len) in all.iter_mut().zip(&text).zip(lens) {
         slot.1 = buf.get(..len).unwrap_or_default();
     }
-    store.write(&fields, write.expire_at_ms)
+    let mut changed: [(&'static FieldName, &[u8]); N] = all;
+    let mut used = 0;
+    for (field, old) in all.iter().zip(stored) {
+        if old != Some(field.1)
+            && let Some(slot) = changed.get_mut(used)
+        {
+            *slot = *field;
+            used += 1;
+        }
+    }
+    let fields = match changed.get(..used) {
+        Some(some) if !some.is_empty() => some,
+        _ => &all[..],
+    };
+    store.write(fields, write.expire_at_ms)
 }
 
 /// A storage key seen through an object-safe interface, for calls that mix algorithms.
@@ -181,6 +201,8 @@ pub struct LimitOf<L: HashLimiter<N>, const N: usize> {
     args: L::Args,
     peek_args: L::Args,
     prior: Option<L::State>,
+    /// The stored bytes `prior` was decoded from, so a commit writes only what changes.
+    stored: [Option<Vec<u8>>; N],
     write: Option<HashWrite<N>>,
 }
 
@@ -191,6 +213,7 @@ impl<L: HashLimiter<N>, const N: usize> LimitOf<L, N> {
             peek_args: Self::parse_with_cost(params, b"0")?,
             args: Self::parse_with_cost(params, cost)?,
             prior: None,
+            stored: [const { None }; N],
             write: None,
         })
     }
@@ -215,11 +238,10 @@ impl<L: HashLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
             KeyKind::Empty => None,
             KeyKind::Other => return Err(WRONGTYPE),
             KeyKind::Hash => {
-                let mut held: [Option<Vec<u8>>; N] = [const { None }; N];
-                for (slot, field) in held.iter_mut().zip(L::FIELDS) {
+                for (slot, field) in self.stored.iter_mut().zip(L::FIELDS) {
                     *slot = store.get_owned(field)?;
                 }
-                Some(L::decode(held.each_ref().map(|v| v.as_deref()))?)
+                Some(L::decode(self.stored.each_ref().map(|v| v.as_deref()))?)
             }
         };
         Ok(())
@@ -239,7 +261,8 @@ impl<L: HashLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
         let Some(write) = &self.write else {
             return Ok(());
         };
-        store_write(store, L::FIELDS, write)
+        let stored = self.stored.each_ref().map(|v| v.as_deref());
+        store_write(store, L::FIELDS, write, stored)
     }
 }
 
@@ -283,4 +306,70 @@ pub fn apply_all(
         denied_by,
         replies,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static A: FieldName = FieldName::new(c"a");
+    static B: FieldName = FieldName::new(c"b");
+
+    /// Records what a write was asked to set.
+    #[derive(Default)]
+    struct Recorder {
+        written: Vec<(String, String, i64)>,
+    }
+
+    impl HashStore for Recorder {
+        type Bytes = Vec<u8>;
+        fn kind(&self) -> Result<KeyKind, ErrorReply> {
+            Ok(KeyKind::Hash)
+        }
+        fn get(&self, _: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
+            Ok(None)
+        }
+        fn write(
+            &mut self,
+            fields: &[(&'static FieldName, &[u8])],
+            expire_at_ms: i64,
+        ) -> Result<(), ErrorReply> {
+            for (f, v) in fields {
+                let name = f.name.to_string_lossy().into_owned();
+                let value = String::from_utf8_lossy(v).into_owned();
+                self.written.push((name, value, expire_at_ms));
+            }
+            Ok(())
+        }
+    }
+
+    fn written(stored: [Option<&[u8]>; 2]) -> Vec<(String, String, i64)> {
+        let mut store = Recorder::default();
+        let write = HashWrite {
+            values: [0.5, 7.0],
+            expire_at_ms: 9,
+        };
+        store_write(&mut store, [&A, &B], &write, stored).unwrap();
+        store.written
+    }
+
+    fn entry(f: &str, v: &str) -> (String, String, i64) {
+        (f.to_string(), v.to_string(), 9)
+    }
+
+    #[test]
+    fn only_fields_whose_bytes_change_are_written() {
+        let both = vec![entry("a", "0.5"), entry("b", "7")];
+        assert_eq!(written([None, None]), both, "a new key gets every field");
+        assert_eq!(written([Some(b"0.5"), Some(b"6")]), [entry("b", "7")]);
+        assert_eq!(written([Some(b"0.25"), Some(b"7")]), [entry("a", "0.5")]);
+        // Same number, other bytes (written by hand): rewritten in the canonical form.
+        assert_eq!(written([Some(b"0.50"), Some(b"7")]), [entry("a", "0.5")]);
+        assert_eq!(written([Some(b"0.5"), None]), [entry("b", "7")]);
+        assert_eq!(
+            written([Some(b"0.5"), Some(b"7")]),
+            both,
+            "an admitted call always writes, even when nothing changes"
+        );
+    }
 }

@@ -276,6 +276,45 @@ fn effects_are_replicated_not_the_command() {
     assert!(!stats.to_lowercase().contains("rl.fixedwindow"), "{stats}");
 }
 
+/// `calls=` of one command in a server's `INFO commandstats` (0 when it never ran).
+fn calls_of(c: &mut redis::Connection, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[test]
+fn calls_within_one_window_propagate_only_what_changes() {
+    // Inside one window only `count` changes and the expiry (the window's end) stays, so after
+    // the first call the replicas get an HSET of `count` alone and no PEXPIREAT, and still match.
+    let master = Server::with_test_clock();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    set_clock(&mut m, T0);
+    for remaining in (5..10).rev() {
+        assert_eq!(fw(&mut m, "k", &["10", "60"])[..2], [1, remaining]);
+        advance_clock(&mut m, 1_000_000);
+    }
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(hash_bytes(&mut r, "k"), hash_bytes(&mut m, "k"));
+    assert_eq!(pexpiretime(&mut r, "k"), pexpiretime(&mut m, "k"));
+    assert_eq!(calls_of(&mut r, "hset"), 5);
+    assert_eq!(calls_of(&mut r, "pexpireat"), 1);
+
+    // The next window moves the expiry: propagated again.
+    advance_clock(&mut m, 60_000_000);
+    assert_eq!(fw(&mut m, "k", &["10", "60"])[..2], [1, 9]);
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(calls_of(&mut r, "pexpireat"), 2);
+    assert_eq!(hash_bytes(&mut r, "k"), hash_bytes(&mut m, "k"));
+    assert_eq!(pexpiretime(&mut r, "k"), pexpiretime(&mut m, "k"));
+}
+
 #[test]
 fn key_metadata_and_info_counters() {
     let s = Server::with_test_clock();

@@ -213,6 +213,14 @@ impl OpenKey {
         Ok(())
     }
 
+    /// The key's absolute expiry in Unix milliseconds, `None` when it has none.
+    pub fn abs_expire(&self) -> Result<Option<i64>, ErrorReply> {
+        let get = api!(RedisModule_GetAbsExpire)?;
+        // SAFETY: the key is open.
+        let at = unsafe { get(self.key.as_ptr()) };
+        Ok((at != raw::REDISMODULE_NO_EXPIRE as i64).then_some(at))
+    }
+
     pub fn set_abs_expire(&self, unix_ms: i64) -> Result<(), ErrorReply> {
         let set = api!(RedisModule_SetAbsExpire)?;
         // SAFETY: the key is open for writing and holds a value.

@@ -76,15 +76,20 @@ impl HashStore for RedisHashKey {
             *set = (*f, *v);
             used += 1;
         }
+        // A busy key keeps the same expiry (whole milliseconds) over many calls; then neither the
+        // key nor the replicas need it set again, and one of the two propagated commands goes.
+        let expiry_changes = self.key.abs_expire()? != Some(expire_at_ms);
         self.key
             .hash_set_many(pairs.get(..used).unwrap_or_default())?;
-        self.key.set_abs_expire(expire_at_ms)?;
         api::replicate_hset(
             self.ctx,
             self.name,
             argv.get(..2 * used).unwrap_or_default(),
         )?;
-        api::replicate_pexpireat(self.ctx, self.name, expire_at_ms)?;
+        if expiry_changes {
+            self.key.set_abs_expire(expire_at_ms)?;
+            api::replicate_pexpireat(self.ctx, self.name, expire_at_ms)?;
+        }
         api::signal_hash_write(self.ctx, self.name)
     }
 }
