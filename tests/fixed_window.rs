@@ -276,16 +276,6 @@ fn effects_are_replicated_not_the_command() {
     assert!(!stats.to_lowercase().contains("rl.fixedwindow"), "{stats}");
 }
 
-/// `calls=` of one command in a server's `INFO commandstats` (0 when it never ran).
-fn calls_of(c: &mut redis::Connection, command: &str) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 #[test]
 fn calls_within_one_window_propagate_only_what_changes() {
     // Inside one window only `count` changes and the expiry (the window's end) stays, so after

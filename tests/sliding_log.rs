@@ -362,6 +362,37 @@ fn effects_are_replicated_not_the_command() {
 }
 
 #[test]
+fn an_unmoved_expiry_is_propagated_once() {
+    // Calls at one instant add entries but keep the expiry: ZADD each time, PEXPIREAT once.
+    // A later call that trims every entry deletes the key with its expiry, which is then set
+    // and propagated again.
+    let master = Server::with_test_clock();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    set_clock(&mut m, future());
+    for remaining in [9, 8, 7] {
+        assert_eq!(sl(&mut m, "k", &["10", "60"])[..2], [1, remaining]);
+    }
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(calls_of(&mut r, "zadd"), 3);
+    assert_eq!(calls_of(&mut r, "pexpireat"), 1);
+    assert_eq!(zset_bytes(&mut r, "k"), zset_bytes(&mut m, "k"));
+    assert_eq!(pexpiretime(&mut r, "k"), pexpiretime(&mut m, "k"));
+
+    advance_clock(&mut m, 61_000_000);
+    assert_eq!(sl(&mut m, "k", &["10", "60"])[..2], [1, 9]);
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(calls_of(&mut r, "zremrangebyscore"), 1);
+    assert_eq!(calls_of(&mut r, "pexpireat"), 2);
+    assert_eq!(zset_bytes(&mut r, "k"), zset_bytes(&mut m, "k"));
+    let entries: i64 = redis::cmd("ZCARD").arg("k").query(&mut m).unwrap();
+    assert_eq!(entries, 1);
+    assert_eq!(pexpiretime(&mut r, "k"), pexpiretime(&mut m, "k"));
+}
+
+#[test]
 fn an_idle_key_expires_when_its_newest_entry_leaves_the_window() {
     let s = Server::start();
     let mut c = s.connect();

@@ -1,5 +1,6 @@
 //! The Redis side of the hash pipeline: one key opened once, fields read and written through the
-//! module key API, effects propagated as `HSET` + `PEXPIREAT`.
+//! module key API, effects propagated as `HSET` of the changed fields + `PEXPIREAT` when the
+//! expiry moves.
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;

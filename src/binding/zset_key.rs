@@ -1,5 +1,6 @@
 //! The Redis side of sorted-set limiters: one key opened once, entries read and written through
-//! the module key API, effects propagated as `ZREMRANGEBYSCORE` + `ZADD` + `PEXPIREAT`.
+//! the module key API, effects propagated as `ZREMRANGEBYSCORE` + `ZADD` + `PEXPIREAT` (the last
+//! only when the expiry moves).
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
@@ -69,7 +70,12 @@ impl ZsetStore for RedisZsetKey {
             zadd.push(member.as_ptr());
             members.push(member);
         }
-        self.key.set_abs_expire(w.expire_at_ms)?;
+        // Checked after the writes: a trim that empties the set deletes the key and its expiry.
+        // An unchanged expiry is neither set nor propagated again (replicas already have it).
+        let expiry_changes = self.key.abs_expire()? != Some(w.expire_at_ms);
+        if expiry_changes {
+            self.key.set_abs_expire(w.expire_at_ms)?;
+        }
         if let Some(up_to) = &trim {
             let low = TempString::new(self.ctx, b"-inf")?;
             api::replicate_key_command(
@@ -80,7 +86,9 @@ impl ZsetStore for RedisZsetKey {
             )?;
         }
         api::replicate_key_command(self.ctx, c"ZADD", self.name, &zadd)?;
-        api::replicate_pexpireat(self.ctx, self.name, w.expire_at_ms)?;
+        if expiry_changes {
+            api::replicate_pexpireat(self.ctx, self.name, w.expire_at_ms)?;
+        }
         api::signal_zset_write(self.ctx, self.name, trim.is_some())
     }
 }

@@ -388,6 +388,16 @@ pub fn info_field(c: &mut Connection, section: &str, field: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `calls=` of one command in a server's `INFO commandstats` (0 when it never ran).
+pub fn calls_of(c: &mut redis::Connection, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 /// Sets the test clock (servers started `with_test_clock`).
 pub fn set_clock(c: &mut Connection, unix_us: i64) {
     let _: i64 = redis::cmd("RL.TESTCLOCK")
