@@ -71,9 +71,10 @@ soak: deps
 	RL_DIFF_SCALE=10 $(CARGO) test --release -p redis-rate-limiter --all-targets -- --include-ignored
 
 # Coverage-guided fuzzing (libFuzzer via cargo-fuzz) of every argument parser, stored-value reader
-# and decision path. Stable Rust: no sanitizer, panics and assertion failures are the findings.
+# and decision path, and the number formatting and parsing against C's printf and strtod. Stable
+# Rust: no sanitizer, panics and assertion failures are the findings.
 FUZZ_SECONDS ?= 300
-FUZZ_TARGETS := arguments decisions
+FUZZ_TARGETS := arguments decisions numbers
 
 fuzz-deps:
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
