@@ -97,7 +97,7 @@ pub fn format_g17(value: f64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
     // Integers below 1e17 print as plain digits under %.17g; this covers timestamps and whole
     // token counts without going through printf.
     if value == value.trunc() && value.abs() < 1e17 && !(value == 0.0 && value.is_sign_negative()) {
-        return format_integer(value as i64, buf);
+        return format_i64(value as i64, buf);
     }
     if let Some(len) = g17_layout(value, buf) {
         return len;
@@ -302,28 +302,28 @@ impl<const N: usize> std::fmt::Write for ByteWriter<N> {
     }
 }
 
-fn format_integer(value: i64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
-    let mut digits = [0u8; 20];
+/// Decimal text of an integer, without allocating; returns the used length of `buf`.
+pub fn format_i64(value: i64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
+    // Digits from the end of the buffer backwards, then moved to the front.
     let mut n = value.unsigned_abs();
-    let mut len = 0;
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
+    let mut start = buf.len();
+    for slot in buf.iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
+        start -= 1;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    let mut at = 0;
-    if value < 0 {
-        buf[0] = b'-';
-        at = 1;
+    if value < 0
+        && let Some(sign) = start.checked_sub(1)
+        && let Some(slot) = buf.get_mut(sign)
+    {
+        *slot = b'-';
+        start = sign;
     }
-    for d in digits[..len].iter().rev() {
-        buf[at] = *d;
-        at += 1;
-    }
-    at
+    buf.copy_within(start.., 0);
+    buf.len() - start
 }
 
 /// Convenience for tests and cold paths.
@@ -416,6 +416,24 @@ mod tests {
         assert_eq!(g17_string(-42.0), "-42");
         assert_eq!(g17_string(1e17), "1e+17");
         assert_eq!(g17_string(1e-5), "1.0000000000000001e-05");
+    }
+
+    #[test]
+    fn integers_format_like_to_string() {
+        for v in [
+            0,
+            7,
+            -1,
+            10,
+            -10,
+            1_764_560_000_123_456_789,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            let mut buf = [0u8; G17_MAX_LEN];
+            let len = format_i64(v, &mut buf);
+            assert_eq!(&buf[..len], v.to_string().as_bytes());
+        }
     }
 
     fn printf_g17(value: f64) -> String {

@@ -125,6 +125,20 @@ fn a_key_written_by_redis_cell_is_read_as_it_would_be() {
     // A value left from long ago counts as a new key.
     cmd(&mut c, &["SET", "old", "1500000000000000000"]).unwrap();
     assert_eq!(th(&mut c, "old", &["15", "30", "60"]), [0, 16, 15, -1, 2]);
+    assert_eq!(
+        get(&mut c, "old"),
+        bulk((T0_NS + 2_000_000_000).to_string())
+    );
+    assert_eq!(pexpiretime(&mut c, "old"), T0_MS + 2_000);
+
+    // A shorter value (not rewritten in place) is replaced, its expiry too.
+    cmd(&mut c, &["SET", "short", "5", "EX", "100000"]).unwrap();
+    assert_eq!(th(&mut c, "short", &["15", "30", "60"]), [0, 16, 15, -1, 2]);
+    assert_eq!(
+        get(&mut c, "short"),
+        bulk((T0_NS + 2_000_000_000).to_string())
+    );
+    assert_eq!(pexpiretime(&mut c, "short"), T0_MS + 2_000);
 }
 
 #[test]
@@ -318,9 +332,12 @@ fn effects_are_replicated_not_the_command() {
         );
         advance_clock(&mut m, 123_457);
     }
+    // A microsecond apart: rewritten in place, the expiry (whole ms) mostly unmoved.
+    for _ in 0..5 {
+        assert_eq!(th(&mut m, "fast", &["1000", "1000000", "1"])[0], 0);
+    }
     let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
-    for i in 0..5 {
-        let key = format!("k{i}");
+    for key in (0..5).map(|i| format!("k{i}")).chain(["fast".to_string()]) {
         let on_master = get(&mut m, &key);
         assert_ne!(on_master, Ok(Value::Nil), "{key} was written");
         assert_eq!(get(&mut r, &key), on_master);

@@ -420,6 +420,24 @@ impl OpenKey {
         }
     }
 
+    /// Overwrites a string key's value in place when the new one has the same length (the
+    /// key, its expiry and its allocation stay). Returns false, writing nothing, otherwise.
+    pub fn string_overwrite_same_length(&mut self, value: &[u8]) -> Result<bool, ErrorReply> {
+        let dma = api!(RedisModule_StringDMA)?;
+        let mut len = 0usize;
+        let mode = raw::REDISMODULE_WRITE as c_int;
+        // SAFETY: the key is open for writing and holds a string; Redis returns its own buffer
+        // of `len` bytes, which we fill only when the lengths match.
+        unsafe {
+            let p = dma(self.key.as_ptr(), &mut len, mode);
+            if p.is_null() || len != value.len() {
+                return Ok(false);
+            }
+            ptr::copy_nonoverlapping(value.as_ptr(), p.cast::<u8>(), len);
+        }
+        Ok(true)
+    }
+
     /// Replaces the key's value with a string (dropping any expiry, as `SET` does).
     pub fn string_set(&mut self, value: *mut RedisModuleString) -> Result<(), ErrorReply> {
         let set = api!(RedisModule_StringSet)?;
@@ -433,18 +451,19 @@ impl OpenKey {
 pub fn replicate_set_pxat(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
-    value: *mut RedisModuleString,
+    value: &[u8],
     unix_ms: i64,
 ) -> Result<(), ErrorReply> {
     let replicate = api!(RedisModule_Replicate)?;
-    // SAFETY: format "sscl": key string, value string, C string, long long.
+    // SAFETY: format "sbcl": key string, buffer and its length (copied), C string, long long.
     unsafe {
         replicate(
             ctx,
             c"SET".as_ptr(),
-            c"sscl".as_ptr(),
+            c"sbcl".as_ptr(),
             key,
-            value,
+            value.as_ptr(),
+            value.len(),
             c"PXAT".as_ptr(),
             unix_ms as c_longlong,
         )

@@ -1,5 +1,5 @@
-//! The Redis side of `CL.THROTTLE`: one string key opened once, read in place, written through
-//! the module key API, the effect propagated as `SET key value PXAT ms`.
+//! The Redis side of `CL.THROTTLE`: one string key opened once, read and (at the same length)
+//! written in place through the module key API, the effect propagated as `SET key value PXAT ms`.
 
 use std::ffi::c_int;
 
@@ -29,10 +29,19 @@ impl StringStore for RedisStringKey {
 
     fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
         api::check_memory(self.ctx)?;
-        let value = TempString::new(self.ctx, value)?;
-        self.key.string_set(value.as_ptr())?;
-        self.key.set_abs_expire(expire_at_ms)?;
-        api::replicate_set_pxat(self.ctx, self.name, value.as_ptr(), expire_at_ms)?;
+        // A stored time keeps its length (19 digits of nanoseconds) from call to call: written
+        // in place it keeps the key and its expiry, which is then set only if it moves. Any
+        // other value replaces the key's (SET semantics: the expiry goes, and is set anew).
+        let in_place = self.key.kind()? != crate::pipeline::KeyKind::Empty
+            && self.key.string_overwrite_same_length(value)?;
+        if !in_place {
+            let fresh = TempString::new(self.ctx, value)?;
+            self.key.string_set(fresh.as_ptr())?;
+        }
+        if self.key.abs_expire()? != Some(expire_at_ms) {
+            self.key.set_abs_expire(expire_at_ms)?;
+        }
+        api::replicate_set_pxat(self.ctx, self.name, value, expire_at_ms)?;
         api::signal_string_write(self.ctx, self.name)
     }
 }

@@ -14,6 +14,7 @@ use crate::args::{IntegerArg, MAX_INTEGER_ARG};
 use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
 use crate::core::{Reply, gcra};
 use crate::error::{ErrorReply, WRONGTYPE};
+use crate::number::{G17_MAX_LEN, format_i64};
 use crate::stats::CommandStats;
 
 pub const NAME: &CStr = c"CL.THROTTLE";
@@ -99,16 +100,10 @@ pub fn decode(raw: &[u8]) -> Result<i128, ErrorReply> {
     if digits.len() > 19 {
         return Err(CORRUPT);
     }
-    let v = std::str::from_utf8(digits)
-        .ok()
-        .and_then(|s| {
-            if s.is_empty() {
-                Some(0)
-            } else {
-                s.parse::<u64>().ok()
-            }
-        })
-        .ok_or(CORRUPT)?;
+    // At most 19 digits: no u64 overflow.
+    let v = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
     if v < MAX_TAT_NS {
         Ok(i128::from(v))
     } else {
@@ -227,8 +222,20 @@ pub fn apply<S: StringStore>(
     };
     let (reply, write) = decide(args, now_us, prior);
     if let Some((tat, expire_at_ms)) = write {
-        let text = tat.to_string();
-        store.write(text.as_bytes(), expire_at_ms)?;
+        // Nanoseconds since 1970 fit an i64 until 2262; the text of a later time is allocated.
+        let mut buf = [0u8; G17_MAX_LEN];
+        let late;
+        let text = match i64::try_from(tat) {
+            Ok(ns) => {
+                let len = format_i64(ns, &mut buf);
+                buf.get(..len).unwrap_or_default()
+            }
+            Err(_) => {
+                late = tat.to_string();
+                late.as_bytes()
+            }
+        };
+        store.write(text, expire_at_ms)?;
     }
     Ok(reply)
 }
