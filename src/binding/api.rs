@@ -215,6 +215,10 @@ impl OpenKey {
 
     /// The key's absolute expiry in Unix milliseconds, `None` when it has none.
     pub fn abs_expire(&self) -> Result<Option<i64>, ErrorReply> {
+        // An empty key has none; asking Redis would still search the expiry table.
+        if self.kind()? == KeyKind::Empty {
+            return Ok(None);
+        }
         let get = api!(RedisModule_GetAbsExpire)?;
         // SAFETY: the key is open.
         let at = unsafe { get(self.key.as_ptr()) };
