@@ -105,9 +105,7 @@ pub fn apply<L: HashLimiter<N>, S: HashStore, const N: usize>(
         KeyKind::Empty => None,
         KeyKind::Other => return Err(WRONGTYPE),
         KeyKind::Hash => {
-            for (slot, field) in held.iter_mut().zip(L::FIELDS) {
-                *slot = store.get(field)?;
-            }
+            held = store.get_many(L::FIELDS)?;
             Some(L::decode(
                 held.each_ref().map(|v| v.as_ref().map(AsRef::as_ref)),
             )?)
