@@ -265,36 +265,16 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
 
 #[test]
 fn effects_are_replicated_not_the_command() {
-    let master = Server::with_test_clock();
-    let replica = Server::start();
-    replica.replicate_from(&master);
-    let mut m = master.connect();
-    let mut r = replica.connect();
-    set_clock(&mut m, T0);
-    for i in 0..50 {
-        let key = format!("k{}", i % 5);
-        g(
-            &mut m,
-            &key,
-            &["2", "3", "1", if i % 7 == 0 { "0" } else { "1" }],
-        );
-        advance_clock(&mut m, 123_457);
+    replication::ReplicationCheck {
+        command: GCRA,
+        params: &["2", "3", "1"],
+        cost: "1",
+        deny_params: &["0", "1", "60"],
+        denied_flag: 0,
+        effects: &["hset", "pexpireat"],
+        state: hash_bytes,
     }
-    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
-    for i in 0..5 {
-        let key = format!("k{i}");
-        let on_master = hash_bytes(&mut m, &key);
-        assert!(!on_master.is_empty(), "{key} was written");
-        assert_eq!(hash_bytes(&mut r, &key), on_master);
-        assert_eq!(pexpiretime(&mut r, &key), pexpiretime(&mut m, &key));
-    }
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut r)
-        .unwrap();
-    assert!(stats.contains("cmdstat_hset:"), "{stats}");
-    assert!(stats.contains("cmdstat_pexpireat:"), "{stats}");
-    assert!(!stats.to_lowercase().contains("rl.gcra"), "{stats}");
+    .run();
 }
 
 #[test]

@@ -320,45 +320,16 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
 
 #[test]
 fn effects_are_replicated_not_the_command() {
-    let master = Server::with_test_clock();
-    let replica = Server::start();
-    replica.replicate_from(&master);
-    let mut m = master.connect();
-    let mut r = replica.connect();
-    set_clock(&mut m, future());
-    for i in 0..60 {
-        let key = format!("k{}", i % 5);
-        let cost = if i % 7 == 0 { "0" } else { "2" };
-        sl(&mut m, &key, &["5", "0.5", cost]);
-        advance_clock(&mut m, 123_457);
+    replication::ReplicationCheck {
+        command: SL,
+        params: &["5", "0.5"],
+        cost: "2",
+        deny_params: &["1", "60"],
+        denied_flag: 0,
+        effects: &["zadd", "zremrangebyscore", "pexpireat"],
+        state: zset_bytes,
     }
-    let offset = info_field(&mut m, "replication", "master_repl_offset");
-    sl(&mut m, "spent", &["1", "60"]);
-    let offset_after_write = info_field(&mut m, "replication", "master_repl_offset");
-    assert_ne!(offset, offset_after_write);
-    // Denials and peeks send nothing to replicas.
-    assert_eq!(sl(&mut m, "spent", &["1", "60"])[0], 0);
-    sl(&mut m, "spent", &["1", "60", "0"]);
-    assert_eq!(
-        info_field(&mut m, "replication", "master_repl_offset"),
-        offset_after_write
-    );
-
-    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
-    for i in 0..5 {
-        let key = format!("k{i}");
-        assert!(!zset_bytes(&mut m, &key).is_empty());
-        assert_eq!(zset_bytes(&mut r, &key), zset_bytes(&mut m, &key));
-        assert_eq!(pexpiretime(&mut r, &key), pexpiretime(&mut m, &key));
-    }
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut r)
-        .unwrap();
-    for command in ["zadd", "zremrangebyscore", "pexpireat"] {
-        assert!(stats.contains(&format!("cmdstat_{command}:")), "{stats}");
-    }
-    assert!(!stats.to_lowercase().contains("rl.slidinglog"), "{stats}");
+    .run();
 }
 
 #[test]

@@ -267,46 +267,16 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
 
 #[test]
 fn effects_are_replicated_not_the_command() {
-    let master = Server::with_test_clock();
-    let replica = Server::start();
-    replica.replicate_from(&master);
-    let mut m = master.connect();
-    let mut r = replica.connect();
-    for i in 0..50 {
-        let key = format!("k{}", i % 5);
-        sw(
-            &mut m,
-            &key,
-            &["3", "0.7", if i % 7 == 0 { "0" } else { "1" }],
-        );
-        advance_clock(&mut m, 123_457);
+    replication::ReplicationCheck {
+        command: SW,
+        params: &["3", "0.7"],
+        cost: "1",
+        deny_params: &["1", "60"],
+        denied_flag: 0,
+        effects: &["hset", "pexpireat"],
+        state: hash_bytes,
     }
-    // Denials and peeks send nothing to replicas.
-    sw(&mut m, "full", &["1", "60"]);
-    let offset = info_field(&mut m, "replication", "master_repl_offset");
-    assert_eq!(sw(&mut m, "full", &["1", "60"])[0], 0);
-    sw(&mut m, "full", &["1", "60", "0"]);
-    assert_eq!(
-        info_field(&mut m, "replication", "master_repl_offset"),
-        offset
-    );
-
-    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
-    for key in ["k0", "k1", "k2", "k3", "k4", "full"] {
-        assert!(!hash_bytes(&mut m, key).is_empty(), "{key}");
-        assert_eq!(hash_bytes(&mut r, key), hash_bytes(&mut m, key));
-        assert_eq!(pexpiretime(&mut r, key), pexpiretime(&mut m, key));
-    }
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut r)
-        .unwrap();
-    assert!(stats.contains("cmdstat_hset:"), "{stats}");
-    assert!(stats.contains("cmdstat_pexpireat:"), "{stats}");
-    assert!(
-        !stats.to_lowercase().contains("rl.slidingwindow"),
-        "{stats}"
-    );
+    .run();
 }
 
 #[test]

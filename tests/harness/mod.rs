@@ -2,7 +2,7 @@
 //! directory, and always shuts them down (on drop, also when a test fails). With `--features
 //! containers` and `RL_REDIS_IMAGE` set, the servers are containers of that image instead
 //! (`container`). `memory` and `scenarios` hold the in-memory model and the generated sequences
-//! of the differential suites.
+//! of the differential suites; `replication` the replication check every limiter runs.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -426,6 +426,7 @@ pub mod cluster;
 #[cfg(feature = "containers")]
 pub mod container;
 pub mod memory;
+pub mod replication;
 pub mod scenarios;
 
 /// Generated-case counts for the differential suites, multiplied by `RL_DIFF_SCALE` (`make soak`).

@@ -1,0 +1,84 @@
+//! The replication check every limiter's suite runs: mixed calls (admitted, denied, peeks) on a
+//! master under the test clock; then the replica holds the same state and absolute expiry, ran
+//! only the propagated effects and never the limiter command, and a denial or a peek sent it
+//! nothing at all.
+
+use std::fmt::Debug;
+
+use redis::Connection;
+
+use super::{Server, advance_clock, cmd, info_field, ints, pexpiretime, set_clock};
+
+/// 2030: ahead of the real clock, so no absolute expiry written here is already past.
+const START_US: i64 = 1_900_000_000_000_000;
+
+pub struct ReplicationCheck<'a, S> {
+    /// The limiter command.
+    pub command: &'a str,
+    /// Parameters of the mixed calls; every 7th call appends cost 0 (a peek), the others `cost`.
+    pub params: &'a [&'a str],
+    pub cost: &'a str,
+    /// Parameters under which a key's first call is admitted and the next one denied.
+    pub deny_params: &'a [&'a str],
+    /// The first element of a denial's reply (0 for `RL.*`, 1 for `CL.THROTTLE`).
+    pub denied_flag: i64,
+    /// The commands the replica must have run, as named by `INFO commandstats`.
+    pub effects: &'a [&'a str],
+    /// A key's stored state; the default value means "not written".
+    pub state: fn(&mut Connection, &str) -> S,
+}
+
+impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
+    pub fn run(&self) {
+        let master = Server::with_test_clock();
+        let replica = Server::start();
+        replica.replicate_from(&master);
+        let mut m = master.connect();
+        let mut r = replica.connect();
+        set_clock(&mut m, START_US);
+        for i in 0..50 {
+            let key = format!("k{}", i % 5);
+            let cost = if i % 7 == 0 { "0" } else { self.cost };
+            self.call(&mut m, &key, self.params, Some(cost));
+            advance_clock(&mut m, 123_457);
+        }
+
+        let offset = info_field(&mut m, "replication", "master_repl_offset");
+        let admitted = self.call(&mut m, "spent", self.deny_params, None);
+        assert_ne!(admitted.first(), Some(&self.denied_flag), "{admitted:?}");
+        let after_write = info_field(&mut m, "replication", "master_repl_offset");
+        assert_ne!(offset, after_write, "a write is propagated");
+        let denied = self.call(&mut m, "spent", self.deny_params, None);
+        assert_eq!(denied.first(), Some(&self.denied_flag), "{denied:?}");
+        self.call(&mut m, "spent", self.deny_params, Some("0"));
+        assert_eq!(
+            info_field(&mut m, "replication", "master_repl_offset"),
+            after_write,
+            "a denial and a peek propagate nothing"
+        );
+
+        let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+        for key in ["k0", "k1", "k2", "k3", "k4", "spent"] {
+            let on_master = (self.state)(&mut m, key);
+            assert_ne!(on_master, S::default(), "{key} was written");
+            assert_eq!((self.state)(&mut r, key), on_master, "{key}");
+            assert_eq!(pexpiretime(&mut r, key), pexpiretime(&mut m, key), "{key}");
+        }
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut r)
+            .unwrap();
+        for effect in self.effects {
+            assert!(stats.contains(&format!("cmdstat_{effect}:")), "{stats}");
+        }
+        let own = format!("cmdstat_{}:", self.command.to_lowercase());
+        assert!(!stats.to_lowercase().contains(&own), "{stats}");
+    }
+
+    fn call(&self, c: &mut Connection, key: &str, params: &[&str], cost: Option<&str>) -> Vec<i64> {
+        let mut args = vec![self.command, key];
+        args.extend_from_slice(params);
+        args.extend(cost);
+        ints(&cmd(c, &args))
+    }
+}
