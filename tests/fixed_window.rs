@@ -2,7 +2,6 @@
 
 mod harness;
 
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
@@ -88,18 +87,9 @@ fn the_window_ends_by_its_stored_start_not_by_the_ttl() {
 #[test]
 fn two_hundred_concurrent_clients_admit_exactly_the_limit() {
     let s = Server::with_test_clock();
-    let start = Arc::new(Barrier::new(200));
-    let workers: Vec<_> = (0..200)
-        .map(|_| {
-            let mut c = s.connect();
-            let start = Arc::clone(&start);
-            thread::spawn(move || {
-                start.wait();
-                fw(&mut c, "race", &["10", "60"])[0]
-            })
-        })
-        .collect();
-    let allowed: i64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let allowed: i64 = first_replies_of_racing_clients(&s, 200, &[FW, "race", "10", "60"])
+        .iter()
+        .sum();
     assert_eq!(allowed, 10);
 }
 

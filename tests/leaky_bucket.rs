@@ -2,7 +2,6 @@
 
 mod harness;
 
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
@@ -56,18 +55,9 @@ fn burst_up_to_capacity_then_exactly_what_drained() {
 #[test]
 fn two_hundred_concurrent_clients_admit_exactly_capacity() {
     let s = Server::with_test_clock();
-    let start = Arc::new(Barrier::new(200));
-    let workers: Vec<_> = (0..200)
-        .map(|_| {
-            let mut c = s.connect();
-            let start = Arc::clone(&start);
-            thread::spawn(move || {
-                start.wait();
-                lb(&mut c, "race", &["10", "5"])[0]
-            })
-        })
-        .collect();
-    let allowed: i64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let allowed: i64 = first_replies_of_racing_clients(&s, 200, &[LB, "race", "10", "5"])
+        .iter()
+        .sum();
     assert_eq!(allowed, 10);
 }
 

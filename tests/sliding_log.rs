@@ -2,7 +2,6 @@
 
 mod harness;
 
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
@@ -131,18 +130,9 @@ fn retry_after_is_exact_to_the_millisecond() {
 fn two_hundred_concurrent_clients_admit_exactly_limit() {
     let s = Server::with_test_clock();
     set_clock(&mut s.connect(), future());
-    let start = Arc::new(Barrier::new(200));
-    let workers: Vec<_> = (0..200)
-        .map(|_| {
-            let mut c = s.connect();
-            let start = Arc::clone(&start);
-            thread::spawn(move || {
-                start.wait();
-                sl(&mut c, "race", &["10", "60"])[0]
-            })
-        })
-        .collect();
-    let allowed: i64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let allowed: i64 = first_replies_of_racing_clients(&s, 200, &[SL, "race", "10", "60"])
+        .iter()
+        .sum();
     assert_eq!(allowed, 10);
     assert_eq!(
         zset_bytes(&mut s.connect(), "race").len(),

@@ -2,7 +2,6 @@
 
 mod harness;
 
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
@@ -195,18 +194,9 @@ fn quantity_zero_and_denials_write_nothing() {
 #[test]
 fn two_hundred_concurrent_clients_admit_exactly_the_limit() {
     let s = Server::with_test_clock();
-    let start = Arc::new(Barrier::new(200));
-    let workers: Vec<_> = (0..200)
-        .map(|_| {
-            let mut c = s.connect();
-            let start = Arc::clone(&start);
-            thread::spawn(move || {
-                start.wait();
-                th(&mut c, "race", &["9", "1", "60"])[0]
-            })
-        })
-        .collect();
-    let limited: i64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let limited: i64 = first_replies_of_racing_clients(&s, 200, &[CL, "race", "9", "1", "60"])
+        .iter()
+        .sum();
     assert_eq!(200 - limited, 10);
 }
 

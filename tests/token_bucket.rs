@@ -99,18 +99,9 @@ fn seed_scenario_with_the_real_clock() {
 #[test]
 fn two_hundred_concurrent_clients_admit_exactly_capacity() {
     let s = Server::with_test_clock();
-    let start = Arc::new(Barrier::new(200));
-    let workers: Vec<_> = (0..200)
-        .map(|_| {
-            let mut c = s.connect();
-            let start = Arc::clone(&start);
-            thread::spawn(move || {
-                start.wait();
-                tb(&mut c, "race", &["10", "5"])[0]
-            })
-        })
-        .collect();
-    let allowed: i64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let allowed: i64 = first_replies_of_racing_clients(&s, 200, &[TB, "race", "10", "5"])
+        .iter()
+        .sum();
     assert_eq!(allowed, 10);
 }
 

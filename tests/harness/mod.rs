@@ -388,6 +388,28 @@ pub fn info_field(c: &mut Connection, section: &str, field: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `clients` connections each send `args` once, all released at the same moment by a barrier;
+/// returns the first element of every reply (allowed, or CL.THROTTLE's limited), in no order.
+pub fn first_replies_of_racing_clients(server: &Server, clients: usize, args: &[&str]) -> Vec<i64> {
+    let start = std::sync::Arc::new(std::sync::Barrier::new(clients));
+    let workers: Vec<_> = (0..clients)
+        .map(|_| {
+            let mut c = server.connect();
+            let start = std::sync::Arc::clone(&start);
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            std::thread::spawn(move || {
+                start.wait();
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                ints(&cmd(&mut c, &args))[0]
+            })
+        })
+        .collect();
+    workers
+        .into_iter()
+        .map(|w| w.join().expect("worker"))
+        .collect()
+}
+
 /// `calls=` of one command in a server's `INFO commandstats` (0 when it never ran).
 pub fn calls_of(c: &mut redis::Connection, command: &str) -> u64 {
     let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
