@@ -235,14 +235,34 @@ def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
             raise SystemExit(f"{who} {limiter.deny}: expected admitted then denied, got {replies}")
 
 
-def variants(lim: Limiter) -> list[tuple[str, str, str]]:
-    """(kind, keys, arguments) of the cases of one limiter."""
-    return [
+def limiter_cases(
+    lim: Limiter, head: list[str], label: str, stat: str, prefix: str, lua: bool, cell: bool
+) -> list[Case]:
+    """One limiter's cases (hot and random admits, a hot denial, steady random keys), each called
+    as `head + [key] + arguments`, with keys named `prefix:command:kind:...`."""
+    tag = lim.command.split(".")[-1].lower()
+    variants = [
         ("admit", "hot", lim.admit),
         ("admit", "random", lim.admit),
         ("deny", "hot", lim.deny),
         ("steady", "random", lim.steady),
     ]
+    cases = []
+    for kind, keys, args in variants:
+        key = f"{prefix}:{tag}:{kind}:" + ("{__rand_int__}" if keys == "random" else "hot")
+        cases.append(
+            Case(
+                label=label,
+                args=args,
+                keys=keys,
+                argv=head + [key] + args.split(),
+                stat=stat,
+                limiter=lim.command,
+                lua=lua,
+                cell=cell,
+            )
+        )
+    return cases
 
 
 def floor_cases(label: str, cell: bool = False) -> list[Case]:
@@ -280,26 +300,13 @@ def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
         else:
             notes.append(f"{lim.command}: no lua-reference/{lim.script}, Lua twin skipped")
         check_decisions(server, lim, shas.get(lim.command))
-        tag = lim.command.split(".")[-1].lower()
-        for lua in [False, True]:
-            if lua and lim.command not in shas:
-                continue
-            for kind, keys, args in variants(lim):
-                key = f"{'lua' if lua else 'rl'}:{tag}:{kind}:" + (
-                    "{__rand_int__}" if keys == "random" else "hot"
-                )
-                head = ["EVALSHA", shas[lim.command], "1"] if lua else [lim.command]
-                cases.append(
-                    Case(
-                        label=f"{lim.command} (Lua twin)" if lua else lim.command,
-                        args=args,
-                        keys=keys,
-                        argv=head + [key] + args.split(),
-                        stat="evalsha" if lua else lim.command.lower(),
-                        limiter=lim.command,
-                        lua=lua,
-                    )
-                )
+        cases += limiter_cases(
+            lim, [lim.command], lim.command, lim.command.lower(), "rl", lua=False, cell=False
+        )
+        if lim.command in shas:
+            head = ["EVALSHA", shas[lim.command], "1"]
+            label = f"{lim.command} (Lua twin)"
+            cases += limiter_cases(lim, head, label, "evalsha", "lua", lua=True, cell=False)
     cases += floor_cases(f"{FLOOR} (floor)")
     return cases, shas, notes
 
@@ -311,23 +318,10 @@ def build_cell_cases(cell: Server) -> list[Case]:
     if not cell.has_command(CELL_COMMAND):
         raise SystemExit(f"--redis-cell: the loaded module has no {CELL_COMMAND}")
     check_decisions(cell, lim, None)
-    tag = lim.command.split(".")[-1].lower()
-    cases = []
-    for kind, keys, args in variants(lim):
-        # The same key names as our cases, so only the module differs.
-        key = f"rl:{tag}:{kind}:" + ("{__rand_int__}" if keys == "random" else "hot")
-        cases.append(
-            Case(
-                label=CELL_LABEL,
-                args=args,
-                keys=keys,
-                argv=[lim.command, key] + args.split(),
-                stat=lim.command.lower(),
-                limiter=lim.command,
-                lua=False,
-                cell=True,
-            )
-        )
+    # The same key names as our cases, so only the module differs.
+    cases = limiter_cases(
+        lim, [lim.command], CELL_LABEL, lim.command.lower(), "rl", lua=False, cell=True
+    )
     return cases + floor_cases(f"{FLOOR} (floor, redis-cell server)", cell=True)
 
 
