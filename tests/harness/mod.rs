@@ -412,10 +412,8 @@ pub fn first_replies_of_racing_clients(server: &Server, clients: usize, args: &[
 
 /// `calls=` of one command in a server's `INFO commandstats` (0 when it never ran).
 pub fn calls_of(c: &mut redis::Connection, command: &str) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+    let stat = info_field(c, "commandstats", &format!("cmdstat_{command}"));
+    stat.strip_prefix("calls=")
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |n| n.parse().unwrap())
 }
