@@ -67,16 +67,37 @@ local function stored_timestamp(s)
   return nil
 end
 
--- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
-local function load_hash(key, ...)
-  local fields = redis.pcall('HMGET', key, ...)
-  if fields.err then return nil, fields end
-  for i = 1, select('#', ...) do
-    if fields[i] then return fields end
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
   end
-  if redis.call('EXISTS', key) == 0 then return false end
+  if not v then return false end
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
   return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET.
+local function store_fields(key, expire_at, ...)
+  local parts = {}
+  for i = 1, select('#', ...) do parts[i] = string.format('%.17g', (select(i, ...))) end
+  redis.call('SET', key, table.concat(parts, ' '), 'PXAT', string.format('%.0f', expire_at))
 end
 
 local function now_us()
@@ -109,7 +130,7 @@ end
 
 -- false for a new bucket, the state, or nil and an error reply.
 function token_bucket.load(key)
-  local fields, err = load_hash(key, 'tokens', 'ts')
+  local fields, err = load_fields(key, 'tokens', 'ts')
   if not fields then return fields, err end
   local tokens = stored_amount(fields[1])
   if not tokens then
@@ -157,8 +178,7 @@ function token_bucket.decide(a, state, now)
 end
 
 function token_bucket.store(key, w)
-  redis.call('HSET', key, 'tokens', w.tokens, 'ts', w.ts)
-  redis.call('PEXPIREAT', key, w.expire_at)
+  store_fields(key, w.expire_at, w.tokens, w.ts)
 end
 -- @end
 
@@ -186,7 +206,7 @@ end
 
 -- false for a new bucket, the state, or nil and an error reply.
 function leaky_bucket.load(key)
-  local fields, err = load_hash(key, 'level', 'ts')
+  local fields, err = load_fields(key, 'level', 'ts')
   if not fields then return fields, err end
   local level = stored_amount(fields[1])
   if not level then
@@ -237,8 +257,7 @@ function leaky_bucket.decide(a, state, now)
 end
 
 function leaky_bucket.store(key, w)
-  redis.call('HSET', key, 'level', w.level, 'ts', w.ts)
-  redis.call('PEXPIREAT', key, w.expire_at)
+  store_fields(key, w.expire_at, w.level, w.ts)
 end
 -- @end
 
@@ -275,7 +294,7 @@ end
 
 -- false for a new key, the state, or nil and an error reply.
 function fixed_window.load(key)
-  local fields, err = load_hash(key, 'count', 'start')
+  local fields, err = load_fields(key, 'count', 'start')
   if not fields then return fields, err end
   local count = stored_amount(fields[1])
   if not count then
@@ -326,8 +345,7 @@ function fixed_window.decide(a, state, now)
 end
 
 function fixed_window.store(key, w)
-  redis.call('HSET', key, 'count', w.count, 'start', w.start)
-  redis.call('PEXPIREAT', key, w.expire_at)
+  store_fields(key, w.expire_at, w.count, w.start)
 end
 -- @end
 
@@ -372,7 +390,7 @@ end
 
 -- false for a new key, the state, or nil and an error reply.
 function sliding_window.load(key)
-  local fields, err = load_hash(key, 'start', 'cur', 'prev')
+  local fields, err = load_fields(key, 'start', 'cur', 'prev')
   if not fields then return fields, err end
   local start = stored_timestamp(fields[1])
   if not start then
@@ -451,8 +469,7 @@ function sliding_window.decide(a, state, now)
 end
 
 function sliding_window.store(key, w)
-  redis.call('HSET', key, 'start', w.start, 'cur', w.cur, 'prev', w.prev)
-  redis.call('PEXPIREAT', key, w.expire_at)
+  store_fields(key, w.expire_at, w.start, w.cur, w.prev)
 end
 -- @end
 
@@ -489,7 +506,7 @@ end
 
 -- false for a new key, the state, or nil and an error reply.
 function gcra.load(key)
-  local fields, err = load_hash(key, 'tat')
+  local fields, err = load_fields(key, 'tat')
   if not fields then return fields, err end
   local s = fields[1]
   local tat = s and is_integer(s) and tonumber(s)
@@ -524,8 +541,7 @@ function gcra.decide(a, state, now)
 end
 
 function gcra.store(key, w)
-  redis.call('HSET', key, 'tat', w.tat)
-  redis.call('PEXPIREAT', key, w.expire_at)
+  store_fields(key, w.expire_at, w.tat)
 end
 -- @end
 

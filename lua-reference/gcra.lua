@@ -3,14 +3,14 @@
 --   EVALSHA <sha> 1 <key> <max_burst> <count_per_period> <period_sec> [cost]
 --
 -- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
--- the module's. State: hash {tat (theoretical arrival time, unix microseconds)}, absolute expiry
--- at the first millisecond from which the key is equivalent to a new one. The emission interval
+-- the module's. State: one string "<tat>" (theoretical arrival time, unix microseconds), expiry
+-- at the first millisecond from which the key is equivalent to a new one (absolute). The emission interval
 -- is rounded up to a whole microsecond, so every time here is an integer below 2^53 and exact in
 -- a double: the same numbers as the module's integer arithmetic (src/core/gcra.rs), stored with
 -- the same bytes ("%.17g" of an integer below 1e17 is its digits).
 --
 -- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
--- block with parse / load / decide / store, and a short "main". lua-reference/multi.lua is
+-- block with parse / load / decide / store, and a short "main". lua-reference/all.lua is
 -- assembled from these blocks.
 
 -- @common
@@ -69,16 +69,37 @@ local function stored_timestamp(s)
   return nil
 end
 
--- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
-local function load_hash(key, ...)
-  local fields = redis.pcall('HMGET', key, ...)
-  if fields.err then return nil, fields end
-  for i = 1, select('#', ...) do
-    if fields[i] then return fields end
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
   end
-  if redis.call('EXISTS', key) == 0 then return false end
+  if not v then return false end
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
   return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET.
+local function store_fields(key, expire_at, ...)
+  local parts = {}
+  for i = 1, select('#', ...) do parts[i] = string.format('%.17g', (select(i, ...))) end
+  redis.call('SET', key, table.concat(parts, ' '), 'PXAT', string.format('%.0f', expire_at))
 end
 
 local function now_us()
@@ -120,7 +141,7 @@ end
 
 -- false for a new key, the state, or nil and an error reply.
 function gcra.load(key)
-  local fields, err = load_hash(key, 'tat')
+  local fields, err = load_fields(key, 'tat')
   if not fields then return fields, err end
   local s = fields[1]
   local tat = s and is_integer(s) and tonumber(s)
@@ -155,8 +176,7 @@ function gcra.decide(a, state, now)
 end
 
 function gcra.store(key, w)
-  redis.call('HSET', key, 'tat', w.tat)
-  redis.call('PEXPIREAT', key, w.expire_at)
+  store_fields(key, w.expire_at, w.tat)
 end
 -- @end
 

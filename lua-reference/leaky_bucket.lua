@@ -3,9 +3,9 @@
 --   EVALSHA <sha> 1 <key> <capacity> <leak_per_sec> [cost]
 --
 -- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
--- the module's. State: hash {level, ts (unix microseconds)}, absolute expiry when empty again.
--- Every number is computed in the same order as src/core/leaky_bucket.rs; numbers passed to
--- redis.call are stored by Redis 7.0 as "%.17g", which the module writes too.
+-- the module's. State: one string "<level> <ts>" (ts in unix microseconds), absolute expiry when
+-- empty again. Every number is computed in the same order as src/core/leaky_bucket.rs and stored
+-- as "%.17g", as the module writes it.
 --
 -- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
 -- block with parse / load / decide / store, and a short "main".
@@ -66,16 +66,37 @@ local function stored_timestamp(s)
   return nil
 end
 
--- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
-local function load_hash(key, ...)
-  local fields = redis.pcall('HMGET', key, ...)
-  if fields.err then return nil, fields end
-  for i = 1, select('#', ...) do
-    if fields[i] then return fields end
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
   end
-  if redis.call('EXISTS', key) == 0 then return false end
+  if not v then return false end
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
   return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET.
+local function store_fields(key, expire_at, ...)
+  local parts = {}
+  for i = 1, select('#', ...) do parts[i] = string.format('%.17g', (select(i, ...))) end
+  redis.call('SET', key, table.concat(parts, ' '), 'PXAT', string.format('%.0f', expire_at))
 end
 
 local function now_us()
@@ -108,7 +129,7 @@ end
 
 -- false for a new bucket, the state, or nil and an error reply.
 function leaky_bucket.load(key)
-  local fields, err = load_hash(key, 'level', 'ts')
+  local fields, err = load_fields(key, 'level', 'ts')
   if not fields then return fields, err end
   local level = stored_amount(fields[1])
   if not level then
@@ -159,8 +180,7 @@ function leaky_bucket.decide(a, state, now)
 end
 
 function leaky_bucket.store(key, w)
-  redis.call('HSET', key, 'level', w.level, 'ts', w.ts)
-  redis.call('PEXPIREAT', key, w.expire_at)
+  store_fields(key, w.expire_at, w.level, w.ts)
 end
 -- @end
 

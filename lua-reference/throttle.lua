@@ -73,16 +73,37 @@ local function stored_timestamp(s)
   return nil
 end
 
--- The fields of a hash-backed limiter: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent).
-local function load_hash(key, ...)
-  local fields = redis.pcall('HMGET', key, ...)
-  if fields.err then return nil, fields end
-  for i = 1, select('#', ...) do
-    if fields[i] then return fields end
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
   end
-  if redis.call('EXISTS', key) == 0 then return false end
+  if not v then return false end
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
   return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET.
+local function store_fields(key, expire_at, ...)
+  local parts = {}
+  for i = 1, select('#', ...) do parts[i] = string.format('%.17g', (select(i, ...))) end
+  redis.call('SET', key, table.concat(parts, ' '), 'PXAT', string.format('%.0f', expire_at))
 end
 
 local function now_us()

@@ -1,8 +1,15 @@
-//! The decision pipeline shared by every limiter whose state is one hash of numeric fields,
-//! written against a storage trait: the Redis binding implements it over the module key API, and
-//! the differential tests over an in-memory store. No Redis types here.
+//! The decision pipeline shared by every limiter whose state is a few numbers, written against
+//! a storage trait: the Redis binding implements it over the module key API, and the
+//! differential tests over an in-memory store. No Redis types here.
 //!
-//! load (key kind, fields) -> decode -> decide -> encode (`%.17g`) -> store with expiry.
+//! load (one string, or a hash of the earlier layout) -> decode -> decide -> encode -> store one
+//! string with its expiry.
+//!
+//! The stored value is the state's numbers in a fixed order (a limiter's `FIELDS`), each written
+//! as C's `%.17g`, separated by one space: `"4.5 1700000000123456"`. The Lua twins write the same
+//! bytes with `string.format('%.17g', x)`, which is C's on every server. Release 0.1 kept the
+//! same numbers in a hash, one field per name; such a key is still read, and its next write
+//! replaces it with the string.
 
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::AtomicPtr;
@@ -12,8 +19,9 @@ use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_g17};
 use crate::stats::CommandStats;
 
-/// A hash field name. `handle` is a slot where a storage layer may keep its own representation of
-/// the name (the Redis binding keeps a `RedisModuleString` there, created once).
+/// A field name of the earlier hash layout. `handle` is a slot where a storage layer may keep
+/// its own representation of the name (the Redis binding keeps a `RedisModuleString` there,
+/// created once).
 pub struct FieldName {
     pub name: &'static CStr,
     pub handle: AtomicPtr<c_void>,
@@ -28,48 +36,41 @@ impl FieldName {
     }
 }
 
-/// What a key holds.
+/// What a limiter key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyKind {
+pub enum Slot<'a> {
     Empty,
+    /// A string: the stored value.
+    Value(&'a [u8]),
+    /// A hash: the layout of release 0.1 (`StringStore::legacy_fields` reads it).
     Hash,
-    Other,
+    /// Any other type.
+    WrongType,
 }
 
-/// One open key of a storage layer.
-pub trait HashStore {
-    type Bytes: AsRef<[u8]>;
-    fn kind(&self) -> Result<KeyKind, ErrorReply>;
-    fn get(&self, field: &'static FieldName) -> Result<Option<Self::Bytes>, ErrorReply>;
-    /// Several fields; a store may fetch them in one go.
-    fn get_many<const N: usize>(
+/// One open key of a storage layer whose limiter state is one string.
+pub trait StringStore {
+    fn read(&self) -> Result<Slot<'_>, ErrorReply>;
+    /// The named fields of a hash key (`None` where a field is absent), into `out`.
+    fn legacy_fields(
         &self,
-        fields: [&'static FieldName; N],
-    ) -> Result<[Option<Self::Bytes>; N], ErrorReply> {
-        let mut out: [Option<Self::Bytes>; N] = [const { None }; N];
-        for (slot, field) in out.iter_mut().zip(fields) {
-            *slot = self.get(field)?;
-        }
-        Ok(out)
-    }
-    /// Sets the given fields (in order; the others keep their values) and the key's absolute
-    /// expiry, and propagates exactly that.
-    fn write(
-        &mut self,
-        fields: &[(&'static FieldName, &[u8])],
-        expire_at_ms: i64,
+        names: &[&'static FieldName],
+        out: &mut [Option<Vec<u8>>],
     ) -> Result<(), ErrorReply>;
+    /// Sets the value (replacing a value of any type) and the key's absolute expiry, and
+    /// propagates exactly that: one `SET key value PXAT ms`.
+    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply>;
 }
 
-/// New field values (in `FIELDS` order) and the key's absolute expiry in Unix milliseconds.
+/// New state (in `FIELDS` order) and the key's absolute expiry in Unix milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HashWrite<const N: usize> {
+pub struct FieldsWrite<const N: usize> {
     pub values: [f64; N],
     pub expire_at_ms: i64,
 }
 
-/// One limiter command whose state is a hash of `N` numeric fields.
-pub trait HashLimiter<const N: usize> {
+/// One limiter command whose state is `N` numbers.
+pub trait FieldsLimiter<const N: usize> {
     type Args;
     type State: Copy;
 
@@ -78,140 +79,135 @@ pub trait HashLimiter<const N: usize> {
     /// The command's counters, shown by INFO.
     const STATS: &'static CommandStats;
 
-    /// Field names, in the order `decode` reads them and `HashWrite::values` stores them.
+    /// Names of the numbers, in the order `decode` reads them and `FieldsWrite::values` stores
+    /// them (and the field names of the earlier hash layout).
     const FIELDS: [&'static FieldName; N];
     /// The reply to a call with too few or too many arguments.
     const ARITY_ERROR: ErrorReply;
 
     /// Arguments after the key.
     fn parse(args: &[&[u8]]) -> Result<Self::Args, ErrorReply>;
-    /// The stored fields of an existing hash (absent fields are `None`).
+    /// The stored numbers of an existing key (absent ones are `None`).
     fn decode(fields: [Option<&[u8]>; N]) -> Result<Self::State, ErrorReply>;
     fn decide(
         args: &Self::Args,
         now_us: i64,
         prior: Option<Self::State>,
-    ) -> (Reply, Option<HashWrite<N>>);
+    ) -> (Reply, Option<FieldsWrite<N>>);
+}
+
+/// The numbers of a stored string: split at the first `N - 1` spaces, so that the last part
+/// holds the rest (a value with more parts fails the last number's check); parts that are not
+/// there are `None`.
+pub fn split_fields<const N: usize>(value: &[u8]) -> [Option<&[u8]>; N] {
+    let mut out: [Option<&[u8]>; N] = [None; N];
+    for (slot, part) in out.iter_mut().zip(value.splitn(N, |&b| b == b' ')) {
+        *slot = Some(part);
+    }
+    out
+}
+
+/// The most numbers a stored value holds.
+pub const MAX_FIELDS: usize = 8;
+
+/// A stored value being built: `%.17g` numbers separated by single spaces.
+pub struct Encoded {
+    buf: [u8; MAX_FIELDS * (G17_MAX_LEN + 1)],
+    len: usize,
+}
+
+impl Encoded {
+    pub fn new(values: &[f64]) -> Encoded {
+        let mut out = Encoded {
+            buf: [0; MAX_FIELDS * (G17_MAX_LEN + 1)],
+            len: 0,
+        };
+        let mut number = [0u8; G17_MAX_LEN];
+        for (i, v) in values.iter().take(MAX_FIELDS).enumerate() {
+            if i > 0
+                && let Some(b) = out.buf.get_mut(out.len)
+            {
+                *b = b' ';
+                out.len += 1;
+            }
+            let n = format_g17(*v, &mut number);
+            if let (Some(dest), Some(src)) =
+                (out.buf.get_mut(out.len..out.len + n), number.get(..n))
+            {
+                dest.copy_from_slice(src);
+                out.len += n;
+            }
+        }
+        out
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.get(..self.len).unwrap_or_default()
+    }
+}
+
+/// Reads a limiter's state from either layout: `None` for an empty key.
+fn load<L: FieldsLimiter<N>, const N: usize>(
+    store: &dyn StringStore,
+) -> Result<Option<L::State>, ErrorReply> {
+    match store.read()? {
+        Slot::Empty => Ok(None),
+        Slot::WrongType => Err(WRONGTYPE),
+        Slot::Value(value) => L::decode(split_fields::<N>(value)).map(Some),
+        Slot::Hash => {
+            let mut held: [Option<Vec<u8>>; N] = [const { None }; N];
+            store.legacy_fields(&L::FIELDS, &mut held)?;
+            L::decode(held.each_ref().map(|v| v.as_deref())).map(Some)
+        }
+    }
+}
+
+fn store_write<const N: usize>(
+    store: &mut dyn StringStore,
+    write: &FieldsWrite<N>,
+) -> Result<(), ErrorReply> {
+    store.write(Encoded::new(&write.values).as_bytes(), write.expire_at_ms)
 }
 
 /// Loads, decides and stores for one call whose arguments are already parsed.
-pub fn apply<L: HashLimiter<N>, S: HashStore, const N: usize>(
-    store: &mut S,
+pub fn apply<L: FieldsLimiter<N>, const N: usize>(
+    store: &mut dyn StringStore,
     args: &L::Args,
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
-    let mut held: [Option<S::Bytes>; N] = [const { None }; N];
-    let prior = match store.kind()? {
-        KeyKind::Empty => None,
-        KeyKind::Other => return Err(WRONGTYPE),
-        KeyKind::Hash => {
-            held = store.get_many(L::FIELDS)?;
-            Some(L::decode(
-                held.each_ref().map(|v| v.as_ref().map(AsRef::as_ref)),
-            )?)
-        }
-    };
+    let prior = load::<L, N>(store)?;
     let (reply, write) = L::decide(args, now_us, prior);
     if let Some(write) = write {
-        let stored = held.each_ref().map(|v| v.as_ref().map(AsRef::as_ref));
-        store_write(store, L::FIELDS, &write, stored)?;
+        store_write(store, &write)?;
     }
     Ok(reply)
-}
-
-/// Formats the values as Redis stores Lua numbers (`%.17g`) and writes them with the expiry.
-/// Only fields whose stored bytes change are written (all of them when none would change, so
-/// an admitted call always writes): the resulting hash is the same, the write and its
-/// replication are smaller.
-fn store_write<S: DynHashStore + ?Sized, const N: usize>(
-    store: &mut S,
-    names: [&'static FieldName; N],
-    write: &HashWrite<N>,
-    stored: [Option<&[u8]>; N],
-) -> Result<(), ErrorReply> {
-    let mut text = [[0u8; G17_MAX_LEN]; N];
-    let mut lens = [0usize; N];
-    for ((buf, len), v) in text.iter_mut().zip(lens.iter_mut()).zip(write.values) {
-        *len = format_g17(v, buf);
-    }
-    let mut all: [(&'static FieldName, &[u8]); N] = names.map(|f| (f, &[][..]));
-    for ((slot, buf), len) in all.iter_mut().zip(&text).zip(lens) {
-        slot.1 = buf.get(..len).unwrap_or_default();
-    }
-    let mut changed: [(&'static FieldName, &[u8]); N] = all;
-    let mut used = 0;
-    for (field, old) in all.iter().zip(stored) {
-        if old != Some(field.1)
-            && let Some(slot) = changed.get_mut(used)
-        {
-            *slot = *field;
-            used += 1;
-        }
-    }
-    let fields = match changed.get(..used) {
-        Some(some) if !some.is_empty() => some,
-        _ => &all[..],
-    };
-    store.write(fields, write.expire_at_ms)
-}
-
-/// A storage key seen through an object-safe interface, for calls that mix algorithms.
-pub trait DynHashStore {
-    fn kind(&self) -> Result<KeyKind, ErrorReply>;
-    fn get_owned(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply>;
-    fn write(
-        &mut self,
-        fields: &[(&'static FieldName, &[u8])],
-        expire_at_ms: i64,
-    ) -> Result<(), ErrorReply>;
-}
-
-impl<S: HashStore> DynHashStore for S {
-    fn kind(&self) -> Result<KeyKind, ErrorReply> {
-        HashStore::kind(self)
-    }
-
-    fn get_owned(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
-        Ok(self.get(field)?.map(|b| b.as_ref().to_vec()))
-    }
-
-    fn write(
-        &mut self,
-        fields: &[(&'static FieldName, &[u8])],
-        expire_at_ms: i64,
-    ) -> Result<(), ErrorReply> {
-        HashStore::write(self, fields, expire_at_ms)
-    }
 }
 
 /// One limit of a multi-limit call: its parsed arguments (with the call's cost, and with cost 0
 /// for reporting), its loaded state and, once decided, its pending write.
 pub trait Limit {
-    fn load(&mut self, store: &dyn DynHashStore) -> Result<(), ErrorReply>;
+    fn load(&mut self, store: &dyn StringStore) -> Result<(), ErrorReply>;
     /// Decides with the call's cost; the write is kept until `commit`.
     fn decide(&mut self, now_us: i64) -> Reply;
     /// The reply this limit gives without consuming (used when another limit denied the call).
     fn peek(&self, now_us: i64) -> Reply;
-    fn commit(&self, store: &mut dyn DynHashStore) -> Result<(), ErrorReply>;
+    fn commit(&self, store: &mut dyn StringStore) -> Result<(), ErrorReply>;
 }
 
-pub struct LimitOf<L: HashLimiter<N>, const N: usize> {
+pub struct LimitOf<L: FieldsLimiter<N>, const N: usize> {
     args: L::Args,
     peek_args: L::Args,
     prior: Option<L::State>,
-    /// The stored bytes `prior` was decoded from, so a commit writes only what changes.
-    stored: [Option<Vec<u8>>; N],
-    write: Option<HashWrite<N>>,
+    write: Option<FieldsWrite<N>>,
 }
 
-impl<L: HashLimiter<N>, const N: usize> LimitOf<L, N> {
+impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
     /// `params` are the limit's arguments without the cost.
     pub fn parse(params: &[&[u8]], cost: &[u8]) -> Result<Self, ErrorReply> {
         Ok(Self {
             peek_args: Self::parse_with_cost(params, b"0")?,
             args: Self::parse_with_cost(params, cost)?,
             prior: None,
-            stored: [const { None }; N],
             write: None,
         })
     }
@@ -230,18 +226,9 @@ impl<L: HashLimiter<N>, const N: usize> LimitOf<L, N> {
     }
 }
 
-impl<L: HashLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
-    fn load(&mut self, store: &dyn DynHashStore) -> Result<(), ErrorReply> {
-        self.prior = match store.kind()? {
-            KeyKind::Empty => None,
-            KeyKind::Other => return Err(WRONGTYPE),
-            KeyKind::Hash => {
-                for (slot, field) in self.stored.iter_mut().zip(L::FIELDS) {
-                    *slot = store.get_owned(field)?;
-                }
-                Some(L::decode(self.stored.each_ref().map(|v| v.as_deref()))?)
-            }
-        };
+impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
+    fn load(&mut self, store: &dyn StringStore) -> Result<(), ErrorReply> {
+        self.prior = load::<L, N>(store)?;
         Ok(())
     }
 
@@ -255,12 +242,11 @@ impl<L: HashLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
         L::decide(&self.peek_args, now_us, self.prior).0
     }
 
-    fn commit(&self, store: &mut dyn DynHashStore) -> Result<(), ErrorReply> {
-        let Some(write) = &self.write else {
-            return Ok(());
-        };
-        let stored = self.stored.each_ref().map(|v| v.as_deref());
-        store_write(store, L::FIELDS, write, stored)
+    fn commit(&self, store: &mut dyn StringStore) -> Result<(), ErrorReply> {
+        match &self.write {
+            Some(write) => store_write(store, write),
+            None => Ok(()),
+        }
     }
 }
 
@@ -278,7 +264,7 @@ pub struct AllReply {
 /// A limit that would admit while another denies reports its unconsumed state (cost 0).
 pub fn apply_all(
     limits: &mut [Box<dyn Limit>],
-    stores: &mut [&mut dyn DynHashStore],
+    stores: &mut [&mut dyn StringStore],
     now_us: i64,
 ) -> Result<AllReply, ErrorReply> {
     for (limit, store) in limits.iter_mut().zip(stores.iter()) {
@@ -310,64 +296,35 @@ pub fn apply_all(
 mod tests {
     use super::*;
 
-    static A: FieldName = FieldName::new(c"a");
-    static B: FieldName = FieldName::new(c"b");
-
-    /// Records what a write was asked to set.
-    #[derive(Default)]
-    struct Recorder {
-        written: Vec<(String, String, i64)>,
-    }
-
-    impl HashStore for Recorder {
-        type Bytes = Vec<u8>;
-        fn kind(&self) -> Result<KeyKind, ErrorReply> {
-            Ok(KeyKind::Hash)
-        }
-        fn get(&self, _: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
-            Ok(None)
-        }
-        fn write(
-            &mut self,
-            fields: &[(&'static FieldName, &[u8])],
-            expire_at_ms: i64,
-        ) -> Result<(), ErrorReply> {
-            for (f, v) in fields {
-                let name = f.name.to_string_lossy().into_owned();
-                let value = String::from_utf8_lossy(v).into_owned();
-                self.written.push((name, value, expire_at_ms));
-            }
-            Ok(())
-        }
-    }
-
-    fn written(stored: [Option<&[u8]>; 2]) -> Vec<(String, String, i64)> {
-        let mut store = Recorder::default();
-        let write = HashWrite {
-            values: [0.5, 7.0],
-            expire_at_ms: 9,
-        };
-        store_write(&mut store, [&A, &B], &write, stored).unwrap();
-        store.written
-    }
-
-    fn entry(f: &str, v: &str) -> (String, String, i64) {
-        (f.to_string(), v.to_string(), 9)
+    fn encoded(values: &[f64]) -> String {
+        String::from_utf8(Encoded::new(values).as_bytes().to_vec()).unwrap()
     }
 
     #[test]
-    fn only_fields_whose_bytes_change_are_written() {
-        let both = vec![entry("a", "0.5"), entry("b", "7")];
-        assert_eq!(written([None, None]), both, "a new key gets every field");
-        assert_eq!(written([Some(b"0.5"), Some(b"6")]), [entry("b", "7")]);
-        assert_eq!(written([Some(b"0.25"), Some(b"7")]), [entry("a", "0.5")]);
-        // Same number, other bytes (written by hand): rewritten in the canonical form.
-        assert_eq!(written([Some(b"0.50"), Some(b"7")]), [entry("a", "0.5")]);
-        assert_eq!(written([Some(b"0.5"), None]), [entry("b", "7")]);
+    fn a_stored_value_is_g17_numbers_separated_by_spaces() {
         assert_eq!(
-            written([Some(b"0.5"), Some(b"7")]),
-            both,
-            "an admitted call always writes, even when nothing changes"
+            encoded(&[4.5, 1_700_000_000_123_456.0]),
+            "4.5 1700000000123456"
         );
+        assert_eq!(encoded(&[1.0 / 3.0]), "0.33333333333333331");
+        assert_eq!(encoded(&[0.0, -0.0, 1e-7]), "0 -0 9.9999999999999995e-08");
+        let widest = [-f64::MIN_POSITIVE; MAX_FIELDS];
+        assert_eq!(
+            encoded(&widest).len(),
+            MAX_FIELDS * 25 - 1,
+            "{}",
+            encoded(&widest)
+        );
+    }
+
+    #[test]
+    fn splitting_keeps_the_rest_in_the_last_part() {
+        let s = |v: &'static str| split_fields::<2>(v.as_bytes());
+        assert_eq!(s("4.5 17"), [Some(&b"4.5"[..]), Some(&b"17"[..])]);
+        assert_eq!(s("4.5 17 9"), [Some(&b"4.5"[..]), Some(&b"17 9"[..])]);
+        assert_eq!(s("4.5"), [Some(&b"4.5"[..]), None]);
+        assert_eq!(s(""), [Some(&b""[..]), None]);
+        assert_eq!(s(" 17"), [Some(&b""[..]), Some(&b"17"[..])]);
+        assert_eq!(split_fields::<1>(b"1 2"), [Some(&b"1 2"[..])]);
     }
 }

@@ -49,13 +49,7 @@ fn boundary_burst_admits_twice_the_limit_across_the_boundary() {
     assert_eq!(start_of_second[5], [0, 0, 10_000, 10_000, 5]);
     // 9 admitted within 1 ms, 2 x limit within one window length.
     assert_eq!(admitted(&end_of_first) + admitted(&start_of_second), 9);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"count".to_vec(), b"5".to_vec()),
-            (b"start".to_vec(), b"1900000010000000".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"5 1900000010000000".to_vec());
 }
 
 #[test]
@@ -75,13 +69,7 @@ fn the_window_ends_by_its_stored_start_not_by_the_ttl() {
     set_clock(&mut c, T0);
     assert_eq!(fw(&mut c, "k", &["2", "1"]), [1, 0, 0, 2000, 2]);
     assert_eq!(fw(&mut c, "k", &["2", "1"]), [0, 0, 2000, 2000, 2]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"count".to_vec(), b"2".to_vec()),
-            (b"start".to_vec(), b"1900000001000000".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"2 1900000001000000".to_vec());
 }
 
 #[test]
@@ -105,14 +93,14 @@ fn denial_and_peek_write_nothing() {
     );
 
     assert_eq!(fw(&mut c, "k", &["5", "10", "3"]), [1, 2, 0, 10_000, 5]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     let expiry = pexpiretime(&mut c, "k");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     advance_clock(&mut c, 2_500_000);
     assert_eq!(fw(&mut c, "k", &["5", "10", "3"]), [0, 2, 7_500, 7_500, 5]);
     assert_eq!(fw(&mut c, "k", &["5", "10", "6"]), [0, 2, -1, 7_500, 5]);
     assert_eq!(fw(&mut c, "k", &["5", "10", "0"]), [1, 2, 0, 7_500, 5]);
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
     assert_eq!(pexpiretime(&mut c, "k"), expiry);
     assert_eq!(
         info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
@@ -127,13 +115,7 @@ fn stored_state_and_expiry() {
     let mut c = s.connect();
     set_clock(&mut c, T0 + 1);
     fw(&mut c, "k", &["5", "10", "3"]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"count".to_vec(), b"3".to_vec()),
-            (b"start".to_vec(), b"1900000000000001".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"3 1900000000000001".to_vec());
     // The window's end, rounded up to the next millisecond.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_001 + 10_000);
     advance_clock(&mut c, 4_000_000);
@@ -198,14 +180,14 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
 fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
-    cmd(&mut c, &["SET", "str", "x"]).unwrap();
+    cmd(&mut c, &["RPUSH", "list", "x"]).unwrap();
     assert_eq!(
-        cmd(&mut c, &[FW, "str", "5", "10"]),
+        cmd(&mut c, &[FW, "list", "5", "10"]),
         Err("WRONGTYPE Operation against a key holding the wrong kind of value".into())
     );
     assert_eq!(
-        cmd(&mut c, &["GET", "str"]),
-        Ok(Value::BulkString(b"x".to_vec()))
+        cmd(&mut c, &["LRANGE", "list", "0", "-1"]),
+        Ok(Value::Array(vec![Value::BulkString(b"x".to_vec())]))
     );
 
     let count_err = "ERR corrupt rate limiter state: field 'count' is not a valid number";
@@ -223,6 +205,22 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["count", "1"], start_err),
     ];
     assert_corrupt_hashes_reported(&mut c, FW, &["5", "10"], corrupt);
+    let values: &[(&str, &str)] = &[
+        ("", count_err),
+        ("x", count_err),
+        ("abc 1", count_err),
+        ("-1 1", count_err),
+        ("1e999 1", count_err),
+        (" 1 1", count_err),
+        ("1", start_err),
+        ("1 1.5", start_err),
+        ("1 -5", start_err),
+        ("1 1 1", start_err),
+        ("1  1", start_err),
+        ("1 99999999999999999999", start_err),
+    ];
+    // The string layout: parts missing, extra or not numbers.
+    assert_corrupt_values_reported(&mut c, FW, &["5", "10"], values);
 }
 
 #[test]
@@ -233,16 +231,17 @@ fn effects_are_replicated_not_the_command() {
         cost: "1",
         deny_params: &["1", "60"],
         denied_flag: 0,
-        effects: &["hset", "pexpireat"],
-        state: hash_bytes,
+        effects: &["set"],
+        state: string_bytes,
+        one_effect_per_write: Some("set"),
     }
     .run();
 }
 
 #[test]
-fn calls_within_one_window_propagate_only_what_changes() {
-    // Inside one window only `count` changes and the expiry (the window's end) stays, so after
-    // the first call the replicas get an HSET of `count` alone and no PEXPIREAT, and still match.
+fn every_admitted_call_propagates_one_set_with_an_absolute_expiry() {
+    // One `SET key value PXAT ms` per admitted call, nothing else: the replicas end with the
+    // same value and the same absolute expiry, inside one window and across windows.
     let master = Server::with_test_clock();
     let replica = Server::start();
     replica.replicate_from(&master);
@@ -254,18 +253,19 @@ fn calls_within_one_window_propagate_only_what_changes() {
         advance_clock(&mut m, 1_000_000);
     }
     let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
-    assert_eq!(hash_bytes(&mut r, "k"), hash_bytes(&mut m, "k"));
+    assert_eq!(stored(&mut r, "k"), stored(&mut m, "k"));
     assert_eq!(pexpiretime(&mut r, "k"), pexpiretime(&mut m, "k"));
-    assert_eq!(calls_of(&mut r, "hset"), 5);
-    assert_eq!(calls_of(&mut r, "pexpireat"), 1);
+    assert_eq!(calls_of(&mut r, "set"), 5);
+    assert_eq!(calls_of(&mut r, "hset") + calls_of(&mut r, "pexpireat"), 0);
 
-    // The next window moves the expiry: propagated again.
+    // The next window moves the expiry: the same one command carries it.
     advance_clock(&mut m, 60_000_000);
     assert_eq!(fw(&mut m, "k", &["10", "60"])[..2], [1, 9]);
     let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
-    assert_eq!(calls_of(&mut r, "pexpireat"), 2);
-    assert_eq!(hash_bytes(&mut r, "k"), hash_bytes(&mut m, "k"));
+    assert_eq!(calls_of(&mut r, "set"), 6);
+    assert_eq!(stored(&mut r, "k"), stored(&mut m, "k"));
     assert_eq!(pexpiretime(&mut r, "k"), pexpiretime(&mut m, "k"));
+    assert_eq!(pexpiretime(&mut r, "k"), (T0 + 65_000_000) / 1000 + 60_000);
 }
 
 #[test]

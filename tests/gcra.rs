@@ -89,17 +89,14 @@ fn stored_state_and_expiry() {
     set_clock(&mut c, T0 + 1);
     g(&mut c, "k", &["4", "3", "1", "2"]);
     // 1/3 s rounds up to 333334 us; two of them.
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![(b"tat".to_vec(), b"1900000000666669".to_vec())]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"1900000000666669".to_vec());
     // The first millisecond at which tat is no longer ahead of now.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_667);
     advance_clock(&mut c, 1_000_000);
     g(&mut c, "k", &["4", "3", "1"]);
     assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![(b"tat".to_vec(), b"1900000001333335".to_vec())],
+        string_bytes(&mut c, "k"),
+        b"1900000001333335".to_vec(),
         "a stale tat counts from now"
     );
 }
@@ -132,7 +129,7 @@ fn denial_and_cost_zero_write_nothing() {
     );
 
     assert_eq!(g(&mut c, "k", &["4", "10", "1", "5"]), [1, 0, 0, 500, 5]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     let expiry = pexpiretime(&mut c, "k");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     let offset = info_field(&mut c, "replication", "master_repl_offset");
@@ -141,7 +138,7 @@ fn denial_and_cost_zero_write_nothing() {
     advance_clock(&mut c, 250_000);
     assert_eq!(g(&mut c, "k", &["4", "10", "1", "0"]), [1, 2, 0, 250, 5]);
     assert_eq!(g(&mut c, "k", &["4", "10", "1", "3"]), [0, 2, 50, 250, 5]);
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
     assert_eq!(pexpiretime(&mut c, "k"), expiry);
     assert_eq!(
         info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
@@ -160,7 +157,7 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
     let mut c = s.connect();
     set_clock(&mut c, T0);
     g(&mut c, "k", &["4", "10", "1"]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     let arity = "ERR wrong number of arguments for 'rl.gcra' command";
     let cases: &[(&[&str], &str)] = &[
         (&["k"], arity),
@@ -209,7 +206,7 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
         full.extend_from_slice(args);
         assert_eq!(cmd(&mut c, &full), Err(expected.to_string()), "{args:?}");
     }
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
 }
 
 #[test]
@@ -217,14 +214,14 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     set_clock(&mut c, T0);
-    cmd(&mut c, &["SET", "str", "x"]).unwrap();
+    cmd(&mut c, &["RPUSH", "list", "x"]).unwrap();
     assert_eq!(
-        cmd(&mut c, &[GCRA, "str", "4", "10", "1"]),
+        cmd(&mut c, &[GCRA, "list", "4", "10", "1"]),
         Err("WRONGTYPE Operation against a key holding the wrong kind of value".into())
     );
     assert_eq!(
-        cmd(&mut c, &["GET", "str"]),
-        Ok(Value::BulkString(b"x".to_vec()))
+        cmd(&mut c, &["LRANGE", "list", "0", "-1"]),
+        Ok(Value::Array(vec![Value::BulkString(b"x".to_vec())]))
     );
     let tat_err = "ERR corrupt rate limiter state: field 'tat' is not a valid timestamp";
     let corrupt: &[&[&str]] = &[
@@ -242,15 +239,26 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         let mut hset = vec!["HSET", key.as_str()];
         hset.extend_from_slice(fields);
         cmd(&mut c, &hset).unwrap();
-        let before = hash_bytes(&mut c, &key);
+        let before = stored(&mut c, &key);
         assert_eq!(
             cmd(&mut c, &[GCRA, &key, "4", "10", "1"]),
             Err(tat_err.to_string()),
             "{fields:?}"
         );
-        assert_eq!(hash_bytes(&mut c, &key), before);
+        assert_eq!(stored(&mut c, &key), before);
         assert_eq!(pexpiretime(&mut c, &key), -1);
     }
+    let values: &[(&str, &str)] = &[
+        ("", tat_err),
+        ("x", tat_err),
+        ("1.5", tat_err),
+        ("-1", tat_err),
+        ("1 1", tat_err),
+        (" 1", tat_err),
+        ("8000000000000001", tat_err),
+    ];
+    // The string layout: parts missing, extra or not numbers.
+    assert_corrupt_values_reported(&mut c, GCRA, &["4", "10", "1"], values);
 }
 
 #[test]
@@ -261,8 +269,9 @@ fn effects_are_replicated_not_the_command() {
         cost: "1",
         deny_params: &["0", "1", "60"],
         denied_flag: 0,
-        effects: &["hset", "pexpireat"],
-        state: hash_bytes,
+        effects: &["set"],
+        state: string_bytes,
+        one_effect_per_write: Some("set"),
     }
     .run();
 }

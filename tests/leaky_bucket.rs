@@ -73,13 +73,13 @@ fn denial_and_peek_write_nothing() {
     );
 
     assert_eq!(lb(&mut c, "k", &["10", "5", "6"]), [1, 4, 0, 1200, 10]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     let expiry = pexpiretime(&mut c, "k");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     assert_eq!(lb(&mut c, "k", &["10", "5", "5"]), [0, 4, 200, 1200, 10]);
     assert_eq!(lb(&mut c, "k", &["10", "5", "11"]), [0, 4, -1, 1200, 10]);
     assert_eq!(lb(&mut c, "k", &["10", "5", "0"]), [1, 4, 0, 1200, 10]);
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
     assert_eq!(pexpiretime(&mut c, "k"), expiry);
     assert_eq!(
         info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
@@ -94,24 +94,15 @@ fn stored_state_and_expiry() {
     let mut c = s.connect();
     set_clock(&mut c, T0 + 1);
     lb(&mut c, "k", &["10", "5", "3"]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"level".to_vec(), b"3".to_vec()),
-            (b"ts".to_vec(), b"1900000000000001".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"3 1900000000000001".to_vec());
     // Empty again 600 ms after t; the expiry rounds t up to the next millisecond.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_001 + 600);
 
     advance_clock(&mut c, 100_001);
     assert_eq!(lb(&mut c, "k", &["10", "5", "1"]), [1, 6, 0, 700, 10]);
     assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"level".to_vec(), b"3.4999950000000002".to_vec()),
-            (b"ts".to_vec(), b"1900000000100002".to_vec())
-        ]
+        string_bytes(&mut c, "k"),
+        b"3.4999950000000002 1900000000100002".to_vec()
     );
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_101 + 700);
 
@@ -119,11 +110,8 @@ fn stored_state_and_expiry() {
     set_clock(&mut c, T0 - 5_000_000);
     lb(&mut c, "k", &["10", "5", "1"]);
     assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"level".to_vec(), b"4.4999950000000002".to_vec()),
-            (b"ts".to_vec(), b"1900000000100002".to_vec())
-        ]
+        string_bytes(&mut c, "k"),
+        b"4.4999950000000002 1900000000100002".to_vec()
     );
 }
 
@@ -189,14 +177,14 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
 fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
-    cmd(&mut c, &["SET", "str", "x"]).unwrap();
+    cmd(&mut c, &["RPUSH", "list", "x"]).unwrap();
     assert_eq!(
-        cmd(&mut c, &[LB, "str", "10", "5"]),
+        cmd(&mut c, &[LB, "list", "10", "5"]),
         Err("WRONGTYPE Operation against a key holding the wrong kind of value".into())
     );
     assert_eq!(
-        cmd(&mut c, &["GET", "str"]),
-        Ok(Value::BulkString(b"x".to_vec()))
+        cmd(&mut c, &["LRANGE", "list", "0", "-1"]),
+        Ok(Value::Array(vec![Value::BulkString(b"x".to_vec())]))
     );
 
     let level_err = "ERR corrupt rate limiter state: field 'level' is not a valid number";
@@ -214,6 +202,22 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["level", "1"], ts_err),
     ];
     assert_corrupt_hashes_reported(&mut c, LB, &["10", "5"], corrupt);
+    let values: &[(&str, &str)] = &[
+        ("", level_err),
+        ("x", level_err),
+        ("abc 1", level_err),
+        ("-1 1", level_err),
+        ("1e999 1", level_err),
+        (" 1 1", level_err),
+        ("1", ts_err),
+        ("1 1.5", ts_err),
+        ("1 -5", ts_err),
+        ("1 1 1", ts_err),
+        ("1  1", ts_err),
+        ("1 99999999999999999999", ts_err),
+    ];
+    // The string layout: parts missing, extra or not numbers.
+    assert_corrupt_values_reported(&mut c, LB, &["10", "5"], values);
 }
 
 #[test]
@@ -224,8 +228,9 @@ fn effects_are_replicated_not_the_command() {
         cost: "1",
         deny_params: &["1", "1"],
         denied_flag: 0,
-        effects: &["hset", "pexpireat"],
-        state: hash_bytes,
+        effects: &["set"],
+        state: string_bytes,
+        one_effect_per_write: Some("set"),
     }
     .run();
 }

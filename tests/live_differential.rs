@@ -6,24 +6,55 @@ mod harness;
 
 use std::cell::{Cell, RefCell};
 
-use harness::scenarios::{AllStep, Corruption, Step, all_sequence, token_bucket_sequence};
+use harness::scenarios::{ALL_FIELDS, AllStep, Corruption, Step, all_sequence};
 use harness::scenarios::{LogCorruption, sliding_log_sequence};
+use harness::scenarios::{corrupted_value, legacy_pairs, token_bucket_sequence};
 use harness::scenarios::{gcra_sequence, throttle_sequence};
 use harness::zset_bytes;
-use harness::{Server, call, cmd, hash_bytes, lua_script, now_us, pexpiretime, set_clock};
+use harness::{Server, call, cmd, lua_script, now_us, pexpiretime, set_clock};
+use harness::{stored, string_bytes};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use redis::Connection;
+use redis::{Connection, Value};
 
-fn corrupt(c: &mut Connection, key: &str, corruption: &Corruption) {
-    let r = match corruption {
-        Corruption::SetField(f, v) => cmd(c, &["HSET", key, f, v]),
-        Corruption::DeleteField(f) => cmd(c, &["HDEL", key, f]),
-        Corruption::DeleteKey => cmd(c, &["DEL", key]),
-        Corruption::MakeString => cmd(c, &["SET", key, "x"]),
+/// `Corruption` on one key of a string-of-numbers limiter (or of its earlier hash layout) on the
+/// server; `fields` are the limiter's field names in stored order.
+fn corrupt(c: &mut Connection, key: &str, corruption: &Corruption, fields: &[&str]) {
+    let kind: String = redis::cmd("TYPE").arg(key).query(c).unwrap();
+    let r = match (corruption, kind.as_str()) {
+        (Corruption::DeleteKey, _) => cmd(c, &["DEL", key]),
+        (Corruption::MakeString, _) => cmd(c, &["SET", key, "x"]),
+        (Corruption::MakeZset, _) => {
+            cmd(c, &["DEL", key]).and_then(|_| cmd(c, &["ZADD", key, "1", "a"]))
+        }
+        (Corruption::ToLegacyHash, "string") => {
+            let value = String::from_utf8_lossy(&string_bytes(c, key)).into_owned();
+            let at = pexpiretime(c, key);
+            let mut hset = vec!["HSET".to_string(), key.to_string()];
+            for (f, v) in legacy_pairs(&value, fields) {
+                hset.extend([f, v]);
+            }
+            let hset: Vec<&str> = hset.iter().map(String::as_str).collect();
+            cmd(c, &["DEL", key])
+                .and_then(|_| cmd(c, &hset))
+                .and_then(|r| match at {
+                    at if at > 0 => cmd(c, &["PEXPIREAT", key, &at.to_string()]),
+                    _ => Ok(r),
+                })
+        }
+        (Corruption::ToLegacyHash, _) => Ok(Value::Nil),
+        (Corruption::SetField(f, v), "hash" | "none") => cmd(c, &["HSET", key, f, v]),
+        (Corruption::DeleteField(f), "hash") => cmd(c, &["HDEL", key, f]),
+        (Corruption::SetField(..) | Corruption::DeleteField(_), "string") => {
+            let value = String::from_utf8_lossy(&string_bytes(c, key)).into_owned();
+            match corrupted_value(&value, corruption, fields) {
+                Some(new) => cmd(c, &["SET", key, &new, "KEEPTTL"]),
+                None => Ok(Value::Nil),
+            }
+        }
+        (Corruption::SetField(..) | Corruption::DeleteField(_), _) => Ok(Value::Nil),
     };
-    // HSET on a key that was made a string fails the same way for both twins.
-    let _ = r;
+    r.expect("corrupting a key");
 }
 
 /// Runs generated sequences on twin keys; returns the number of calls compared.
@@ -59,8 +90,8 @@ fn live_differential(
             now = (now + step.dt_us).max(start);
             set_clock(c, now);
             if let Some(k) = &step.corrupt {
-                corrupt(c, &ours, k);
-                corrupt(c, &theirs, k);
+                corrupt(c, &ours, k, step.fields);
+                corrupt(c, &theirs, k, step.fields);
             }
             let mut module_call: Vec<&[u8]> = vec![command.as_bytes(), ours.as_bytes()];
             module_call.extend(step.args.iter().map(|a| a.as_bytes()));
@@ -71,9 +102,9 @@ fn live_differential(
             let b = call(c, &script_call);
             prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
             prop_assert_eq!(
-                hash_bytes(c, &ours),
-                hash_bytes(c, &theirs),
-                "fields after step {}",
+                stored(c, &ours),
+                stored(c, &theirs),
+                "stored value after step {}",
                 i
             );
             prop_assert_eq!(
@@ -119,7 +150,7 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
     let case = Cell::new(0usize);
     let steps_run = Cell::new(0usize);
     let mut runner = TestRunner::new(Config {
-        cases: harness::scaled(100),
+        cases: harness::scaled(150),
         failure_persistence: None,
         ..Config::default()
     });
@@ -138,8 +169,8 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
                 .map(|k| format!("l:{}:{k}", case.get()))
                 .collect();
             if let Some((k, corruption)) = &step.corrupt {
-                corrupt(c, &ours[*k], corruption);
-                corrupt(c, &theirs[*k], corruption);
+                corrupt(c, &ours[*k], corruption, ALL_FIELDS);
+                corrupt(c, &theirs[*k], corruption, ALL_FIELDS);
             }
             let numkeys = step.numkeys.to_string();
             let mut module_call: Vec<&[u8]> = vec![b"RL.ALL", numkeys.as_bytes()];
@@ -152,12 +183,7 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
             let b = call(c, &script_call);
             prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
             for (m, l) in ours.iter().zip(&theirs) {
-                prop_assert_eq!(
-                    hash_bytes(c, m),
-                    hash_bytes(c, l),
-                    "fields after step {}",
-                    i
-                );
+                prop_assert_eq!(stored(c, m), stored(c, l), "stored value after step {}", i);
                 prop_assert_eq!(
                     pexpiretime(c, m),
                     pexpiretime(c, l),
@@ -174,7 +200,7 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
     }
     let steps = steps_run.get();
     println!("RL.ALL: {steps} live calls compared");
-    assert!(steps >= 5_000, "only {steps} calls compared");
+    assert!(steps >= 10_000, "only {steps} calls compared");
 }
 
 #[test]
@@ -228,6 +254,9 @@ fn corrupt_string(c: &mut Connection, key: &str, corruption: &Corruption) {
             cmd(c, &["DEL", key]).and_then(|_| cmd(c, &["HSET", key, "x", "1"]))
         }
         Corruption::DeleteField(_) | Corruption::DeleteKey => cmd(c, &["DEL", key]),
+        Corruption::ToLegacyHash | Corruption::MakeZset => {
+            cmd(c, &["DEL", key]).and_then(|_| cmd(c, &["ZADD", key, "1", "a"]))
+        }
     };
     r.expect("corrupting a key");
 }

@@ -11,8 +11,9 @@ use harness::lua_script;
 use std::cell::RefCell;
 
 use harness::memory::{Data, Entry, Keyspace, LuaTwin, MemoryKey, ScriptReply, SharedKey};
-use harness::scenarios::{AllStep, Corruption, Step, all_sequence, token_bucket_sequence};
+use harness::scenarios::{ALL_FIELDS, AllStep, Corruption, Step, all_sequence};
 use harness::scenarios::{LogCorruption, LogStep, sliding_log_sequence};
+use harness::scenarios::{corrupted_value, legacy_pairs, token_bucket_sequence};
 use harness::scenarios::{gcra_sequence, throttle_sequence};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -21,13 +22,13 @@ use redis_rate_limiter::command::gcra::Gcra;
 use redis_rate_limiter::command::sliding_log;
 use redis_rate_limiter::command::throttle;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
-use redis_rate_limiter::pipeline::{self, DynHashStore, HashLimiter};
+use redis_rate_limiter::pipeline::{self, FieldsLimiter, StringStore};
 
 const START_US: i64 = 1_700_000_000_000_000;
 const KEY: &[u8] = b"limiter";
 
 /// One call through the same pipeline the module runs, on the in-memory keyspace.
-fn module_call<L: HashLimiter<N>, const N: usize>(
+fn module_call<L: FieldsLimiter<N>, const N: usize>(
     space: &mut Keyspace,
     args: &[Vec<u8>],
 ) -> ScriptReply {
@@ -38,61 +39,72 @@ fn module_call<L: HashLimiter<N>, const N: usize>(
         space,
         key: KEY.to_vec(),
     };
-    pipeline::apply::<L, _, N>(&mut key, &parsed, now)
+    pipeline::apply::<L, N>(&mut key, &parsed, now)
         .map(|r| r.to_array().to_vec())
         .map_err(|e| e.message().to_string())
 }
 
-fn corrupt(space: &mut Keyspace, c: &Corruption) {
-    corrupt_key(space, KEY, c);
+fn corrupt(space: &mut Keyspace, c: &Corruption, fields: &[&str]) {
+    corrupt_key(space, KEY, c, fields);
 }
 
-fn corrupt_key(space: &mut Keyspace, key: &[u8], c: &Corruption) {
+fn put(space: &mut Keyspace, key: &[u8], data: Data, expire_at_ms: Option<i64>) {
+    space
+        .keys
+        .insert(key.to_vec(), Entry { data, expire_at_ms });
+}
+
+/// `Corruption` on one key of a string-of-numbers limiter (or of its earlier hash layout).
+fn corrupt_key(space: &mut Keyspace, key: &[u8], c: &Corruption, fields: &[&str]) {
     space.expire_due();
-    match c {
-        Corruption::SetField(f, v) => match space.keys.get_mut(key).map(|e| &mut e.data) {
-            Some(Data::Hash(h)) => {
-                h.insert(f.as_bytes().to_vec(), v.as_bytes().to_vec());
-            }
-            Some(Data::Str(_) | Data::Zset(_)) => {}
-            None => {
-                let h = [(f.as_bytes().to_vec(), v.as_bytes().to_vec())]
-                    .into_iter()
-                    .collect();
-                space.keys.insert(
-                    key.to_vec(),
-                    Entry {
-                        data: Data::Hash(h),
-                        expire_at_ms: None,
-                    },
-                );
-            }
-        },
-        Corruption::DeleteField(f) => {
-            if let Some(Data::Hash(h)) = space.keys.get_mut(key).map(|e| &mut e.data) {
-                h.remove(f.as_bytes());
-                if h.is_empty() {
-                    space.keys.remove(key);
-                }
-            }
-        }
-        Corruption::DeleteKey => {
+    let entry = space.keys.get(key).cloned();
+    let expiry = entry.as_ref().and_then(|e| e.expire_at_ms);
+    match (c, entry.map(|e| e.data)) {
+        (Corruption::DeleteKey, _) => {
             space.keys.remove(key);
         }
-        Corruption::MakeString => {
-            space.keys.insert(
-                key.to_vec(),
-                Entry {
-                    data: Data::Str(b"x".to_vec()),
-                    expire_at_ms: None,
-                },
-            );
+        (Corruption::MakeString, _) => put(space, key, Data::Str(b"x".to_vec()), None),
+        (Corruption::MakeZset, _) => {
+            put(space, key, Data::Zset(vec![(1.0, b"a".to_vec())]), None);
         }
+        (Corruption::ToLegacyHash, Some(Data::Str(v))) => {
+            let pairs = legacy_pairs(&String::from_utf8_lossy(&v), fields);
+            let h = pairs
+                .into_iter()
+                .map(|(f, v)| (f.into_bytes(), v.into_bytes()))
+                .collect();
+            put(space, key, Data::Hash(h), expiry);
+        }
+        (Corruption::ToLegacyHash, _) => {}
+        (Corruption::SetField(f, v), Some(Data::Hash(mut h))) => {
+            h.insert(f.as_bytes().to_vec(), v.as_bytes().to_vec());
+            put(space, key, Data::Hash(h), expiry);
+        }
+        (Corruption::SetField(f, v), None) => {
+            let h = [(f.as_bytes().to_vec(), v.as_bytes().to_vec())]
+                .into_iter()
+                .collect();
+            put(space, key, Data::Hash(h), None);
+        }
+        (Corruption::DeleteField(f), Some(Data::Hash(mut h))) => {
+            h.remove(f.as_bytes());
+            if h.is_empty() {
+                space.keys.remove(key);
+            } else {
+                put(space, key, Data::Hash(h), expiry);
+            }
+        }
+        (Corruption::SetField(..) | Corruption::DeleteField(_), Some(Data::Str(v))) => {
+            if let Some(new) = corrupted_value(&String::from_utf8_lossy(&v), c, fields) {
+                put(space, key, Data::Str(new.into_bytes()), expiry);
+            }
+        }
+        (Corruption::SetField(..) | Corruption::DeleteField(_), _) => {}
     }
 }
 
 /// Runs generated sequences through both paths; returns the number of calls compared.
-fn differential<L: HashLimiter<N>, const N: usize>(
+fn differential<L: FieldsLimiter<N>, const N: usize>(
     script: &str,
     strategy: impl Strategy<Value = Vec<Step>>,
     cases: u32,
@@ -118,8 +130,8 @@ fn differential<L: HashLimiter<N>, const N: usize>(
             model.expire_due();
             lua.space.borrow_mut().expire_due();
             if let Some(c) = &step.corrupt {
-                corrupt(&mut model, c);
-                corrupt(&mut lua.space.borrow_mut(), c);
+                corrupt(&mut model, c, step.fields);
+                corrupt(&mut lua.space.borrow_mut(), c, step.fields);
             }
             let args: Vec<Vec<u8>> = step.args.iter().map(|a| a.as_bytes().to_vec()).collect();
             let ours = module_call::<L, N>(&mut model, &args);
@@ -160,17 +172,9 @@ fn module_all_call(space: &RefCell<Keyspace>, keys: &[Vec<u8>], words: &[Vec<u8>
     args.extend(keys.iter().map(Vec::as_slice));
     args.extend(words.iter().map(Vec::as_slice));
     let mut call = all::parse(&args).map_err(|e| e.message().to_string())?;
-    let mut open: Vec<SharedKey> = keys
-        .iter()
-        .map(|k| SharedKey {
-            space,
-            key: k.clone(),
-        })
-        .collect();
-    let mut stores: Vec<&mut dyn DynHashStore> = open
-        .iter_mut()
-        .map(|k| k as &mut dyn DynHashStore)
-        .collect();
+    let mut open: Vec<SharedKey> = keys.iter().map(|k| SharedKey::open(space, k)).collect();
+    let mut stores: Vec<&mut dyn StringStore> =
+        open.iter_mut().map(|k| k as &mut dyn StringStore).collect();
     let now = space.borrow().now_us;
     let r = pipeline::apply_all(&mut call.limits, &mut stores, now)
         .map_err(|e| e.message().to_string())?;
@@ -210,8 +214,8 @@ fn all_limits_match_their_lua_twin() {
                 .map(|k| format!("k{k}").into_bytes())
                 .collect();
             if let Some((k, c)) = &step.corrupt {
-                corrupt_key(&mut model.borrow_mut(), &keys[*k], c);
-                corrupt_key(&mut lua.space.borrow_mut(), &keys[*k], c);
+                corrupt_key(&mut model.borrow_mut(), &keys[*k], c, ALL_FIELDS);
+                corrupt_key(&mut lua.space.borrow_mut(), &keys[*k], c, ALL_FIELDS);
             }
             let words: Vec<Vec<u8>> = step.words.iter().map(|a| a.as_bytes().to_vec()).collect();
             let ours = module_all_call(&model, &keys, &words);
@@ -315,6 +319,7 @@ fn corrupt_string(space: &mut Keyspace, c: &Corruption) {
             space.keys.remove(KEY);
             return;
         }
+        Corruption::ToLegacyHash | Corruption::MakeZset => Data::Zset(vec![(1.0, b"a".to_vec())]),
     };
     space.keys.insert(
         KEY.to_vec(),

@@ -318,6 +318,7 @@ fn effects_are_replicated_not_the_command() {
         denied_flag: 0,
         effects: &["zadd", "zremrangebyscore", "pexpireat"],
         state: zset_bytes,
+        one_effect_per_write: None,
     }
     .run();
 }

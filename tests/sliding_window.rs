@@ -36,14 +36,7 @@ fn the_previous_window_weighs_by_the_part_still_covered() {
     assert_eq!(b[0], [1, 1, 0, 17_500, 10]);
     assert_eq!(b[1], [1, 0, 0, 17_500, 10]);
     assert_eq!(b[2], [0, 0, 500, 17_500, 10]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"cur".to_vec(), b"2".to_vec()),
-            (b"prev".to_vec(), b"10".to_vec()),
-            (b"start".to_vec(), b"1900000010000000".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"1900000010000000 2 10".to_vec());
 }
 
 #[test]
@@ -98,7 +91,7 @@ fn denial_and_peek_write_nothing() {
     );
 
     assert_eq!(sw(&mut c, "k", &["10", "10", "6"]), [1, 4, 0, 20_000, 10]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     let expiry = pexpiretime(&mut c, "k");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     // 6 weigh 5 a sixth into the next window.
@@ -108,7 +101,7 @@ fn denial_and_peek_write_nothing() {
     );
     assert_eq!(sw(&mut c, "k", &["10", "10", "11"]), [0, 4, -1, 20_000, 10]);
     assert_eq!(sw(&mut c, "k", &["10", "10", "0"]), [1, 4, 0, 20_000, 10]);
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
     assert_eq!(pexpiretime(&mut c, "k"), expiry);
     assert_eq!(
         info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
@@ -123,40 +116,19 @@ fn stored_state_and_expiry() {
     let mut c = s.connect();
     set_clock(&mut c, W0 + 3);
     sw(&mut c, "k", &["10", "10", "3"]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"cur".to_vec(), b"3".to_vec()),
-            (b"prev".to_vec(), b"0".to_vec()),
-            (b"start".to_vec(), b"1900000000000000".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"1900000000000000 3 0".to_vec());
     // Two windows after the current one started, nothing stored weighs anything.
     assert_eq!(pexpiretime(&mut c, "k"), W0 / 1000 + 20_000);
 
     set_clock(&mut c, W0 + W + W / 4);
     assert_eq!(sw(&mut c, "k", &["10", "10"]), [1, 6, 0, 17_500, 10]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"cur".to_vec(), b"1".to_vec()),
-            (b"prev".to_vec(), b"3".to_vec()),
-            (b"start".to_vec(), b"1900000010000000".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"1900000010000000 1 3".to_vec());
     assert_eq!(pexpiretime(&mut c, "k"), (W0 + W) / 1000 + 20_000);
 
     // A clock that went backwards keeps the stored window, as at its beginning: 3 + 1 + 1.
     set_clock(&mut c, W0 + W / 2);
     assert_eq!(sw(&mut c, "k", &["10", "10"]), [1, 5, 0, 25_000, 10]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"cur".to_vec(), b"2".to_vec()),
-            (b"prev".to_vec(), b"3".to_vec()),
-            (b"start".to_vec(), b"1900000010000000".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"1900000010000000 2 3".to_vec());
 
     // Two windows on, everything is forgotten.
     set_clock(&mut c, W0 + 3 * W);
@@ -219,14 +191,14 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
 fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
-    cmd(&mut c, &["SET", "str", "x"]).unwrap();
+    cmd(&mut c, &["RPUSH", "list", "x"]).unwrap();
     assert_eq!(
-        cmd(&mut c, &[SW, "str", "5", "10"]),
+        cmd(&mut c, &[SW, "list", "5", "10"]),
         Err("WRONGTYPE Operation against a key holding the wrong kind of value".into())
     );
     assert_eq!(
-        cmd(&mut c, &["GET", "str"]),
-        Ok(Value::BulkString(b"x".to_vec()))
+        cmd(&mut c, &["LRANGE", "list", "0", "-1"]),
+        Ok(Value::Array(vec![Value::BulkString(b"x".to_vec())]))
     );
 
     let start_err = "ERR corrupt rate limiter state: field 'start' is not a valid timestamp";
@@ -253,6 +225,20 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["start", "1", "cur", "1"], prev_err),
     ];
     assert_corrupt_hashes_reported(&mut c, SW, &["5", "10"], corrupt);
+    let values: &[(&str, &str)] = &[
+        ("", start_err),
+        ("x", start_err),
+        ("1.5 1 1", start_err),
+        (" 1 1 1", start_err),
+        ("1 abc 1", cur_err),
+        ("1 -1 1", cur_err),
+        ("1 1", prev_err),
+        ("1 1 nan", prev_err),
+        ("1 1 1 1", prev_err),
+        ("1 1  1", prev_err),
+    ];
+    // The string layout: parts missing, extra or not numbers.
+    assert_corrupt_values_reported(&mut c, SW, &["5", "10"], values);
 }
 
 #[test]
@@ -263,8 +249,9 @@ fn effects_are_replicated_not_the_command() {
         cost: "1",
         deny_params: &["1", "60"],
         denied_flag: 0,
-        effects: &["hset", "pexpireat"],
-        state: hash_bytes,
+        effects: &["set"],
+        state: string_bytes,
+        one_effect_per_write: Some("set"),
     }
     .run();
 }

@@ -320,6 +320,7 @@ fn effects_are_replicated_not_the_command() {
         denied_flag: 1,
         effects: &["set"],
         state: stored,
+        one_effect_per_write: Some("set"),
     }
     .run();
 }

@@ -133,7 +133,7 @@ fn denial_consumes_and_writes_nothing() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     assert_eq!(tb(&mut c, "k", &["10", "5", "6"]), [1, 4, 0, 1200, 10]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     let expiry = pexpiretime(&mut c, "k");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     assert_eq!(tb(&mut c, "k", &["10", "5", "5"]), [0, 4, 200, 1200, 10]);
@@ -142,7 +142,7 @@ fn denial_consumes_and_writes_nothing() {
         [0, 4, -1, 1200, 10],
         "never admissible"
     );
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
     assert_eq!(pexpiretime(&mut c, "k"), expiry);
     assert_eq!(
         info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
@@ -167,11 +167,11 @@ fn cost_zero_is_a_read_only_peek() {
     );
 
     tb(&mut c, "k", &["10", "5", "3"]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     advance_clock(&mut c, 100_000);
     assert_eq!(tb(&mut c, "k", &["10", "5", "0"]), [1, 7, 0, 500, 10]);
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
     assert_eq!(
         info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
         dirty
@@ -184,24 +184,15 @@ fn stored_state_and_expiry() {
     let mut c = s.connect();
     set_clock(&mut c, 1_900_000_000_000_001);
     tb(&mut c, "k", &["10", "5", "3"]);
-    assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"tokens".to_vec(), b"7".to_vec()),
-            (b"ts".to_vec(), b"1900000000000001".to_vec())
-        ]
-    );
+    assert_eq!(string_bytes(&mut c, "k"), b"7 1900000000000001".to_vec());
     // Full again 600 ms after t; the expiry rounds t up to the next millisecond.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_001 + 600);
 
     advance_clock(&mut c, 100_001);
     tb(&mut c, "k", &["10", "5", "1"]);
     assert_eq!(
-        hash_bytes(&mut c, "k"),
-        vec![
-            (b"tokens".to_vec(), b"6.5000049999999998".to_vec()),
-            (b"ts".to_vec(), b"1900000000100002".to_vec())
-        ]
+        string_bytes(&mut c, "k"),
+        b"6.5000049999999998 1900000000100002".to_vec()
     );
 }
 
@@ -284,18 +275,18 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
 fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
-    cmd(&mut c, &["SET", "str", "x"]).unwrap();
+    cmd(&mut c, &["RPUSH", "list", "x"]).unwrap();
     assert_eq!(
-        cmd(&mut c, &[TB, "str", "10", "5"]),
+        cmd(&mut c, &[TB, "list", "10", "5"]),
         Err("WRONGTYPE Operation against a key holding the wrong kind of value".into())
     );
     assert_eq!(
-        cmd(&mut c, &["GET", "str"]),
-        Ok(Value::BulkString(b"x".to_vec()))
+        cmd(&mut c, &["LRANGE", "list", "0", "-1"]),
+        Ok(Value::Array(vec![Value::BulkString(b"x".to_vec())]))
     );
-    cmd(&mut c, &["RPUSH", "list", "x"]).unwrap();
+    cmd(&mut c, &["ZADD", "zset", "1", "x"]).unwrap();
     assert!(
-        cmd(&mut c, &[TB, "list", "10", "5"])
+        cmd(&mut c, &[TB, "zset", "10", "5"])
             .unwrap_err()
             .starts_with("WRONGTYPE")
     );
@@ -315,6 +306,22 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["tokens", "1"], ts_err),
     ];
     assert_corrupt_hashes_reported(&mut c, TB, &["10", "5"], corrupt);
+    let values: &[(&str, &str)] = &[
+        ("", tokens_err),
+        ("x", tokens_err),
+        ("abc 1", tokens_err),
+        ("-1 1", tokens_err),
+        ("1e999 1", tokens_err),
+        (" 1 1", tokens_err),
+        ("1", ts_err),
+        ("1 1.5", ts_err),
+        ("1 -5", ts_err),
+        ("1 1 1", ts_err),
+        ("1  1", ts_err),
+        ("1 99999999999999999999", ts_err),
+    ];
+    // The string layout: parts missing, extra or not numbers.
+    assert_corrupt_values_reported(&mut c, TB, &["10", "5"], values);
     assert_eq!(
         cmd(&mut c, &["PING"]),
         Ok(Value::SimpleString("PONG".into()))
@@ -378,8 +385,9 @@ fn effects_are_replicated_not_the_command() {
         cost: "1",
         deny_params: &["1", "1"],
         denied_flag: 0,
-        effects: &["hset", "pexpireat"],
-        state: hash_bytes,
+        effects: &["set"],
+        state: string_bytes,
+        one_effect_per_write: Some("set"),
     }
     .run();
 }
@@ -444,7 +452,7 @@ fn out_of_memory_refuses_writes_but_answers_denials_and_peeks() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     tb(&mut c, "k", &["10", "5", "9"]);
-    let before = hash_bytes(&mut c, "k");
+    let before = stored(&mut c, "k");
     cmd(&mut c, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).unwrap();
     cmd(&mut c, &["CONFIG", "SET", "maxmemory", "1"]).unwrap();
     let oom = Err("OOM command not allowed when used memory > 'maxmemory'.".to_string());
@@ -464,7 +472,7 @@ fn out_of_memory_refuses_writes_but_answers_denials_and_peeks() {
         [0, 1, 800, 1800, 10],
         "a denial still answers"
     );
-    assert_eq!(hash_bytes(&mut c, "k"), before);
+    assert_eq!(stored(&mut c, "k"), before);
     assert_eq!(cmd(&mut c, &["EXISTS", "new"]), Ok(Value::Int(0)));
     cmd(&mut c, &["CONFIG", "SET", "maxmemory", "0"]).unwrap();
     assert_eq!(tb(&mut c, "k", &["10", "5", "1"]), [1, 0, 0, 2000, 10]);

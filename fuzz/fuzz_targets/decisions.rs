@@ -1,6 +1,6 @@
-//! Every hash-backed limiter's whole decision path (argument parsing, stored-state checks, core, `%.17g`
-//! encoding) on arbitrary arguments, arbitrary stored fields and arbitrary times, calls chained
-//! on one key. Beyond "never panics", each reply must be coherent.
+//! Every limiter of numbers' whole decision path (argument parsing, stored-state checks of both
+//! layouts, core, `%.17g` encoding) on arbitrary arguments, arbitrary stored values and
+//! arbitrary times, calls chained on one key. Beyond "never panics", each reply must be coherent.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -13,30 +13,47 @@ use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::core::Reply;
 use redis_rate_limiter::error::ErrorReply;
-use redis_rate_limiter::pipeline::{self, FieldName, HashLimiter, HashStore, KeyKind};
+use redis_rate_limiter::pipeline::{self, FieldName, FieldsLimiter, Slot, StringStore};
+
+/// A key: empty, a string (the stored layout) or a hash (the earlier layout).
+#[derive(Debug, Default, Clone, PartialEq)]
+enum Value {
+    #[default]
+    Empty,
+    Str(Vec<u8>),
+    Hash(BTreeMap<Vec<u8>, Vec<u8>>),
+}
 
 #[derive(Default)]
 struct Key {
-    fields: Option<BTreeMap<Vec<u8>, Vec<u8>>>,
+    value: Value,
     expire_at_ms: i64,
 }
 
-impl HashStore for Key {
-    type Bytes = Vec<u8>;
-
-    fn kind(&self) -> Result<KeyKind, ErrorReply> {
-        Ok(if self.fields.is_some() { KeyKind::Hash } else { KeyKind::Empty })
+impl StringStore for Key {
+    fn read(&self) -> Result<Slot<'_>, ErrorReply> {
+        Ok(match &self.value {
+            Value::Empty => Slot::Empty,
+            Value::Str(v) => Slot::Value(v),
+            Value::Hash(_) => Slot::Hash,
+        })
     }
 
-    fn get(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
-        Ok(self.fields.as_ref().and_then(|f| f.get(field.name.to_bytes()).cloned()))
-    }
-
-    fn write(&mut self, fields: &[(&'static FieldName, &[u8])], expire_at_ms: i64) -> Result<(), ErrorReply> {
-        let map = self.fields.get_or_insert_with(BTreeMap::new);
-        for (f, v) in fields {
-            map.insert(f.name.to_bytes().to_vec(), v.to_vec());
+    fn legacy_fields(
+        &self,
+        names: &[&'static FieldName],
+        out: &mut [Option<Vec<u8>>],
+    ) -> Result<(), ErrorReply> {
+        if let Value::Hash(h) = &self.value {
+            for (slot, name) in out.iter_mut().zip(names) {
+                *slot = h.get(name.name.to_bytes()).cloned();
+            }
         }
+        Ok(())
+    }
+
+    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
+        self.value = Value::Str(value.to_vec());
         self.expire_at_ms = expire_at_ms;
         Ok(())
     }
@@ -50,7 +67,7 @@ fn coherent(r: &Reply) {
 
 /// Runs calls described by `data` against one limiter: each record is
 /// `[op, time delta (8 bytes), payload...]` separated by 0xFF; op picks a call or a state edit.
-fn run<L: HashLimiter<N>, const N: usize>(data: &[u8]) {
+fn run<L: FieldsLimiter<N>, const N: usize>(data: &[u8]) {
     let mut key = Key::default();
     let mut now: i64 = 1_700_000_000_000_000;
     for record in data.split(|&b| b == 0xFF) {
@@ -60,25 +77,35 @@ fn run<L: HashLimiter<N>, const N: usize>(data: &[u8]) {
         d[..delta.len()].copy_from_slice(delta);
         now = now.wrapping_add(i64::from_le_bytes(d) >> 20).clamp(0, 1 << 53);
         if op % 4 == 0 {
-            // Overwrite a stored field with arbitrary bytes.
-            let field = L::FIELDS[usize::from(op / 4) % N].name.to_bytes().to_vec();
-            key.fields.get_or_insert_with(BTreeMap::new).insert(field, payload.to_vec());
+            if op & 4 == 0 {
+                // Overwrite the stored string with arbitrary bytes.
+                key.value = Value::Str(payload.to_vec());
+            } else {
+                // A field of a hash in the earlier layout, with arbitrary bytes.
+                let field = L::FIELDS[usize::from(op / 8) % N].name.to_bytes().to_vec();
+                if !matches!(key.value, Value::Hash(_)) {
+                    key.value = Value::Hash(BTreeMap::new());
+                }
+                if let Value::Hash(h) = &mut key.value {
+                    h.insert(field, payload.to_vec());
+                }
+            }
             continue;
         }
         let args: Vec<&[u8]> = payload.split(|&b| b == 0).collect();
         let Ok(parsed) = L::parse(&args) else { continue };
-        let before = (key.fields.clone(), key.expire_at_ms);
-        match pipeline::apply::<L, _, N>(&mut key, &parsed, now) {
+        let before = (key.value.clone(), key.expire_at_ms);
+        match pipeline::apply::<L, N>(&mut key, &parsed, now) {
             Ok(reply) => {
                 coherent(&reply);
-                if reply.allowed && (key.fields.clone(), key.expire_at_ms) != before {
+                if reply.allowed && (key.value.clone(), key.expire_at_ms) != before {
                     assert!(key.expire_at_ms >= now / 1000, "expiry in the past");
                 }
                 if !reply.allowed {
-                    assert_eq!((key.fields.clone(), key.expire_at_ms), before, "a denial wrote");
+                    assert_eq!((key.value.clone(), key.expire_at_ms), before, "a denial wrote");
                 }
             }
-            Err(_) => assert_eq!((key.fields.clone(), key.expire_at_ms), before, "an error wrote"),
+            Err(_) => assert_eq!((key.value.clone(), key.expire_at_ms), before, "an error wrote"),
         }
     }
 }

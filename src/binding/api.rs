@@ -9,7 +9,6 @@ use std::ptr::{self, NonNull};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
 use crate::error::ErrorReply;
-use crate::pipeline::KeyKind;
 
 pub(crate) const API_MISSING: ErrorReply =
     ErrorReply(c"ERR this Redis server lacks a module API this command needs");
@@ -97,6 +96,15 @@ impl Drop for TempString {
 }
 
 /// A key opened for reading and writing, closed when dropped.
+/// The type of an open key's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    Empty,
+    String,
+    Hash,
+    Other,
+}
+
 pub struct OpenKey {
     ctx: *mut RedisModuleCtx,
     key: NonNull<RedisModuleKey>,
@@ -116,12 +124,14 @@ impl OpenKey {
             .ok_or(API_MISSING)
     }
 
+    /// What the key holds.
     pub fn kind(&self) -> Result<KeyKind, ErrorReply> {
         let key_type = api!(RedisModule_KeyType)?;
         // SAFETY: the key is open.
         let t = unsafe { key_type(self.key.as_ptr()) } as isize;
         Ok(match t {
             raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Empty,
+            raw::REDISMODULE_KEYTYPE_STRING => KeyKind::String,
             raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
             _ => KeyKind::Other,
         })
@@ -146,71 +156,6 @@ impl OpenKey {
             )
         };
         Ok(TempString::adopt(self.ctx, out))
-    }
-
-    /// Several fields in one call (up to three at once: the limiters' hashes are that small).
-    pub fn hash_get_many<const N: usize>(
-        &self,
-        fields: [*mut RedisModuleString; N],
-    ) -> Result<[Option<TempString>; N], ErrorReply> {
-        let get = api!(RedisModule_HashGet)?;
-        let mut out: [*mut RedisModuleString; N] = [ptr::null_mut(); N];
-        let (k, none, end) = (
-            self.key.as_ptr(),
-            raw::REDISMODULE_HASH_NONE as c_int,
-            ptr::null_mut::<u8>(),
-        );
-        // SAFETY: NULL-terminated variadic lists of (field, out-pointer) pairs.
-        unsafe {
-            match (fields.as_slice(), out.as_mut_slice()) {
-                ([f0, f1], [o0, o1]) => get(k, none, *f0, o0 as *mut _, *f1, o1 as *mut _, end),
-                ([f0, f1, f2], [o0, o1, o2]) => get(
-                    k,
-                    none,
-                    *f0,
-                    o0 as *mut _,
-                    *f1,
-                    o1 as *mut _,
-                    *f2,
-                    o2 as *mut _,
-                    end,
-                ),
-                _ => {
-                    for (f, o) in fields.iter().zip(out.iter_mut()) {
-                        get(k, none, *f, o as *mut _, end);
-                    }
-                    0
-                }
-            };
-        }
-        Ok(out.map(|p| TempString::adopt(self.ctx, p)))
-    }
-
-    /// Sets (field, value) pairs in one call where there are two or three of them.
-    pub fn hash_set_many(
-        &self,
-        pairs: &[(*mut RedisModuleString, *mut RedisModuleString)],
-    ) -> Result<(), ErrorReply> {
-        let set = api!(RedisModule_HashSet)?;
-        let (k, none, end) = (
-            self.key.as_ptr(),
-            raw::REDISMODULE_HASH_NONE as c_int,
-            ptr::null_mut::<u8>(),
-        );
-        // SAFETY: NULL-terminated variadic lists of (field, value) pairs; Redis copies both.
-        unsafe {
-            match pairs {
-                [(f0, v0), (f1, v1)] => set(k, none, *f0, *v0, *f1, *v1, end),
-                [(f0, v0), (f1, v1), (f2, v2)] => set(k, none, *f0, *v0, *f1, *v1, *f2, *v2, end),
-                _ => {
-                    for (f, v) in pairs {
-                        set(k, none, *f, *v, end);
-                    }
-                    0
-                }
-            };
-        }
-        Ok(())
     }
 
     /// The key's absolute expiry in Unix milliseconds, `None` when it has none.
@@ -242,27 +187,6 @@ impl Drop for OpenKey {
     }
 }
 
-/// Propagates `HSET key f1 v1 f2 v2 ...` to replicas and the AOF.
-pub fn replicate_hset(
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleString,
-    fields_and_values: &[*mut RedisModuleString],
-) -> Result<(), ErrorReply> {
-    let replicate = api!(RedisModule_Replicate)?;
-    // SAFETY: format "sv" takes a key string and an array of strings with its length.
-    unsafe {
-        replicate(
-            ctx,
-            c"HSET".as_ptr(),
-            c"sv".as_ptr(),
-            key,
-            fields_and_values.as_ptr(),
-            fields_and_values.len(),
-        )
-    };
-    Ok(())
-}
-
 /// Propagates `PEXPIREAT key unix_ms`: an absolute time, so replicas and AOF replays agree.
 pub fn replicate_pexpireat(
     ctx: *mut RedisModuleCtx,
@@ -280,28 +204,6 @@ pub fn replicate_pexpireat(
             unix_ms as c_longlong,
         )
     };
-    Ok(())
-}
-
-/// Tells WATCH, client-side caching and keyspace-notification subscribers that a hash was written
-/// and given an expiry, as `HSET` and `PEXPIREAT` would.
-pub fn signal_hash_write(
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleString,
-) -> Result<(), ErrorReply> {
-    let signal = api!(RedisModule_SignalModifiedKey)?;
-    let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
-    // SAFETY: valid context and key name; the event names are NUL-terminated.
-    unsafe {
-        signal(ctx, key);
-        notify(ctx, raw::REDISMODULE_NOTIFY_HASH, c"hset".as_ptr(), key);
-        notify(
-            ctx,
-            raw::REDISMODULE_NOTIFY_GENERIC,
-            c"expire".as_ptr(),
-            key,
-        );
-    }
     Ok(())
 }
 
@@ -399,14 +301,6 @@ pub fn report_key_positions(ctx: *mut RedisModuleCtx, positions: std::ops::Range
 }
 
 impl OpenKey {
-    /// Whether the key holds a string.
-    pub fn is_string(&self) -> Result<bool, ErrorReply> {
-        let key_type = api!(RedisModule_KeyType)?;
-        // SAFETY: the key is open.
-        let t = unsafe { key_type(self.key.as_ptr()) } as isize;
-        Ok(t == raw::REDISMODULE_KEYTYPE_STRING)
-    }
-
     /// The bytes of a string key, valid while the key stays open and unmodified.
     pub fn string_bytes(&self) -> Result<&[u8], ErrorReply> {
         let dma = api!(RedisModule_StringDMA)?;

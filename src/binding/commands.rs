@@ -5,7 +5,7 @@ use std::ffi::{CStr, c_int};
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Command, api, clock, entry, hash_key, string_key, zset_key};
+use super::{Command, api, clock, entry, string_key, zset_key};
 use crate::command::all;
 use crate::command::fixed_window::FixedWindow;
 use crate::command::gcra::Gcra;
@@ -13,18 +13,18 @@ use crate::command::leaky_bucket::LeakyBucket;
 use crate::command::sliding_log;
 use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
-use crate::pipeline::HashLimiter;
+use crate::pipeline::FieldsLimiter;
 
 /// Flags of every limiter command: it may write and runs in constant time. Not `deny-oom`: under
 /// memory pressure Redis would then refuse every call, denials and peeks included; instead the
 /// module refuses with the same OOM error only the calls that would write (`api::check_memory`).
 pub(super) const LIMITER_FLAGS: &CStr = c"write fast";
 
-/// A limiter whose state is one hash: the pipeline in `hash_key`.
-const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
+/// A limiter whose state is a few numbers in one string: the pipeline in `string_key`.
+const fn fields_limiter<L: FieldsLimiter<N>, const N: usize>() -> Command {
     Command {
         name: L::NAME,
-        handler: hash_command::<L, N>,
+        handler: fields_command::<L, N>,
         flags: LIMITER_FLAGS,
         keys: (1, 1, 1),
         stats: Some(L::STATS),
@@ -32,11 +32,11 @@ const fn hash_limiter<L: HashLimiter<N>, const N: usize>() -> Command {
 }
 
 pub const ALL: [Command; 8] = [
-    hash_limiter::<TokenBucket, 2>(),
-    hash_limiter::<LeakyBucket, 2>(),
-    hash_limiter::<FixedWindow, 2>(),
-    hash_limiter::<SlidingWindow, 3>(),
-    hash_limiter::<Gcra, 1>(),
+    fields_limiter::<TokenBucket, 2>(),
+    fields_limiter::<LeakyBucket, 2>(),
+    fields_limiter::<FixedWindow, 2>(),
+    fields_limiter::<SlidingWindow, 3>(),
+    fields_limiter::<Gcra, 1>(),
     SLIDING_LOG,
     string_key::THROTTLE,
     Command {
@@ -58,13 +58,13 @@ pub const TEST_CLOCK: Command = Command {
     stats: None,
 };
 
-unsafe extern "C" fn hash_command<L: HashLimiter<N>, const N: usize>(
+unsafe extern "C" fn fields_command<L: FieldsLimiter<N>, const N: usize>(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, |ctx, argv| {
-        let outcome = hash_key::run::<L, N>(ctx, argv);
+        let outcome = string_key::run_fields::<L, N>(ctx, argv);
         L::STATS.record(&outcome);
         Ok(api::reply_integers(ctx, &outcome?.to_array()))
     })
@@ -94,7 +94,7 @@ unsafe extern "C" fn all_command(
                 }),
             ));
         }
-        let outcome = hash_key::run_all(ctx, argv);
+        let outcome = string_key::run_all(ctx, argv);
         all::STATS.record_decision(outcome.as_ref().map(|r| r.allowed).ok());
         let r = outcome?;
         let head = [

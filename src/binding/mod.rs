@@ -5,7 +5,6 @@ pub(crate) mod api;
 mod clock;
 mod commands;
 mod docs;
-mod hash_key;
 mod info;
 mod string_key;
 mod zset_key;

@@ -14,7 +14,7 @@ use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
-use crate::pipeline::{HashLimiter, Limit, LimitOf};
+use crate::pipeline::{FieldsLimiter, Limit, LimitOf};
 use crate::stats::CommandStats;
 
 pub const NAME: &CStr = c"RL.ALL";
@@ -41,7 +41,7 @@ pub struct Algorithm {
     pub build: BuildLimit,
 }
 
-fn build<L: HashLimiter<N> + 'static, const N: usize>(
+fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
     params: &[&[u8]],
     cost: &[u8],
 ) -> Result<Box<dyn Limit>, ErrorReply> {

@@ -1,11 +1,11 @@
-//! `RL.FIXEDWINDOW key limit window_sec [cost]`; state: hash `count`, `start`.
+//! `RL.FIXEDWINDOW key limit window_sec [cost]`; state: one string `<count> <start>`.
 
 use std::ffi::CStr;
 
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::core::{Reply, fixed_window};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
@@ -40,7 +40,7 @@ pub struct FixedWindow;
 
 static STATS: CommandStats = CommandStats::new();
 
-impl HashLimiter<2> for FixedWindow {
+impl FieldsLimiter<2> for FixedWindow {
     type Args = Args;
     type State = fixed_window::State;
     const NAME: &'static CStr = c"RL.FIXEDWINDOW";
@@ -77,9 +77,9 @@ impl HashLimiter<2> for FixedWindow {
         a: &Args,
         now_us: i64,
         prior: Option<fixed_window::State>,
-    ) -> (Reply, Option<HashWrite<2>>) {
+    ) -> (Reply, Option<FieldsWrite<2>>) {
         let out = fixed_window::decide(&a.params, a.cost, now_us, prior);
-        let write = out.write.map(|w| HashWrite {
+        let write = out.write.map(|w| FieldsWrite {
             values: [w.state.count, w.state.start_us],
             expire_at_ms: w.expire_at_ms,
         });

@@ -1,4 +1,4 @@
-//! `RL.GCRA key max_burst count_per_period period_sec [cost]`; state: hash `tat` (microseconds).
+//! `RL.GCRA key max_burst count_per_period period_sec [cost]`; state: one string `<tat>` (µs).
 //!
 //! `max_burst + 1` calls at once, then one per emission interval `period_sec / count_per_period`,
 //! rounded up to a whole microsecond so that every time is an exact integer, here and in the Lua
@@ -10,7 +10,7 @@ use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::core::{Reply, gcra};
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
-use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
 use crate::stats::CommandStats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub fn params(
     (interval, limit, interval * limit)
 }
 
-impl HashLimiter<1> for Gcra {
+impl FieldsLimiter<1> for Gcra {
     type Args = Args;
     type State = i128;
     const NAME: &'static CStr = c"RL.GCRA";
@@ -124,7 +124,7 @@ impl HashLimiter<1> for Gcra {
         }
     }
 
-    fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (Reply, Option<HashWrite<1>>) {
+    fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (Reply, Option<FieldsWrite<1>>) {
         let p = &a.params;
         let out = gcra::decide(p, a.cost, i128::from(now_us), prior);
         let ceil_ms = |us: i128| {
@@ -143,7 +143,7 @@ impl HashLimiter<1> for Gcra {
             reset_after_ms: ceil_ms(out.ttl),
             limit: p.limit,
         };
-        let write = out.write.map(|tat| HashWrite {
+        let write = out.write.map(|tat| FieldsWrite {
             values: [exact_f64(tat)],
             expire_at_ms: ceil_ms(tat),
         });

@@ -1,11 +1,11 @@
-//! `RL.LEAKYBUCKET key capacity leak_per_sec [cost]`; state: hash `level`, `ts`.
+//! `RL.LEAKYBUCKET key capacity leak_per_sec [cost]`; state: one string `<level> <ts>`.
 
 use std::ffi::CStr;
 
 use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::core::{Reply, leaky_bucket};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
@@ -48,7 +48,7 @@ pub struct LeakyBucket;
 
 static STATS: CommandStats = CommandStats::new();
 
-impl HashLimiter<2> for LeakyBucket {
+impl FieldsLimiter<2> for LeakyBucket {
     type Args = Args;
     type State = leaky_bucket::State;
     const NAME: &'static CStr = c"RL.LEAKYBUCKET";
@@ -78,9 +78,9 @@ impl HashLimiter<2> for LeakyBucket {
         a: &Args,
         now_us: i64,
         prior: Option<leaky_bucket::State>,
-    ) -> (Reply, Option<HashWrite<2>>) {
+    ) -> (Reply, Option<FieldsWrite<2>>) {
         let out = leaky_bucket::decide(&a.params, a.cost, now_us, prior);
-        let write = out.write.map(|w| HashWrite {
+        let write = out.write.map(|w| FieldsWrite {
             values: [w.state.level, w.state.ts_us],
             expire_at_ms: w.expire_at_ms,
         });

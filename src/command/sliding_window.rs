@@ -1,11 +1,12 @@
-//! `RL.SLIDINGWINDOW key limit window_sec [cost]`; state: hash `start`, `cur`, `prev`.
+//! `RL.SLIDINGWINDOW key limit window_sec [cost]`; state: one string
+//! `<start> <cur> <prev>`.
 
 use std::ffi::CStr;
 
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::core::{Reply, sliding_window};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
@@ -49,7 +50,7 @@ pub struct SlidingWindow;
 
 static STATS: CommandStats = CommandStats::new();
 
-impl HashLimiter<3> for SlidingWindow {
+impl FieldsLimiter<3> for SlidingWindow {
     type Args = Args;
     type State = sliding_window::State;
     const NAME: &'static CStr = c"RL.SLIDINGWINDOW";
@@ -91,9 +92,9 @@ impl HashLimiter<3> for SlidingWindow {
         a: &Args,
         now_us: i64,
         prior: Option<sliding_window::State>,
-    ) -> (Reply, Option<HashWrite<3>>) {
+    ) -> (Reply, Option<FieldsWrite<3>>) {
         let out = sliding_window::decide(&a.params, a.cost, now_us, prior);
-        let write = out.write.map(|w| HashWrite {
+        let write = out.write.map(|w| FieldsWrite {
             values: [w.state.start_us, w.state.cur, w.state.prev],
             expire_at_ms: w.expire_at_ms,
         });

@@ -15,6 +15,7 @@ use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
 use crate::core::{Reply, gcra};
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_i64};
+use crate::pipeline::{Slot, StringStore};
 use crate::stats::CommandStats;
 
 pub const NAME: &CStr = c"CL.THROTTLE";
@@ -111,21 +112,6 @@ pub fn decode(raw: &[u8]) -> Result<i128, ErrorReply> {
     }
 }
 
-/// What a key holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot<'a> {
-    Empty,
-    Value(&'a [u8]),
-    WrongType,
-}
-
-/// One open string key of a storage layer.
-pub trait StringStore {
-    fn read(&self) -> Result<Slot<'_>, ErrorReply>;
-    /// Sets the value and the key's absolute expiry, and propagates exactly that.
-    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply>;
-}
-
 /// `[limited, limit, remaining, retry_after_s, reset_after_s]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThrottleReply {
@@ -210,14 +196,15 @@ pub fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (ThrottleReply, Opt
 }
 
 /// Load -> decide -> store for one call whose arguments are already parsed.
-pub fn apply<S: StringStore>(
-    store: &mut S,
+pub fn apply(
+    store: &mut dyn StringStore,
     args: &Args,
     now_us: i64,
 ) -> Result<ThrottleReply, ErrorReply> {
     let prior = match store.read()? {
         Slot::Empty => None,
-        Slot::WrongType => return Err(WRONGTYPE),
+        // redis-cell's keys are strings; no earlier layout was a hash.
+        Slot::WrongType | Slot::Hash => return Err(WRONGTYPE),
         Slot::Value(raw) => Some(decode(raw)?),
     };
     let (reply, write) = decide(args, now_us, prior);

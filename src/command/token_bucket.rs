@@ -1,11 +1,11 @@
-//! `RL.TOKENBUCKET key capacity refill_per_sec [cost]`; state: hash `tokens`, `ts`.
+//! `RL.TOKENBUCKET key capacity refill_per_sec [cost]`; state: one string `<tokens> <ts>`.
 
 use std::ffi::CStr;
 
 use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::core::{Reply, token_bucket};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, HashLimiter, HashWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
@@ -48,7 +48,7 @@ pub struct TokenBucket;
 
 static STATS: CommandStats = CommandStats::new();
 
-impl HashLimiter<2> for TokenBucket {
+impl FieldsLimiter<2> for TokenBucket {
     type Args = Args;
     type State = token_bucket::State;
     const NAME: &'static CStr = c"RL.TOKENBUCKET";
@@ -78,9 +78,9 @@ impl HashLimiter<2> for TokenBucket {
         a: &Args,
         now_us: i64,
         prior: Option<token_bucket::State>,
-    ) -> (Reply, Option<HashWrite<2>>) {
+    ) -> (Reply, Option<FieldsWrite<2>>) {
         let out = token_bucket::decide(&a.params, a.cost, now_us, prior);
-        let write = out.write.map(|w| HashWrite {
+        let write = out.write.map(|w| FieldsWrite {
             values: [w.state.tokens, w.state.ts_us],
             expire_at_ms: w.expire_at_ms,
         });

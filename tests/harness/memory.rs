@@ -12,10 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use mlua::{Function, Lua, Table, Value as LuaValue};
-use redis_rate_limiter::command::throttle::{Slot, StringStore};
 use redis_rate_limiter::error::{ErrorReply, WRONGTYPE};
 use redis_rate_limiter::number::g17_string;
-use redis_rate_limiter::pipeline::{FieldName, HashStore, KeyKind};
+use redis_rate_limiter::pipeline::{FieldName, Slot, StringStore};
 use redis_rate_limiter::zset_store::{EntryVisitor, ZsetKind, ZsetStore, ZsetWrite, member_name};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -93,6 +92,15 @@ impl Keyspace {
                 Reply::Bulk(self.now_us.rem_euclid(1_000_000).to_string().into_bytes()),
             ]),
             "EXISTS" => Reply::Int(i64::from(self.lookup(&arg(1)).is_some())),
+            "TYPE" => Reply::Status(
+                match self.lookup(&arg(1)).map(|e| &e.data) {
+                    None => "none",
+                    Some(Data::Str(_)) => "string",
+                    Some(Data::Hash(_)) => "hash",
+                    Some(Data::Zset(_)) => "zset",
+                }
+                .to_string(),
+            ),
             "HMGET" | "HGET" => {
                 let fields = &argv[2..];
                 let values: Vec<Reply> = match self.lookup(&arg(1)).map(|e| &e.data) {
@@ -183,43 +191,6 @@ pub enum Reply {
 pub struct MemoryKey<'a> {
     pub space: &'a mut Keyspace,
     pub key: Vec<u8>,
-}
-
-impl HashStore for MemoryKey<'_> {
-    type Bytes = Vec<u8>;
-
-    fn kind(&self) -> Result<KeyKind, ErrorReply> {
-        let now = self.space.now_ms();
-        Ok(match self.space.keys.get(&self.key) {
-            Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match e.data {
-                Data::Hash(_) => KeyKind::Hash,
-                Data::Str(_) | Data::Zset(_) => KeyKind::Other,
-            },
-            _ => KeyKind::Empty,
-        })
-    }
-
-    fn get(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
-        Ok(match self.space.keys.get(&self.key).map(|e| &e.data) {
-            Some(Data::Hash(h)) => h.get(field.name.to_bytes()).cloned(),
-            _ => None,
-        })
-    }
-
-    fn write(
-        &mut self,
-        fields: &[(&'static FieldName, &[u8])],
-        expire_at_ms: i64,
-    ) -> Result<(), ErrorReply> {
-        let h = self.space.hash_mut(&self.key)?;
-        for (f, v) in fields {
-            h.insert(f.name.to_bytes().to_vec(), v.to_vec());
-        }
-        if let Some(e) = self.space.keys.get_mut(&self.key) {
-            e.expire_at_ms = Some(expire_at_ms);
-        }
-        Ok(())
-    }
 }
 
 const SHIM: &str = r#"
@@ -341,43 +312,57 @@ impl LuaTwin {
     }
 }
 
-/// One key of a keyspace shared by several open keys at once (multi-limit calls).
+/// One key of a keyspace shared by several open keys at once (multi-limit calls). A call reads
+/// every key before it writes any, so each key reads the value it had when it was opened.
 pub struct SharedKey<'a> {
-    pub space: &'a RefCell<Keyspace>,
-    pub key: Vec<u8>,
+    space: &'a RefCell<Keyspace>,
+    key: Vec<u8>,
+    opened: Option<Data>,
 }
 
-impl HashStore for SharedKey<'_> {
-    type Bytes = Vec<u8>;
+impl<'a> SharedKey<'a> {
+    pub fn open(space: &'a RefCell<Keyspace>, key: &[u8]) -> SharedKey<'a> {
+        let opened = space.borrow_mut().lookup(key).map(|e| e.data.clone());
+        SharedKey {
+            space,
+            key: key.to_vec(),
+            opened,
+        }
+    }
+}
 
-    fn kind(&self) -> Result<KeyKind, ErrorReply> {
-        HashStore::kind(&MemoryKey {
-            space: &mut self.space.borrow_mut(),
-            key: self.key.clone(),
+impl StringStore for SharedKey<'_> {
+    fn read(&self) -> Result<Slot<'_>, ErrorReply> {
+        Ok(match &self.opened {
+            None => Slot::Empty,
+            Some(Data::Str(v)) => Slot::Value(v),
+            Some(Data::Hash(_)) => Slot::Hash,
+            Some(Data::Zset(_)) => Slot::WrongType,
         })
     }
 
-    fn get(&self, field: &'static FieldName) -> Result<Option<Vec<u8>>, ErrorReply> {
-        HashStore::get(
-            &MemoryKey {
-                space: &mut self.space.borrow_mut(),
-                key: self.key.clone(),
-            },
-            field,
-        )
+    fn legacy_fields(
+        &self,
+        names: &[&'static FieldName],
+        out: &mut [Option<Vec<u8>>],
+    ) -> Result<(), ErrorReply> {
+        let hash = match &self.opened {
+            Some(Data::Hash(h)) => Some(h),
+            _ => None,
+        };
+        for (slot, name) in out.iter_mut().zip(names) {
+            *slot = hash.and_then(|h| h.get(name.name.to_bytes()).cloned());
+        }
+        Ok(())
     }
 
-    fn write(
-        &mut self,
-        fields: &[(&'static FieldName, &[u8])],
-        expire_at_ms: i64,
-    ) -> Result<(), ErrorReply> {
-        HashStore::write(
+    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
+        StringStore::write(
             &mut MemoryKey {
                 space: &mut self.space.borrow_mut(),
                 key: self.key.clone(),
             },
-            fields,
+            value,
             expire_at_ms,
         )
     }
@@ -431,10 +416,24 @@ impl StringStore for MemoryKey<'_> {
         Ok(match self.space.keys.get(&self.key) {
             Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match &e.data {
                 Data::Str(v) => Slot::Value(v),
-                Data::Hash(_) | Data::Zset(_) => Slot::WrongType,
+                Data::Hash(_) => Slot::Hash,
+                Data::Zset(_) => Slot::WrongType,
             },
             _ => Slot::Empty,
         })
+    }
+
+    fn legacy_fields(
+        &self,
+        names: &[&'static FieldName],
+        out: &mut [Option<Vec<u8>>],
+    ) -> Result<(), ErrorReply> {
+        SharedKey {
+            space: &RefCell::new(Keyspace::default()),
+            key: Vec::new(),
+            opened: self.space.keys.get(&self.key).map(|e| e.data.clone()),
+        }
+        .legacy_fields(names, out)
     }
 
     fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {

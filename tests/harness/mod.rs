@@ -40,6 +40,37 @@ pub fn lua_script(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The server binary the suite runs on: `RL_REDIS_SERVER` (`make test` sets it to each server of
+/// the matrix in turn, see tests/servers/fetch.sh), else `redis-server` from the PATH.
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("RL_REDIS_SERVER")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
+}
+
+/// What `INFO server` says this server is: (`redis` or `valkey`, its version).
+pub fn server_identity(c: &mut Connection) -> (String, String) {
+    let name = info_field(c, "server", "server_name");
+    if name == "valkey" {
+        (name, info_field(c, "server", "valkey_version"))
+    } else {
+        (
+            "redis".to_string(),
+            info_field(c, "server", "redis_version"),
+        )
+    }
+}
+
+/// True (after saying why on stderr) when the server under test is one a test cannot apply to.
+pub fn skip_on_server(server: &Server, applies: impl Fn(&str, &str) -> bool, why: &str) -> bool {
+    let (name, version) = server_identity(&mut server.connect());
+    if applies(&name, &version) {
+        return false;
+    }
+    eprintln!("skipped on {name} {version}: {why}");
+    true
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -164,12 +195,18 @@ impl Server {
             "local".into(),
         ];
         args.extend(common_args(dir.path(), &module_path(), &opts));
-        let child = Command::new("redis-server")
+        let binary = server_binary();
+        let child = Command::new(&binary)
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (make test installs it)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} could not start ({e}); make test installs the servers",
+                    binary.display()
+                )
+            });
         let mut server = Server {
             process: Some(Process::Local(child)),
             dir,
@@ -371,6 +408,27 @@ pub fn hash_bytes(c: &mut Connection, key: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     v
 }
 
+/// A key's type and its value as raw bytes: a string's bytes, a hash's sorted field and value
+/// pairs, a sorted set's members and scores in order; nothing for a missing key.
+pub fn stored(c: &mut Connection, key: &str) -> (String, Vec<Vec<u8>>) {
+    let kind: String = redis::cmd("TYPE").arg(key).query(c).expect("TYPE");
+    let value = match kind.as_str() {
+        "string" => vec![string_bytes(c, key)],
+        "hash" => hash_bytes(c, key)
+            .into_iter()
+            .flat_map(|(f, v)| [f, v])
+            .collect(),
+        "zset" => zset_bytes(c, key),
+        _ => Vec::new(),
+    };
+    (kind, value)
+}
+
+/// `GET key` as raw bytes (empty for a missing key).
+pub fn string_bytes(c: &mut Connection, key: &str) -> Vec<u8> {
+    redis::cmd("GET").arg(key).query(c).unwrap_or_default()
+}
+
 pub fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
     redis::cmd("PEXPIRETIME")
         .arg(key)
@@ -476,17 +534,36 @@ pub fn assert_errors_change_nothing(
     key: &str,
     cases: &[(&[&str], &str)],
 ) {
-    let before = hash_bytes(c, key);
+    let before = stored(c, key);
     for (args, expected) in cases {
         let mut full = vec![command];
         full.extend_from_slice(args);
         assert_eq!(cmd(c, &full), Err(expected.to_string()), "{args:?}");
     }
-    assert_eq!(hash_bytes(c, key), before, "a refused call changed {key}");
+    assert_eq!(stored(c, key), before, "a refused call changed {key}");
 }
 
-/// For each case a fresh hash with those fields: `command key args...` gets exactly the error,
-/// and the hash keeps its bytes and gets no expiry.
+/// For each case a fresh string key holding that value: `command key args...` gets exactly the
+/// error, and the key keeps its bytes and gets no expiry.
+pub fn assert_corrupt_values_reported(
+    c: &mut Connection,
+    command: &str,
+    args: &[&str],
+    cases: &[(&str, &str)],
+) {
+    for (i, (value, expected)) in cases.iter().enumerate() {
+        let key = format!("corrupt-value:{command}:{i}");
+        cmd(c, &["SET", &key, value]).unwrap();
+        let mut call = vec![command, key.as_str()];
+        call.extend_from_slice(args);
+        assert_eq!(cmd(c, &call), Err(expected.to_string()), "{value:?}");
+        assert_eq!(string_bytes(c, &key), value.as_bytes(), "left as it was");
+        assert_eq!(pexpiretime(c, &key), -1, "and given no expiry");
+    }
+}
+
+/// For each case a fresh hash (the layout of release 0.1) with those fields: `command key
+/// args...` gets exactly the error, and the hash keeps its bytes and gets no expiry.
 pub fn assert_corrupt_hashes_reported(
     c: &mut Connection,
     command: &str,

@@ -26,6 +26,9 @@ pub struct ReplicationCheck<'a, S> {
     pub effects: &'a [&'a str],
     /// A key's stored state; the default value means "not written".
     pub state: fn(&mut Connection, &str) -> S,
+    /// When set, the one command the replica runs, exactly once per admitted call that
+    /// consumes (limiters whose state is one string: `set`).
+    pub one_effect_per_write: Option<&'a str>,
 }
 
 impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
@@ -36,12 +39,18 @@ impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
         let mut m = master.connect();
         let mut r = replica.connect();
         set_clock(&mut m, START_US);
+        let mut writes: u64 = 0;
         for i in 0..50 {
             let key = format!("k{}", i % 5);
             let cost = if i % 7 == 0 { "0" } else { self.cost };
-            self.call(&mut m, &key, self.params, Some(cost));
+            let reply = self.call(&mut m, &key, self.params, Some(cost));
+            if cost != "0" && reply.first() != Some(&self.denied_flag) {
+                writes += 1;
+            }
             advance_clock(&mut m, 123_457);
         }
+        // The admitted call on "spent" below.
+        writes += 1;
 
         let offset = info_field(&mut m, "replication", "master_repl_offset");
         let admitted = self.call(&mut m, "spent", self.deny_params, None);
@@ -67,6 +76,23 @@ impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
         for effect in self.effects {
             assert!(calls_of(&mut r, effect) > 0, "the replica ran no {effect}");
         }
+        if let Some(effect) = self.one_effect_per_write {
+            assert_eq!(
+                calls_of(&mut r, effect),
+                writes,
+                "one {effect} per admitted call"
+            );
+            let commands = info_field_lines(&mut r, "commandstats");
+            let others: Vec<&String> = commands
+                .iter()
+                .filter(|l| !l.starts_with(&format!("cmdstat_{effect}:")))
+                .filter(|l| !is_connection_command(l))
+                .collect();
+            assert!(
+                others.is_empty(),
+                "the replica ran more than {effect}: {others:?}"
+            );
+        }
         let own = self.command.to_lowercase();
         assert_eq!(calls_of(&mut r, &own), 0, "the replica ran {own} itself");
     }
@@ -77,4 +103,41 @@ impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
         args.extend(cost);
         ints(&cmd(c, &args))
     }
+}
+
+/// The `cmdstat_...` lines of a server's `INFO commandstats`.
+fn info_field_lines(c: &mut Connection, section: &str) -> Vec<String> {
+    let info: String = redis::cmd("INFO").arg(section).query(c).expect("INFO");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Commands the test harness itself sends to the replica (connecting, syncing, reading).
+fn is_connection_command(line: &str) -> bool {
+    [
+        "ping",
+        "info",
+        "replicaof",
+        "select",
+        "type",
+        "get",
+        "hgetall",
+        "zrange",
+        "pexpiretime",
+        "command",
+        "client",
+        "hello",
+        "auth",
+        "wait",
+        "replconf",
+        "psync",
+        "sync",
+    ]
+    .iter()
+    .any(|c| {
+        // Subcommands are counted as `cmdstat_client|setinfo`.
+        line.starts_with(&format!("cmdstat_{c}:")) || line.starts_with(&format!("cmdstat_{c}|"))
+    })
 }

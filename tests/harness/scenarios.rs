@@ -4,13 +4,47 @@
 
 use proptest::prelude::*;
 
-/// Something done to the stored key between two calls, identically on both paths.
+/// Something done to the stored key between two calls, identically on both paths. On a string
+/// of numbers, a field is the part at its position in the limiter's field list; on a hash (the
+/// earlier layout), the field of that name.
 #[derive(Debug, Clone)]
 pub enum Corruption {
     SetField(&'static str, String),
     DeleteField(&'static str),
     DeleteKey,
     MakeString,
+    /// Rewrites a string of numbers in the earlier layout: a hash, one field per number, the
+    /// expiry kept (as a key written by release 0.1 would be).
+    ToLegacyHash,
+    /// Replaces the key with a sorted set (a type no limiter of strings reads).
+    MakeZset,
+}
+
+/// A string of numbers after `SetField` or `DeleteField` (`None` for the other corruptions).
+pub fn corrupted_value(value: &str, c: &Corruption, fields: &[&str]) -> Option<String> {
+    let mut parts: Vec<String> = value.split(' ').map(str::to_string).collect();
+    let index = |name: &str| fields.iter().position(|f| *f == name).unwrap_or(0) % parts.len();
+    match c {
+        Corruption::SetField(f, v) => {
+            let i = index(f);
+            parts[i] = v.clone();
+        }
+        Corruption::DeleteField(f) => {
+            let i = index(f);
+            parts.remove(i);
+        }
+        _ => return None,
+    }
+    Some(parts.join(" "))
+}
+
+/// The (field, value) pairs of the earlier layout for a string of numbers.
+pub fn legacy_pairs(value: &str, fields: &[&str]) -> Vec<(String, String)> {
+    fields
+        .iter()
+        .zip(value.split(' '))
+        .map(|(f, v)| (f.to_string(), v.to_string()))
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -18,6 +52,8 @@ pub struct Step {
     pub dt_us: i64,
     pub args: Vec<String>,
     pub corrupt: Option<Corruption>,
+    /// The limiter's field names, in stored order (what `corrupt` refers to).
+    pub fields: &'static [&'static str],
 }
 
 /// Strings that are not valid arguments, or only just valid.
@@ -101,6 +137,8 @@ pub fn corruption(fields: &'static [&'static str]) -> impl Strategy<Value = Corr
         1 => field.prop_map(Corruption::DeleteField),
         2 => Just(Corruption::DeleteKey),
         1 => Just(Corruption::MakeString),
+        3 => Just(Corruption::ToLegacyHash),
+        1 => Just(Corruption::MakeZset),
     ]
 }
 
@@ -115,10 +153,11 @@ pub fn sequence(
         args,
         prop::option::weighted(0.04, corruption(fields)),
     )
-        .prop_map(|(dt_us, args, corrupt)| Step {
+        .prop_map(move |(dt_us, args, corrupt)| Step {
             dt_us,
             args,
             corrupt,
+            fields,
         });
     prop::collection::vec(step, len)
 }
@@ -352,6 +391,7 @@ pub fn throttle_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = V
                 dt_us,
                 args,
                 corrupt,
+                fields: &["value"],
             });
         prop::collection::vec(step, len.clone())
     })
