@@ -1,6 +1,7 @@
 //! The Redis side: command registration, the panic guard at every entry point, and the glue
 //! from each command to its pure core.
 
+mod acl;
 pub(crate) mod api;
 mod clock;
 mod commands;
@@ -98,9 +99,12 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     // Keys are signalled as modified only when a call really writes them; a denial is a read.
     ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
 
-    let mut result = commands::ALL
-        .iter()
-        .try_for_each(|cmd| register(ctx.ctx, cmd));
+    // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category.
+    let mut result = acl::add_category(ctx).and_then(|acl| {
+        commands::ALL
+            .iter()
+            .try_for_each(|cmd| register(ctx.ctx, cmd).and_then(|()| acl.assign(ctx.ctx, cmd)))
+    });
     if result.is_ok() {
         result = info::register(ctx.ctx).map_err(str::to_string);
     }

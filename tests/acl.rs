@@ -1,0 +1,318 @@
+//! ACL categories: `+@ratelimit` grants exactly the limiter commands, which also carry Redis's own
+//! categories (@write, and @fast or @slow as their flags say). Redis 7.0 lacks the module API for
+//! categories: there the module loads without them.
+
+mod harness;
+
+use harness::*;
+use redis::{Connection, Value};
+
+/// Every limiter command, with valid arguments; `rl:P:` in a key is replaced per caller.
+const LIMITERS: [(&str, &[&str]); 8] = [
+    ("RL.TOKENBUCKET", &["rl:P:tb", "10", "5"]),
+    ("RL.LEAKYBUCKET", &["rl:P:lb", "2", "0.5"]),
+    ("RL.FIXEDWINDOW", &["rl:P:fw", "2", "10"]),
+    ("RL.SLIDINGWINDOW", &["rl:P:sw", "2", "10"]),
+    ("RL.SLIDINGLOG", &["rl:P:sl", "3", "10"]),
+    ("RL.GCRA", &["rl:P:gcra", "4", "10", "1"]),
+    ("CL.THROTTLE", &["rl:P:cell", "15", "30", "60"]),
+    (
+        "RL.ALL",
+        &[
+            "2",
+            "rl:P:all1",
+            "rl:P:all2",
+            "TOKENBUCKET",
+            "3",
+            "1",
+            "TOKENBUCKET",
+            "5",
+            "1",
+        ],
+    ),
+];
+
+const LOAD_NOTICE: &str = "ratelimit: this server has no module ACL categories";
+
+/// True on the servers that export `RedisModule_AddACLCategory` and
+/// `RedisModule_SetCommandACLCategories` (Redis 7.2+, every Valkey).
+fn has_category_api(c: &mut Connection) -> bool {
+    let (name, version) = server_identity(c);
+    !(name == "redis" && version.starts_with("7.0."))
+}
+
+/// Calls a limiter with its keys under `rl:<prefix>:`.
+fn call_limiter(c: &mut Connection, name: &str, args: &[&str], prefix: &str) -> Reply {
+    let keyed: Vec<String> = args
+        .iter()
+        .map(|a| a.replace("rl:P:", &format!("rl:{prefix}:")))
+        .collect();
+    let mut full = vec![name];
+    full.extend(keyed.iter().map(String::as_str));
+    cmd(c, &full)
+}
+
+/// Asserts a reply is an array of integers (RL.ALL: two integers, then arrays of integers) and
+/// returns its first integer.
+fn first_of_integer_array(name: &str, reply: &Reply) -> i64 {
+    let Ok(Value::Array(items)) = reply else {
+        panic!("{name}: not an array reply: {reply:?}");
+    };
+    assert!(!items.is_empty(), "{name}: empty reply");
+    for (i, item) in items.iter().enumerate() {
+        match item {
+            Value::Int(_) => {}
+            Value::Array(inner) if name == "RL.ALL" && i >= 2 => assert!(
+                inner.iter().all(|v| matches!(v, Value::Int(_))),
+                "{name}: {reply:?}"
+            ),
+            other => panic!("{name}: element {i} is not an integer: {other:?}"),
+        }
+    }
+    match &items[0] {
+        Value::Int(v) => *v,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::SimpleString(s) => s.clone(),
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("not a string: {other:?}"),
+    }
+}
+
+fn texts(v: &Value) -> Vec<String> {
+    match v {
+        Value::Array(items) | Value::Set(items) => items.iter().map(text).collect(),
+        other => panic!("not an array: {other:?}"),
+    }
+}
+
+/// `COMMAND INFO name`: (flags, ACL categories).
+fn flags_and_categories(c: &mut Connection, name: &str) -> (Vec<String>, Vec<String>) {
+    let reply = cmd(c, &["COMMAND", "INFO", name]).expect("COMMAND INFO");
+    let Value::Array(entries) = reply else {
+        panic!("COMMAND INFO {name}: {reply:?}");
+    };
+    let [Value::Array(info)] = entries.as_slice() else {
+        panic!("COMMAND INFO {name}: {entries:?}");
+    };
+    assert_eq!(text(&info[0]), name.to_ascii_lowercase());
+    (texts(&info[2]), texts(&info[6]))
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+fn limiter_names_lower() -> Vec<String> {
+    sorted(
+        LIMITERS
+            .iter()
+            .map(|(name, _)| name.to_ascii_lowercase())
+            .collect(),
+    )
+}
+
+fn acl_cat(c: &mut Connection, category: &str) -> Reply {
+    cmd(c, &["ACL", "CAT", category])
+}
+
+/// Creates `app` with exactly `+@ratelimit` on `rl:*` keys, and a connection authenticated as it.
+fn app_connection(server: &Server, admin: &mut Connection) -> Connection {
+    assert_eq!(
+        cmd(
+            admin,
+            &["ACL", "SETUSER", "app", "on", ">pw", "~rl:*", "+@ratelimit"]
+        ),
+        Ok(Value::Okay)
+    );
+    let mut app = server.connect();
+    assert_eq!(cmd(&mut app, &["AUTH", "app", "pw"]), Ok(Value::Okay));
+    assert_eq!(
+        cmd(&mut app, &["ACL", "WHOAMI"]),
+        Err("NOPERM User app has no permissions to run the 'acl|whoami' command".to_string())
+    );
+    app
+}
+
+/// The app user gets the same reply as the default user on an identical fresh key (the test clock
+/// stands still), and it is an integer array that admits.
+fn assert_app_calls_every_limiter(app: &mut Connection, admin: &mut Connection, round: &str) {
+    for (name, args) in LIMITERS {
+        let got = call_limiter(app, name, args, &format!("app{round}"));
+        let reference = call_limiter(admin, name, args, &format!("ref{round}"));
+        assert_eq!(got, reference, "{name} as app vs as default");
+        // CL.THROTTLE answers `limited` (0 = admitted); the others `allowed` (1).
+        let admitted = if name == "CL.THROTTLE" { 0 } else { 1 };
+        assert_eq!(
+            first_of_integer_array(name, &got),
+            admitted,
+            "{name}: {got:?}"
+        );
+    }
+}
+
+fn assert_limiter_categories(c: &mut Connection) {
+    let mut fast = 0;
+    for (name, _) in LIMITERS {
+        let (flags, categories) = flags_and_categories(c, name);
+        assert!(flags.contains(&"write".to_string()), "{name}: {flags:?}");
+        let speed = if flags.contains(&"fast".to_string()) {
+            fast += 1;
+            "@fast"
+        } else {
+            "@slow"
+        };
+        assert_eq!(
+            categories,
+            ["@write", speed, "@ratelimit"],
+            "{name} (flags {flags:?})"
+        );
+    }
+    // All but RL.SLIDINGLOG are flagged fast today; the assertion above follows the flags.
+    assert!(fast >= 7, "{fast} fast limiters");
+}
+
+#[test]
+fn ratelimit_category_grants_exactly_the_limiters() {
+    let server = Server::with(Options {
+        test_clock: true,
+        ..Options::default()
+    });
+    let mut admin = server.connect();
+    let (name, version) = server_identity(&mut admin);
+
+    if !has_category_api(&mut admin) {
+        eprintln!(
+            "{name} {version}: no module ACL category API; the module loads without categories"
+        );
+        assert!(server.log().contains(LOAD_NOTICE), "{}", server.log());
+        let categories = texts(&cmd(&mut admin, &["ACL", "CAT"]).expect("ACL CAT"));
+        assert!(categories.contains(&"write".to_string()), "{categories:?}");
+        assert!(
+            !categories.contains(&"ratelimit".to_string()),
+            "{categories:?}"
+        );
+        assert_eq!(
+            acl_cat(&mut admin, "ratelimit"),
+            Err("ERR Unknown category 'ratelimit'".to_string())
+        );
+        for (limiter, args) in LIMITERS {
+            let reply = call_limiter(&mut admin, limiter, args, "v70");
+            let admitted = if limiter == "CL.THROTTLE" { 0 } else { 1 };
+            assert_eq!(first_of_integer_array(limiter, &reply), admitted);
+            let (flags, categories) = flags_and_categories(&mut admin, limiter);
+            assert!(flags.contains(&"write".to_string()), "{limiter}: {flags:?}");
+            assert_eq!(categories, Vec::<String>::new(), "{limiter}");
+        }
+        return;
+    }
+
+    assert!(!server.log().contains(LOAD_NOTICE), "{}", server.log());
+    let mut app = app_connection(&server, &mut admin);
+    assert_app_calls_every_limiter(&mut app, &mut admin, "");
+
+    // Nothing else: not a plain command on an `rl:` key, not the test clock, not another key.
+    let denied = |command: &str| {
+        format!("NOPERM User app has no permissions to run the '{command}' command")
+    };
+    assert_eq!(cmd(&mut app, &["GET", "rl:x"]), Err(denied("get")));
+    assert_eq!(cmd(&mut app, &["SET", "rl:x", "1"]), Err(denied("set")));
+    assert_eq!(
+        cmd(&mut app, &["RL.TESTCLOCK", "GET"]),
+        Err(denied("rl.testclock"))
+    );
+    assert_eq!(
+        cmd(&mut app, &["RL.TOKENBUCKET", "other", "10", "5"]),
+        Err("NOPERM No permissions to access a key".to_string())
+    );
+    // The default user (+@all) still reaches the test clock.
+    assert!(matches!(
+        cmd(&mut admin, &["RL.TESTCLOCK", "GET"]),
+        Ok(Value::Int(_))
+    ));
+
+    assert_limiter_categories(&mut admin);
+    let (_, testclock_categories) = flags_and_categories(&mut admin, "RL.TESTCLOCK");
+    assert_eq!(testclock_categories, Vec::<String>::new());
+
+    let in_category = |c: &mut Connection, category: &str| -> Vec<String> {
+        let all = texts(&acl_cat(c, category).expect("ACL CAT"));
+        sorted(
+            all.into_iter()
+                .filter(|n| n.starts_with("rl.") || n.starts_with("cl."))
+                .collect(),
+        )
+    };
+    assert_eq!(
+        sorted(texts(&acl_cat(&mut admin, "ratelimit").expect("ACL CAT"))),
+        limiter_names_lower()
+    );
+    assert_eq!(in_category(&mut admin, "write"), limiter_names_lower());
+    let mut fast = limiter_names_lower();
+    fast.retain(|n| n != "rl.slidinglog");
+    assert_eq!(in_category(&mut admin, "fast"), fast);
+    assert_eq!(in_category(&mut admin, "slow"), ["rl.slidinglog"]);
+    assert_eq!(in_category(&mut admin, "read"), Vec::<String>::new());
+    eprintln!("{name} {version}: @ratelimit holds exactly the 8 limiter commands");
+}
+
+/// Redis keeps a module's categories after MODULE UNLOAD: loading the module again finds
+/// `ratelimit` already there, and must still load and put the commands back in it.
+#[test]
+fn module_reloads_into_its_category() {
+    let server = Server::start();
+    let mut admin = server.connect();
+    let with_api = has_category_api(&mut admin);
+    let mut app = with_api.then(|| app_connection(&server, &mut admin));
+
+    assert_eq!(
+        cmd(&mut admin, &["MODULE", "UNLOAD", "ratelimit"]),
+        Ok(Value::Okay)
+    );
+    if let Some(app) = app.as_mut() {
+        assert_eq!(
+            cmd(app, &["RL.TOKENBUCKET", "rl:tb", "10", "5"]),
+            Err(
+                "ERR unknown command 'RL.TOKENBUCKET', with args beginning with: 'rl:tb' '10' '5' "
+                    .to_string()
+            )
+        );
+    }
+    let module = server.module_file();
+    assert_eq!(
+        cmd(&mut admin, &["MODULE", "LOAD", &module]),
+        Ok(Value::Okay)
+    );
+
+    if let Some(app) = app.as_mut() {
+        assert!(
+            server
+                .log()
+                .contains("ratelimit: ACL category 'ratelimit' already exists"),
+            "{}",
+            server.log()
+        );
+        assert_eq!(
+            sorted(texts(&acl_cat(&mut admin, "ratelimit").expect("ACL CAT"))),
+            limiter_names_lower()
+        );
+        assert_limiter_categories(&mut admin);
+        // The user made before the reload gets the commands back.
+        for (name, args) in LIMITERS {
+            let reply = call_limiter(app, name, args, "reload");
+            let admitted = if name == "CL.THROTTLE" { 0 } else { 1 };
+            assert_eq!(first_of_integer_array(name, &reply), admitted, "{name}");
+        }
+    } else {
+        for (name, args) in LIMITERS {
+            let reply = call_limiter(&mut admin, name, args, "reload");
+            let admitted = if name == "CL.THROTTLE" { 0 } else { 1 };
+            assert_eq!(first_of_integer_array(name, &reply), admitted, "{name}");
+        }
+    }
+}
