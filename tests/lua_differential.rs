@@ -1,5 +1,5 @@
 //! Differential suite, part 1: the Rust pipeline (arguments -> stored fields -> pure core ->
-//! `%.17g` fields) against the Lua twin run in an embedded Lua 5.1, both on in-memory keyspaces
+//! `%.17g` numbers) against the Lua twin run in an embedded Lua 5.1, both on in-memory keyspaces
 //! with the same clock. Every step must give the same reply (or the same error) and leave both
 //! keyspaces identical, byte for byte, expiry included.
 
@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use harness::lua_script;
 use std::cell::RefCell;
 
-use harness::memory::{Data, Entry, Keyspace, LuaTwin, MemoryKey, ScriptReply, SharedKey};
+use harness::memory::{
+    Data, Entry, Keyspace, LuaTwin, MemoryKey, NumberForm, ScriptReply, SharedKey,
+};
 use harness::scenarios::{ALL_FIELDS, AllStep, Corruption, Step, all_sequence};
 use harness::scenarios::{LogCorruption, LogStep, sliding_log_sequence};
 use harness::scenarios::{corrupted_value, legacy_pairs, token_bucket_sequence};
@@ -25,6 +27,29 @@ use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::pipeline::{self, FieldsLimiter, StringStore};
 
 const START_US: i64 = 1_700_000_000_000_000;
+
+/// Generated cases alternate between the two ways servers convert Lua numbers passed to
+/// `redis.call` (Redis 7.0's `%.17g`, the newer servers' shortest digits): the twins format
+/// what they store themselves, so both must give the module's bytes.
+#[derive(Default)]
+struct FormsUsed([AtomicUsize; 2]);
+
+impl FormsUsed {
+    fn twin(&self, source: &str) -> LuaTwin {
+        let case: usize = self.0.iter().map(|n| n.load(Ordering::Relaxed)).sum();
+        let i = case % 2;
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+        LuaTwin::with_form(source, NumberForm::BOTH[i])
+    }
+
+    fn assert_both(&self) {
+        let [g17, shortest] = [0, 1].map(|i| self.0[i].load(Ordering::Relaxed));
+        assert!(
+            g17 > 0 && shortest > 0,
+            "cases per form: {g17} and {shortest}"
+        );
+    }
+}
 const KEY: &[u8] = b"limiter";
 
 /// One call through the same pipeline the module runs, on the in-memory keyspace.
@@ -111,13 +136,14 @@ fn differential<L: FieldsLimiter<N>, const N: usize>(
 ) -> usize {
     let source = lua_script(script);
     let steps_run = AtomicUsize::new(0);
+    let forms = FormsUsed::default();
     let mut runner = TestRunner::new(Config {
         cases: harness::scaled(cases),
         failure_persistence: None,
         ..Config::default()
     });
     let result = runner.run(&strategy, |steps| {
-        let lua = LuaTwin::new(&source);
+        let lua = forms.twin(&source);
         let mut model = Keyspace {
             now_us: START_US,
             ..Keyspace::default()
@@ -152,6 +178,7 @@ fn differential<L: FieldsLimiter<N>, const N: usize>(
     if let Err(e) = result {
         panic!("{script}: module and Lua twin differ: {e}");
     }
+    forms.assert_both();
     steps_run.into_inner()
 }
 
@@ -189,6 +216,7 @@ fn module_all_call(space: &RefCell<Keyspace>, keys: &[Vec<u8>], words: &[Vec<u8>
 fn all_limits_match_their_lua_twin() {
     let source = lua_script("all.lua");
     let steps_run = AtomicUsize::new(0);
+    let forms = FormsUsed::default();
     // How many calls were admitted, and denied by a limit other than the first (the case where
     // an admitting limit must report its unconsumed state): the generator must reach both.
     let (admitted, denied_later) = (AtomicUsize::new(0), AtomicUsize::new(0));
@@ -198,7 +226,7 @@ fn all_limits_match_their_lua_twin() {
         ..Config::default()
     });
     let result = runner.run(&all_sequence(50..250), |steps: Vec<AllStep>| {
-        let lua = LuaTwin::new(&source);
+        let lua = forms.twin(&source);
         let model = RefCell::new(Keyspace {
             now_us: START_US,
             ..Keyspace::default()
@@ -241,6 +269,7 @@ fn all_limits_match_their_lua_twin() {
     if let Err(e) = result {
         panic!("RL.ALL and all.lua differ: {e}");
     }
+    forms.assert_both();
     let steps = steps_run.into_inner();
     let (admitted, denied_later) = (admitted.into_inner(), denied_later.into_inner());
     println!(
@@ -334,6 +363,7 @@ fn corrupt_string(space: &mut Keyspace, c: &Corruption) {
 fn throttle_matches_its_lua_twin() {
     let source = lua_script("throttle.lua");
     let steps_run = AtomicUsize::new(0);
+    let forms = FormsUsed::default();
     let admitted = AtomicUsize::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 800,
@@ -341,7 +371,7 @@ fn throttle_matches_its_lua_twin() {
         ..Config::default()
     });
     let result = runner.run(&throttle_sequence(50..250), |steps| {
-        let lua = LuaTwin::new(&source);
+        let lua = forms.twin(&source);
         let mut model = Keyspace {
             now_us: START_US,
             ..Keyspace::default()
@@ -379,6 +409,7 @@ fn throttle_matches_its_lua_twin() {
     if let Err(e) = result {
         panic!("throttle.lua: module and Lua twin differ: {e}");
     }
+    forms.assert_both();
     let (steps, admitted) = (steps_run.into_inner(), admitted.into_inner());
     println!("throttle: {steps} generated calls compared, {admitted} admitted");
     assert!(steps >= 100_000, "only {steps} calls compared");
@@ -452,6 +483,7 @@ fn corrupt_log(space: &mut Keyspace, c: &LogCorruption) {
 fn sliding_log_differential(strategy: impl Strategy<Value = Vec<LogStep>>, cases: u32) -> usize {
     let source = lua_script("sliding_log.lua");
     let steps_run = AtomicUsize::new(0);
+    let forms = FormsUsed::default();
     // Outcomes seen: admitted, denied, never admissible, argument errors, corrupt state.
     let seen: [AtomicUsize; 5] = Default::default();
     let mut runner = TestRunner::new(Config {
@@ -460,7 +492,7 @@ fn sliding_log_differential(strategy: impl Strategy<Value = Vec<LogStep>>, cases
         ..Config::default()
     });
     let result = runner.run(&strategy, |steps| {
-        let lua = LuaTwin::new(&source);
+        let lua = forms.twin(&source);
         let mut model = Keyspace {
             now_us: START_US,
             ..Keyspace::default()
@@ -509,6 +541,7 @@ fn sliding_log_differential(strategy: impl Strategy<Value = Vec<LogStep>>, cases
         seen.iter().all(|&n| n > 0),
         "every outcome is exercised: {seen:?}"
     );
+    forms.assert_both();
     steps_run.into_inner()
 }
 

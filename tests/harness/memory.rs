@@ -2,7 +2,8 @@
 //! runs the `lua-reference/` scripts against it through a `redis.call` shim.
 //!
 //! The shim is faithful where it matters for parity: Lua numbers passed to `redis.call` become
-//! strings through C's `%.17g` (Lua's own `string.format`, the same conversion Redis 7.0 does),
+//! strings the way the server being modelled converts them (`NumberForm`: C's `%.17g` on Redis
+//! 7.0, the shortest round-trip digits on Redis 7.2+ and Valkey),
 //! replies become Lua values the way Redis converts them, `redis.call` raises errors and
 //! `redis.pcall` returns them as `{err=...}`, and a returned Lua number becomes an integer by
 //! truncation. Keys expire as in Redis: a key is gone once `now_ms > expire_at_ms`.
@@ -193,14 +194,102 @@ pub struct MemoryKey<'a> {
     pub key: Vec<u8>,
 }
 
+/// How a server turns a Lua number passed to `redis.call` into the string it stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumberForm {
+    /// Redis 7.0: C's `%.17g`.
+    G17,
+    /// Redis 7.2+ and Valkey: an integral value within ±2^62 as integer digits, any other the
+    /// shortest digits that read back as the same double, laid out as `fpconv_dtoa` does
+    /// (`1e-7`, `1e+21`, `0.30000000000000004`).
+    Shortest,
+}
+
+impl NumberForm {
+    pub const BOTH: [NumberForm; 2] = [NumberForm::G17, NumberForm::Shortest];
+
+    pub fn text(self, v: f64) -> String {
+        match self {
+            NumberForm::G17 => g17_string(v),
+            NumberForm::Shortest => shortest_text(v),
+        }
+    }
+}
+
+fn shortest_text(v: f64) -> String {
+    let sign = if v.is_sign_negative() { "-" } else { "" };
+    if v.is_nan() {
+        return format!("{sign}nan");
+    }
+    if v.is_infinite() {
+        return format!("{sign}inf");
+    }
+    // Redis's double2ll: integral and within ±(2^63 - 1) / 2 is printed as an integer (so -0 is 0).
+    if v == v.trunc() && v.abs() <= 4_611_686_018_427_387_903.0 {
+        return format!("{}", v as i64);
+    }
+    // Shortest round-trip digits and the exponent: v = digits * 10^k.
+    let exponential = format!("{:e}", v.abs());
+    let (mantissa, exponent) = exponential.split_once('e').expect("exponential form");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let k = exponent.parse::<i32>().expect("exponent") - (digits.len() as i32 - 1);
+    fpconv_layout(v.is_sign_negative(), &digits, k)
+}
+
+/// `digits * 10^k` laid out as `fpconv_dtoa` (Redis 7.2+, Valkey) does: plain digits up to 7
+/// zeros past them, a decimal point for down to 6 places, else `d.ddde±x`.
+pub fn fpconv_layout(negative: bool, digits: &str, k: i32) -> String {
+    let n = digits.len() as i32;
+    let exp = (k + n - 1).abs();
+    let body = if k >= 0 && exp < n + 7 {
+        format!("{digits}{}", "0".repeat(k as usize))
+    } else if k < 0 && (k > -7 || exp < 4) {
+        let offset = n + k;
+        if offset <= 0 {
+            format!("0.{}{digits}", "0".repeat((-offset) as usize))
+        } else {
+            let (int, frac) = digits.split_at(offset as usize);
+            format!("{int}.{frac}")
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let dot = if rest.is_empty() { "" } else { "." };
+        let exp_sign = if k + n - 1 < 0 { '-' } else { '+' };
+        format!("{first}{dot}{rest}e{exp_sign}{exp}")
+    };
+    let sign = if negative { "-" } else { "" };
+    format!("{sign}{body}")
+}
+
+/// The sign, significant digits and exponent of a decimal text: `-0.0125` is `(true, "125", -4)`.
+pub fn decimal_parts(text: &str) -> (bool, String, i32) {
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exp) = match unsigned.split_once('e') {
+        Some((m, e)) => (m, e.parse::<i32>().expect("exponent")),
+        None => (unsigned, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{int}{frac}");
+    let trimmed = all.trim_start_matches('0');
+    let significant = trimmed.trim_end_matches('0');
+    let trailing = (trimmed.len() - significant.len()) as i32;
+    let k = exp - frac.len() as i32 + trailing;
+    (negative, significant.to_string(), k)
+}
+
 const SHIM: &str = r#"
-local backend = ...
+local backend, number_text = ...
 local function strings(...)
   local out = {}
   for i = 1, select('#', ...) do
     local v = select(i, ...)
     if type(v) == 'number' then
-      out[i] = string.format('%.17g', v)
+      -- Redis 7.0's conversion is C's %.17g, which Lua's string.format is; another server's is
+      -- modelled in Rust (NumberForm).
+      if number_text then out[i] = number_text(v) else out[i] = string.format('%.17g', v) end
     elseif type(v) == 'string' then
       out[i] = v
     else
@@ -258,7 +347,12 @@ fn to_lua(lua: &Lua, reply: Reply) -> mlua::Result<LuaValue> {
 pub type ScriptReply = Result<Vec<i64>, String>;
 
 impl LuaTwin {
+    /// A twin on a modelled Redis 7.0 (numbers passed to `redis.call` become `%.17g`).
     pub fn new(script_source: &str) -> LuaTwin {
+        Self::with_form(script_source, NumberForm::G17)
+    }
+
+    pub fn with_form(script_source: &str, form: NumberForm) -> LuaTwin {
         let lua = Lua::new();
         let space = Rc::new(RefCell::new(Keyspace::default()));
         let backend_space = Rc::clone(&space);
@@ -272,7 +366,16 @@ impl LuaTwin {
                 to_lua(lua, reply)
             })
             .expect("backend function");
-        lua.load(SHIM).call::<()>(backend).expect("shim loads");
+        let number_text = match form {
+            NumberForm::G17 => None,
+            NumberForm::Shortest => Some(
+                lua.create_function(move |_, v: f64| Ok(form.text(v)))
+                    .expect("number function"),
+            ),
+        };
+        lua.load(SHIM)
+            .call::<()>((backend, number_text))
+            .expect("shim loads");
         let script = lua
             .load(script_source)
             .into_function()
