@@ -7,7 +7,7 @@
 mod harness;
 
 use harness::{Options, Server, cmd, ints, lua_script, pexpiretime, set_clock, stored};
-use harness::{advance_clock, string_bytes};
+use harness::{Stored, advance_clock, string_bytes};
 use redis::Connection;
 
 /// 2030, ahead of the real clock: no absolute expiry written here is already past.
@@ -200,7 +200,7 @@ fn replicas_and_the_aof_carry_both_layouts_through_the_upgrade() {
         // The first hash of each limiter is upgraded by a write; the second stays a hash.
         assert_eq!(l.call(&mut m, &format!("{}:hash0", l.command), "1")[0], 1);
     }
-    let snapshot = |c: &mut Connection| -> Vec<(String, (String, Vec<Vec<u8>>), i64)> {
+    let snapshot = |c: &mut Connection| -> Vec<(String, Stored, i64)> {
         keys.iter()
             .map(|k| (k.clone(), stored(c, k), pexpiretime(c, k)))
             .collect()

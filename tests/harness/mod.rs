@@ -408,9 +408,12 @@ pub fn hash_bytes(c: &mut Connection, key: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     v
 }
 
+/// A key's type and its value as raw bytes (see `stored`).
+pub type Stored = (String, Vec<Vec<u8>>);
+
 /// A key's type and its value as raw bytes: a string's bytes, a hash's sorted field and value
 /// pairs, a sorted set's members and scores in order; nothing for a missing key.
-pub fn stored(c: &mut Connection, key: &str) -> (String, Vec<Vec<u8>>) {
+pub fn stored(c: &mut Connection, key: &str) -> Stored {
     let kind: String = redis::cmd("TYPE").arg(key).query(c).expect("TYPE");
     let value = match kind.as_str() {
         "string" => vec![string_bytes(c, key)],
