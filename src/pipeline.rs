@@ -14,10 +14,10 @@
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::AtomicPtr;
 
+use crate::command::descriptor::Descriptor;
 use crate::core::Reply;
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_g17};
-use crate::stats::CommandStats;
 
 /// A field name of the earlier hash layout. `handle` is a slot where a storage layer may keep
 /// its own representation of the name (the Redis binding keeps a `RedisModuleString` there,
@@ -74,16 +74,12 @@ pub trait FieldsLimiter<const N: usize> {
     type Args;
     type State: Copy;
 
-    /// The command's name as registered (`RL.TOKENBUCKET`).
-    const NAME: &'static CStr;
-    /// The command's counters, shown by INFO.
-    const STATS: &'static CommandStats;
+    /// What the command is: name, flags, arity and its error, docs, `RL.ALL` keyword, counters.
+    const DESCRIPTOR: &'static Descriptor;
 
     /// Names of the numbers, in the order `decode` reads them and `FieldsWrite::values` stores
     /// them (and the field names of the earlier hash layout).
     const FIELDS: [&'static FieldName; N];
-    /// The reply to a call with too few or too many arguments.
-    const ARITY_ERROR: ErrorReply;
 
     /// Arguments after the key.
     fn parse(args: &[&[u8]]) -> Result<Self::Args, ErrorReply>;
@@ -220,7 +216,7 @@ impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
             n += 1;
         }
         if n != params.len() + 1 {
-            return Err(L::ARITY_ERROR);
+            return Err(L::DESCRIPTOR.arity_error);
         }
         L::parse(buf.get(..n).unwrap_or_default())
     }

@@ -1,9 +1,71 @@
-//! Per-command counters for the module's INFO section.
+//! What every call came to, seen from the one place every command goes through
+//! (`binding::entry`): `observe` gets the command, the key the outcome is about and the outcome.
+//! Today it keeps the per-command counters of the module's INFO section; a per-key view (the
+//! most-denied keys) attaches here too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::core::Reply;
+use crate::command::descriptor::Descriptor;
 use crate::error::ErrorReply;
+
+/// The kinds of error replies, as INFO counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Bad arguments: arity, numbers, ranges, `RL.ALL`'s grammar.
+    Args,
+    /// A key of another type.
+    WrongType,
+    /// Stored state that is not what the module writes.
+    Corrupt,
+    /// Refused over `maxmemory`.
+    Oom,
+    /// A bug: a panic caught at the entry point, or a module API missing.
+    Internal,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 5] = [
+        ErrorKind::Args,
+        ErrorKind::WrongType,
+        ErrorKind::Corrupt,
+        ErrorKind::Oom,
+        ErrorKind::Internal,
+    ];
+
+    pub fn of(error: &ErrorReply) -> ErrorKind {
+        let m = error.message();
+        if m.starts_with("WRONGTYPE") {
+            ErrorKind::WrongType
+        } else if m.starts_with("ERR corrupt rate limiter state") {
+            ErrorKind::Corrupt
+        } else if m.starts_with("OOM") {
+            ErrorKind::Oom
+        } else if m.starts_with("ERR internal error") || m.starts_with("ERR this Redis server") {
+            ErrorKind::Internal
+        } else {
+            ErrorKind::Args
+        }
+    }
+
+    /// The INFO field name.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Args => "args",
+            ErrorKind::WrongType => "wrongtype",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Oom => "oom",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// What one call came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Admitted,
+    Denied,
+    Error(ErrorKind),
+}
 
 #[derive(Debug, Default)]
 pub struct CommandStats {
@@ -11,6 +73,8 @@ pub struct CommandStats {
     pub allowed: AtomicU64,
     pub denied: AtomicU64,
     pub errors: AtomicU64,
+    /// Errors by kind, in `ErrorKind::ALL` order.
+    pub errors_by_kind: [AtomicU64; 5],
 }
 
 /// Adds one. Redis runs commands one at a time (module threads only with the global lock), so a
@@ -22,6 +86,12 @@ fn bump(counter: &AtomicU64) {
     );
 }
 
+/// The observation hook: every call of every command, with the key its outcome is about (the
+/// command's key; for `RL.ALL` the key of the limit that denied, else the first).
+pub fn observe(command: &Descriptor, _key: Option<&[u8]>, outcome: Outcome) {
+    command.stats.record(outcome);
+}
+
 impl CommandStats {
     pub const fn new() -> Self {
         Self {
@@ -29,31 +99,73 @@ impl CommandStats {
             allowed: AtomicU64::new(0),
             denied: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            errors_by_kind: [const { AtomicU64::new(0) }; 5],
         }
     }
 
-    pub fn record(&self, outcome: &Result<Reply, ErrorReply>) {
-        self.record_decision(outcome.as_ref().map(|r| r.allowed).ok());
-    }
-
-    /// `Some(allowed)` for a decision, `None` for an error reply.
-    pub fn record_decision(&self, allowed: Option<bool>) {
+    pub fn record(&self, outcome: Outcome) {
         bump(&self.calls);
-        match allowed {
-            Some(true) => bump(&self.allowed),
-            Some(false) => bump(&self.denied),
-            None => bump(&self.errors),
+        match outcome {
+            Outcome::Admitted => bump(&self.allowed),
+            Outcome::Denied => bump(&self.denied),
+            Outcome::Error(kind) => {
+                bump(&self.errors);
+                if let Some(i) = ErrorKind::ALL.iter().position(|k| *k == kind)
+                    && let Some(counter) = self.errors_by_kind.get(i)
+                {
+                    bump(counter);
+                }
+            }
         }
     }
 
-    /// `[calls, allowed, denied, errors]`.
-    pub fn snapshot(&self) -> [(&'static str, u64); 4] {
+    /// `calls, allowed, denied, errors`, then the errors by kind.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        [
+        let mut out = vec![
             ("calls", get(&self.calls)),
             ("allowed", get(&self.allowed)),
             ("denied", get(&self.denied)),
             ("errors", get(&self.errors)),
-        ]
+        ];
+        for (kind, counter) in ErrorKind::ALL.iter().zip(&self.errors_by_kind) {
+            out.push((kind.label(), get(counter)));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_counted_by_kind() {
+        let s = CommandStats::new();
+        for e in [
+            crate::error::WRONGTYPE,
+            ErrorReply(c"ERR corrupt rate limiter state: field 'ts' is not a valid timestamp"),
+            ErrorReply(c"OOM command not allowed when used memory > 'maxmemory'."),
+            ErrorReply(c"ERR cost must be an integer"),
+            ErrorReply(c"ERR cost must be an integer"),
+        ] {
+            s.record(Outcome::Error(ErrorKind::of(&e)));
+        }
+        s.record(Outcome::Admitted);
+        s.record(Outcome::Denied);
+        assert_eq!(
+            s.snapshot(),
+            [
+                ("calls", 7),
+                ("allowed", 1),
+                ("denied", 1),
+                ("errors", 5),
+                ("args", 2),
+                ("wrongtype", 1),
+                ("corrupt", 1),
+                ("oom", 1),
+                ("internal", 0),
+            ]
+        );
     }
 }

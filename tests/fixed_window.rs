@@ -287,6 +287,6 @@ fn key_metadata_and_info_counters() {
     let _ = cmd(&mut c, &[FW, "k", "2", "0"]);
     assert_eq!(
         info_field(&mut c, "ratelimit", "ratelimit_rl_fixedwindow"),
-        "calls=4,allowed=2,denied=1,errors=1"
+        "calls=4,allowed=2,denied=1,errors=1,args=1,wrongtype=0,corrupt=0,oom=0,internal=0"
     );
 }

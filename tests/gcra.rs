@@ -286,6 +286,6 @@ fn info_section_counts_calls() {
     let _ = cmd(&mut c, &[GCRA, "k", "x", "1", "1"]);
     assert_eq!(
         info_field(&mut c, "ratelimit", "ratelimit_rl_gcra"),
-        "calls=4,allowed=2,denied=1,errors=1"
+        "calls=4,allowed=2,denied=1,errors=1,args=1,wrongtype=0,corrupt=0,oom=0,internal=0"
     );
 }

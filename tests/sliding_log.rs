@@ -418,6 +418,6 @@ fn command_metadata_and_info_counters() {
     let _ = cmd(&mut c, &[SL, "k", "x", "1"]);
     assert_eq!(
         info_field(&mut c, "ratelimit", "ratelimit_rl_slidinglog"),
-        "calls=4,allowed=2,denied=1,errors=1"
+        "calls=4,allowed=2,denied=1,errors=1,args=1,wrongtype=0,corrupt=0,oom=0,internal=0"
     );
 }

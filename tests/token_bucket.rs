@@ -437,7 +437,8 @@ fn info_section_counts_calls_allowed_denied_and_errors() {
         tb(&mut c, "k", &["2", "1"]);
     }
     let _ = cmd(&mut c, &[TB, "k", "x", "1"]);
-    let expected = "calls=4,allowed=2,denied=1,errors=1";
+    let expected =
+        "calls=4,allowed=2,denied=1,errors=1,args=1,wrongtype=0,corrupt=0,oom=0,internal=0";
     for section in ["modules", "ratelimit", "ratelimit_limits"] {
         assert_eq!(
             info_field(&mut c, section, "ratelimit_rl_tokenbucket"),

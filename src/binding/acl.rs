@@ -9,7 +9,7 @@ use std::ffi::{CString, c_int};
 use redis_module::Context;
 use redis_module::raw::{self, RedisModuleCommand, RedisModuleCtx};
 
-use super::Command;
+use crate::command::descriptor::Descriptor;
 
 /// The module's own ACL category.
 pub const CATEGORY: &str = "ratelimit";
@@ -62,11 +62,11 @@ pub fn add_category(ctx: &Context) -> Result<Categories, String> {
 
 impl Categories {
     /// Puts a registered limiter command in its categories.
-    pub fn assign(&self, ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
+    pub fn assign(&self, ctx: *mut RedisModuleCtx, cmd: &Descriptor) -> Result<(), String> {
         let Some((get, set)) = self.0 else {
             return Ok(());
         };
-        let categories = CString::new(categories_for(cmd)).map_err(|e| e.to_string())?;
+        let categories = CString::new(categories_for(cmd.flags)).map_err(|e| e.to_string())?;
         let name = cmd.name.to_string_lossy();
         // SAFETY: load-time context and a registered command's name; Redis parses the
         // categories string and keeps only the resulting bits.
@@ -91,8 +91,8 @@ impl Categories {
 /// The categories of a limiter command: the ones Redis derives from the same flags for its own
 /// commands (no server derives them for module commands, and setting categories replaces any),
 /// then the module's category.
-fn categories_for(cmd: &Command) -> String {
-    let flags = cmd.flags.to_bytes();
+fn categories_for(flags: &std::ffi::CStr) -> String {
+    let flags = flags.to_bytes();
     let has = |flag: &[u8]| flags.split(|b| *b == b' ').any(|f| f == flag);
     let mut categories: Vec<&str> = Vec::new();
     if has(b"write") {
@@ -117,38 +117,14 @@ fn categories_for(cmd: &Command) -> String {
 mod tests {
     use super::*;
 
-    unsafe extern "C" fn handler(
-        _: *mut RedisModuleCtx,
-        _: *mut *mut raw::RedisModuleString,
-        _: c_int,
-    ) -> c_int {
-        0
-    }
-
-    fn command(flags: &'static std::ffi::CStr) -> Command {
-        Command {
-            name: c"RL.X",
-            handler,
-            flags,
-            keys: (1, 1, 1),
-            stats: None,
-        }
-    }
-
     #[test]
     fn categories_follow_the_flags() {
+        assert_eq!(categories_for(c"write fast"), "write fast ratelimit");
         assert_eq!(
-            categories_for(&command(c"write fast")),
+            categories_for(c"write fast getkeys-api"),
             "write fast ratelimit"
         );
-        assert_eq!(
-            categories_for(&command(c"write fast getkeys-api")),
-            "write fast ratelimit"
-        );
-        assert_eq!(categories_for(&command(c"write")), "write slow ratelimit");
-        assert_eq!(
-            categories_for(&command(c"readonly fast")),
-            "read fast ratelimit"
-        );
+        assert_eq!(categories_for(c"write"), "write slow ratelimit");
+        assert_eq!(categories_for(c"readonly fast"), "read fast ratelimit");
     }
 }

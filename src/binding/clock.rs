@@ -13,8 +13,30 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redis_module::raw::{self, RedisModuleCommandFilterCtx, RedisModuleCtx, RedisModuleString};
 
 use super::api::{self, api, string_bytes};
+use crate::command::descriptor::{ArgKind, Descriptor, Keys, arg, optional};
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
+use crate::stats::CommandStats;
+
+/// `RL.TESTCLOCK SET|ADVANCE|GET|TIME [us]`, registered only with the `TESTCLOCK` load argument.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: c"RL.TESTCLOCK",
+    flags: c"readonly fast",
+    keys: Keys::None,
+    arity: -2,
+    summary: c"Test clock (TESTCLOCK load argument only): SET or ADVANCE it in microseconds, GET it, or TIME as TIME replies",
+    complexity: c"O(1)",
+    args: &[
+        arg(c"subcommand", ArgKind::String),
+        optional(c"microseconds", ArgKind::Integer),
+    ],
+    arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.testclock' command"),
+    all_keyword: None,
+    stats: &STATS,
+};
+
+/// Never shown: INFO lists the limiters only.
+static STATS: CommandStats = CommandStats::new();
 
 static TEST_CLOCK_ON: AtomicBool = AtomicBool::new(false);
 static TEST_CLOCK_US: AtomicI64 = AtomicI64::new(0);

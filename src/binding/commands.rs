@@ -1,11 +1,11 @@
 //! The command table: every command the module registers, and the generic entry points that
 //! connect a command's definition (`crate::command`) to Redis.
 
-use std::ffi::{CStr, c_int};
+use std::ffi::c_int;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Command, api, clock, entry, string_key, zset_key};
+use super::{Answer, Command, Sent, api, clock, entry, string_key, zset_key};
 use crate::command::all;
 use crate::command::fixed_window::FixedWindow;
 use crate::command::gcra::Gcra;
@@ -13,61 +13,111 @@ use crate::command::leaky_bucket::LeakyBucket;
 use crate::command::sliding_log;
 use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
-use crate::pipeline::FieldsLimiter;
+use crate::core::Reply;
+use crate::pipeline::{AllReply, FieldsLimiter};
 
-/// Flags of every limiter command: it may write and runs in constant time. Not `deny-oom`: under
-/// memory pressure Redis would then refuse every call, denials and peeks included; instead the
-/// module refuses with the same OOM error only the calls that would write (`api::check_memory`).
-pub(super) const LIMITER_FLAGS: &CStr = c"write fast";
+// No limiter is `deny-oom`: under memory pressure Redis would then refuse every call, denials
+// and peeks included; instead the module refuses with the same OOM error only the calls that would
+// write (`api::check_memory`).
 
 /// A limiter whose state is a few numbers in one string: the pipeline in `string_key`.
 const fn fields_limiter<L: FieldsLimiter<N>, const N: usize>() -> Command {
     Command {
-        name: L::NAME,
+        descriptor: L::DESCRIPTOR,
         handler: fields_command::<L, N>,
-        flags: LIMITER_FLAGS,
-        keys: (1, 1, 1),
-        stats: Some(L::STATS),
     }
 }
 
+/// Every command of `crate::command::DESCRIPTORS`, in the same order, with its handler.
 pub const ALL: [Command; 8] = [
     fields_limiter::<TokenBucket, 2>(),
     fields_limiter::<LeakyBucket, 2>(),
     fields_limiter::<FixedWindow, 2>(),
     fields_limiter::<SlidingWindow, 3>(),
     fields_limiter::<Gcra, 1>(),
-    SLIDING_LOG,
+    Command {
+        descriptor: &sliding_log::DESCRIPTOR,
+        handler: sliding_log_command,
+    },
     string_key::THROTTLE,
     Command {
-        name: all::NAME,
+        descriptor: &all::DESCRIPTOR,
         handler: all_command,
-        // Redis 7.0 routes cluster calls (and checks CROSSSLOT) with the keys a command reports
-        // through the getkeys API, not with key specs; the key spec is still set for tools.
-        flags: c"write fast getkeys-api",
-        keys: (0, 0, 0),
-        stats: Some(&all::STATS),
     },
 ];
 
 pub const TEST_CLOCK: Command = Command {
-    name: c"RL.TESTCLOCK",
+    descriptor: &clock::DESCRIPTOR,
     handler: test_clock_command,
-    flags: c"readonly fast",
-    keys: (0, 0, 0),
-    stats: None,
 };
+
+impl Answer for Reply {
+    fn decision(&self) -> Option<bool> {
+        Some(self.allowed)
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        api::reply_integers(ctx, &self.to_array())
+    }
+}
+
+/// `RL.ALL`: `[allowed, denied_by, [reply of limit 1], [reply of limit 2], ...]`.
+impl Answer for AllReply {
+    fn decision(&self) -> Option<bool> {
+        Some(self.allowed)
+    }
+    /// The key of the limit that denied (argv: name, numkeys, keys...); the first when admitted.
+    fn key_index(&self) -> usize {
+        1 + self.denied_by.max(1)
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        let head = [
+            i64::from(self.allowed),
+            i64::try_from(self.denied_by).unwrap_or(0),
+        ];
+        let nested: Vec<[i64; 5]> = self.replies.iter().map(|x| x.to_array()).collect();
+        api::reply_nested(ctx, &head, &nested)
+    }
+}
+
+/// The cluster's key-position request, or a decision.
+enum AllAnswer {
+    KeyPositions(c_int),
+    Decided(AllReply),
+}
+
+impl Answer for AllAnswer {
+    fn decision(&self) -> Option<bool> {
+        match self {
+            AllAnswer::KeyPositions(_) => None,
+            AllAnswer::Decided(r) => r.decision(),
+        }
+    }
+    fn key_index(&self) -> usize {
+        match self {
+            AllAnswer::KeyPositions(_) => 1,
+            AllAnswer::Decided(r) => r.key_index(),
+        }
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        match self {
+            AllAnswer::KeyPositions(status) => *status,
+            AllAnswer::Decided(r) => r.send(ctx),
+        }
+    }
+}
 
 unsafe extern "C" fn fields_command<L: FieldsLimiter<N>, const N: usize>(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    entry(ctx, argv, argc, |ctx, argv| {
-        let outcome = string_key::run_fields::<L, N>(ctx, argv);
-        L::STATS.record(&outcome);
-        Ok(api::reply_integers(ctx, &outcome?.to_array()))
-    })
+    entry(
+        ctx,
+        argv,
+        argc,
+        L::DESCRIPTOR,
+        string_key::run_fields::<L, N>,
+    )
 }
 
 unsafe extern "C" fn test_clock_command(
@@ -75,56 +125,59 @@ unsafe extern "C" fn test_clock_command(
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    entry(ctx, argv, argc, clock::test_clock_command)
+    entry(ctx, argv, argc, &clock::DESCRIPTOR, |ctx, argv| {
+        clock::test_clock_command(ctx, argv).map(Sent)
+    })
 }
 
-/// `RL.ALL`: `[allowed, denied_by, [reply of limit 1], [reply of limit 2], ...]`.
 unsafe extern "C" fn all_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    entry(ctx, argv, argc, |ctx, argv| {
+    entry(ctx, argv, argc, &all::DESCRIPTOR, |ctx, argv| {
         if api::is_keys_position_request(ctx) {
-            return Ok(api::report_key_positions(
+            return Ok(AllAnswer::KeyPositions(api::report_key_positions(
                 ctx,
                 all::key_positions(argv.len(), |i| {
                     // SAFETY: argv strings live for the whole call.
                     argv.get(i).map(|s| unsafe { api::string_bytes(*s) })
                 }),
-            ));
+            )));
         }
-        let outcome = string_key::run_all(ctx, argv);
-        all::STATS.record_decision(outcome.as_ref().map(|r| r.allowed).ok());
-        let r = outcome?;
-        let head = [
-            i64::from(r.allowed),
-            i64::try_from(r.denied_by).unwrap_or(0),
-        ];
-        let nested: Vec<[i64; 5]> = r.replies.iter().map(|x| x.to_array()).collect();
-        Ok(api::reply_nested(ctx, &head, &nested))
+        string_key::run_all(ctx, argv).map(AllAnswer::Decided)
     })
 }
 
 /// `RL.SLIDINGLOG`: its state is a sorted set, handled by `zset_key`.
-const SLIDING_LOG: Command = Command {
-    name: sliding_log::NAME,
-    handler: sliding_log_command,
-    // Not `fast`: a call reads every entry of the key (up to the limit bound). Not `deny-oom`,
-    // as for every limiter (see LIMITER_FLAGS).
-    flags: c"write",
-    keys: (1, 1, 1),
-    stats: Some(&sliding_log::STATS),
-};
-
 unsafe extern "C" fn sliding_log_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    entry(ctx, argv, argc, |ctx, argv| {
-        let outcome = zset_key::run_sliding_log(ctx, argv);
-        sliding_log::STATS.record(&outcome);
-        Ok(api::reply_integers(ctx, &outcome?.to_array()))
-    })
+    entry(
+        ctx,
+        argv,
+        argc,
+        &sliding_log::DESCRIPTOR,
+        zset_key::run_sliding_log,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_described_command_is_registered_once_in_order() {
+        let registered: Vec<&str> = ALL
+            .iter()
+            .map(|c| c.descriptor.name.to_str().unwrap())
+            .collect();
+        let described: Vec<&str> = crate::command::DESCRIPTORS
+            .iter()
+            .map(|d| d.name.to_str().unwrap())
+            .collect();
+        assert_eq!(registered, described);
+    }
 }

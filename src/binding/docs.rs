@@ -1,65 +1,14 @@
 //! Command metadata that Redis tools read (`COMMAND DOCS`, `COMMAND INFO`, cluster clients):
-//! summary, arity, arguments and key specs, set with `RedisModule_SetCommandInfo` where the server
-//! has it (Redis 7.0+). Servers without it keep the first/last/step key positions given at
-//! registration.
+//! summary, arity, arguments and key specs from the command's descriptor, set with
+//! `RedisModule_SetCommandInfo` where the server has it (Redis 7.0+). Servers without it keep the
+//! first/last/step key positions given at registration.
 
-use std::ffi::{CStr, c_int};
+use std::ffi::c_int;
 use std::ptr;
 
 use redis_module::raw::{self, RedisModuleCommandArg, RedisModuleCommandKeySpec, RedisModuleCtx};
 
-/// One argument as `COMMAND DOCS` lists it.
-pub struct Arg {
-    pub name: &'static CStr,
-    pub kind: ArgKind,
-    pub optional: bool,
-    /// Repeats (`limit [limit ...]`).
-    pub multiple: bool,
-}
-
-#[derive(Clone, Copy)]
-pub enum ArgKind {
-    Key,
-    Integer,
-    Double,
-    String,
-}
-
-/// Where a command's keys are.
-#[derive(Clone, Copy)]
-pub enum Keys {
-    /// One key at this argument index.
-    One(c_int),
-    /// `numkeys key [key ...]`: the count at this index, the keys right after it.
-    Counted(c_int),
-}
-
-pub struct Doc {
-    pub summary: &'static CStr,
-    pub complexity: &'static CStr,
-    /// As Redis counts it: negative means "at least".
-    pub arity: c_int,
-    pub keys: Keys,
-    pub args: &'static [Arg],
-}
-
-pub const fn arg(name: &'static CStr, kind: ArgKind) -> Arg {
-    Arg {
-        name,
-        kind,
-        optional: false,
-        multiple: false,
-    }
-}
-
-pub const fn optional(name: &'static CStr, kind: ArgKind) -> Arg {
-    Arg {
-        name,
-        kind,
-        optional: true,
-        multiple: false,
-    }
-}
+use crate::command::descriptor::{Arg, ArgKind, Descriptor, Keys};
 
 fn key_spec(keys: Keys) -> RedisModuleCommandKeySpec {
     // SAFETY: an all-zero key spec is valid (null notes, zero flags, empty unions).
@@ -78,6 +27,7 @@ fn key_spec(keys: Keys) -> RedisModuleCommandKeySpec {
             spec.fk.range.keystep = 1;
             spec.fk.range.limit = 0;
         }
+        Keys::None => {}
         Keys::Counted(pos) => {
             spec.bs.index.pos = pos;
             spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
@@ -117,7 +67,8 @@ fn command_arg(a: &Arg) -> RedisModuleCommandArg {
 
 /// Sets the metadata of a registered command. Returns `Ok` without doing anything on servers
 /// that lack the API; an error if the server rejects the metadata.
-pub fn set(ctx: *mut RedisModuleCtx, name: &'static CStr, doc: &Doc) -> Result<(), String> {
+pub fn set(ctx: *mut RedisModuleCtx, doc: &Descriptor) -> Result<(), String> {
+    let name = doc.name;
     // SAFETY: plain reads of function pointers written at load time.
     let (Some(get_command), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
         raw::RedisModule_SetCommandInfo
@@ -132,7 +83,12 @@ pub fn set(ctx: *mut RedisModuleCtx, name: &'static CStr, doc: &Doc) -> Result<(
     };
     // Both lists end with an all-zero entry, as the API requires.
     // SAFETY: all-zero entries are the documented terminators.
-    let mut key_specs = [key_spec(doc.keys), unsafe { std::mem::zeroed() }];
+    // A command without keys has an empty list (the terminator alone).
+    let first = match doc.keys {
+        Keys::None => unsafe { std::mem::zeroed() },
+        keys => key_spec(keys),
+    };
+    let mut key_specs = [first, unsafe { std::mem::zeroed() }];
     let mut args: Vec<RedisModuleCommandArg> = doc.args.iter().map(command_arg).collect();
     args.push(unsafe { std::mem::zeroed() });
     let info = raw::RedisModuleCommandInfo {
@@ -161,132 +117,5 @@ pub fn set(ctx: *mut RedisModuleCtx, name: &'static CStr, doc: &Doc) -> Result<(
             "Redis rejected the metadata of {}",
             name.to_string_lossy()
         ))
-    }
-}
-
-use ArgKind::{Double, Integer, Key};
-
-const COST: Arg = optional(c"cost", Integer);
-
-const TOKEN_BUCKET: Doc = Doc {
-    summary: c"Token bucket: admits cost if that many tokens are left; refills continuously",
-    complexity: c"O(1)",
-    arity: -4,
-    keys: Keys::One(1),
-    args: &[
-        arg(c"key", Key),
-        arg(c"capacity", Integer),
-        arg(c"refill_per_sec", Double),
-        COST,
-    ],
-};
-
-const ALL: Doc = Doc {
-    summary: c"Checks several limits at once; admits only if all admit, consuming from all or none",
-    complexity: c"O(N) where N is the number of limits",
-    arity: -6,
-    keys: Keys::Counted(1),
-    args: &[
-        arg(c"numkeys", Integer),
-        Arg {
-            name: c"key",
-            kind: Key,
-            optional: false,
-            multiple: true,
-        },
-        Arg {
-            name: c"limit",
-            kind: ArgKind::String,
-            optional: false,
-            multiple: true,
-        },
-        optional(c"cost", Integer),
-    ],
-};
-
-const LEAKY_BUCKET: Doc = Doc {
-    summary: c"Leaky bucket (policing): admits cost if the level stays within capacity; drains continuously",
-    complexity: c"O(1)",
-    arity: -4,
-    keys: Keys::One(1),
-    args: &[arg(c"key", Key), arg(c"capacity", Integer), arg(c"leak_per_sec", Double), COST],
-};
-
-const FIXED_WINDOW: Doc = Doc {
-    summary: c"Fixed window counter: at most limit per window, the window opening at the first admitted call",
-    complexity: c"O(1)",
-    arity: -4,
-    keys: Keys::One(1),
-    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST],
-};
-
-const SLIDING_WINDOW: Doc = Doc {
-    summary:
-        c"Sliding window counter: the previous window weighted by its overlap plus the current one",
-    complexity: c"O(1)",
-    arity: -4,
-    keys: Keys::One(1),
-    args: &[
-        arg(c"key", Key),
-        arg(c"limit", Integer),
-        arg(c"window_sec", Double),
-        COST,
-    ],
-};
-
-const SLIDING_LOG: Doc = Doc {
-    summary:
-        c"Sliding log: exactly at most limit in any window, one sorted-set entry per admitted unit",
-    complexity: c"O(N) where N is the number of entries in the key (at most limit)",
-    arity: -4,
-    keys: Keys::One(1),
-    args: &[
-        arg(c"key", Key),
-        arg(c"limit", Integer),
-        arg(c"window_sec", Double),
-        COST,
-    ],
-};
-
-const GCRA: Doc = Doc {
-    summary: c"GCRA: max_burst + 1 at once, then evenly spaced at count_per_period per period",
-    complexity: c"O(1)",
-    arity: -5,
-    keys: Keys::One(1),
-    args: &[
-        arg(c"key", Key),
-        arg(c"max_burst", Integer),
-        arg(c"count_per_period", Integer),
-        arg(c"period_sec", Double),
-        COST,
-    ],
-};
-
-const THROTTLE: Doc = Doc {
-    summary: c"redis-cell compatible GCRA throttle: [limited, limit, remaining, retry_after_s, reset_after_s]",
-    complexity: c"O(1)",
-    arity: -5,
-    keys: Keys::One(1),
-    args: &[
-        arg(c"key", Key),
-        arg(c"max_burst", Integer),
-        arg(c"count_per_period", Integer),
-        arg(c"period", Integer),
-        optional(c"quantity", Integer),
-    ],
-};
-
-/// The metadata of each command, by name.
-pub fn doc_for(name: &CStr) -> Option<&'static Doc> {
-    match name.to_bytes() {
-        b"RL.TOKENBUCKET" => Some(&TOKEN_BUCKET),
-        b"RL.LEAKYBUCKET" => Some(&LEAKY_BUCKET),
-        b"RL.FIXEDWINDOW" => Some(&FIXED_WINDOW),
-        b"RL.SLIDINGWINDOW" => Some(&SLIDING_WINDOW),
-        b"RL.SLIDINGLOG" => Some(&SLIDING_LOG),
-        b"RL.GCRA" => Some(&GCRA),
-        b"CL.THROTTLE" => Some(&THROTTLE),
-        b"RL.ALL" => Some(&ALL),
-        _ => None,
     }
 }

@@ -33,13 +33,8 @@ fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::error::Error
     unsafe {
         section(ctx, c"limits".as_ptr());
         for cmd in &commands::ALL {
-            let Some(stats) = cmd.stats else { continue };
-            let name = cmd
-                .name
-                .to_string_lossy()
-                .to_ascii_lowercase()
-                .replace('.', "_");
-            let Ok(name) = CString::new(name) else {
+            let stats = cmd.descriptor.stats;
+            let Ok(name) = CString::new(cmd.descriptor.info_name()) else {
                 continue;
             };
             begin(ctx, name.as_ptr());

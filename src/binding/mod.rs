@@ -10,76 +10,113 @@ mod info;
 mod string_key;
 mod zset_key;
 
-use std::ffi::{CStr, CString, c_int};
+use std::ffi::{CString, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use redis_module::{Context, ModuleOptions, RedisString, Status};
 
+use crate::command::descriptor::Descriptor;
 use crate::error::ErrorReply;
-use crate::stats::CommandStats;
+use crate::stats::{self, ErrorKind, Outcome};
 
 const INTERNAL_ERROR: ErrorReply =
     ErrorReply(c"ERR internal error in the rate limiter module (see the server log)");
 
-type Body = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<c_int, ErrorReply>;
+/// What a command's body answers, before it is sent.
+trait Answer {
+    /// `Some(admitted)` for a limiter's decision; `None` for a reply that is no decision
+    /// (the test clock, a cluster key-position request), which is not observed.
+    fn decision(&self) -> Option<bool>;
+    /// The argument index of the key the decision is about (the command's key by default).
+    fn key_index(&self) -> usize {
+        1
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int;
+}
 
-/// Runs a command body with its arguments as a slice. A panic must never unwind into Redis (it
-/// would abort the server), so it is caught here and answered with an error.
-fn entry(
+/// A reply the body has already sent (its status).
+struct Sent(c_int);
+
+impl Answer for Sent {
+    fn decision(&self) -> Option<bool> {
+        None
+    }
+    fn send(&self, _: *mut RedisModuleCtx) -> c_int {
+        self.0
+    }
+}
+
+type Body<A> = fn(*mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<A, ErrorReply>;
+
+/// The one entry point of every command: runs its body with its arguments as a slice, reports
+/// the outcome to the observation hook (`stats::observe`), then replies. A panic must never
+/// unwind into Redis (it would abort the server), so it is caught here and answered with an
+/// error.
+fn entry<A: Answer>(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
-    body: Body,
+    command: &'static Descriptor,
+    body: Body<A>,
 ) -> c_int {
     let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
         // SAFETY: Redis passes `argc` valid strings in `argv` for the duration of the call.
         Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
         _ => &[],
     };
-    match catch_unwind(AssertUnwindSafe(|| body(ctx, argv))) {
-        Ok(Ok(status)) => status,
-        Ok(Err(err)) => api::reply_error(ctx, err),
-        Err(_) => api::reply_error(ctx, INTERNAL_ERROR),
+    let answer = catch_unwind(AssertUnwindSafe(|| body(ctx, argv))).unwrap_or(Err(INTERNAL_ERROR));
+    let observed = match &answer {
+        Ok(a) => a.decision().map(|admitted| {
+            let outcome = if admitted {
+                Outcome::Admitted
+            } else {
+                Outcome::Denied
+            };
+            (outcome, a.key_index())
+        }),
+        Err(e) => Some((Outcome::Error(ErrorKind::of(e)), 1)),
+    };
+    if let Some((outcome, index)) = observed {
+        // SAFETY: argv strings live for the whole call.
+        let key = argv.get(index).map(|s| unsafe { api::string_bytes(*s) });
+        let _ = catch_unwind(AssertUnwindSafe(|| stats::observe(command, key, outcome)));
+    }
+    match answer {
+        Ok(a) => a.send(ctx),
+        Err(err) => api::reply_error(ctx, err),
     }
 }
 
-/// A command as registered with Redis.
+/// A command as registered with Redis: what it is, and the function Redis calls.
 struct Command {
-    name: &'static CStr,
+    descriptor: &'static Descriptor,
     handler: unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int,
-    flags: &'static CStr,
-    /// First key, last key, key step (0, 0, 0: no keys).
-    keys: (c_int, c_int, c_int),
-    /// Counters shown by INFO (limiter commands only).
-    stats: Option<&'static CommandStats>,
 }
 
 fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
     let create = api::api!(RedisModule_CreateCommand).map_err(|e| e.message().to_string())?;
-    let (first, last, step) = cmd.keys;
+    let d = cmd.descriptor;
+    let (first, last, step) = d.key_range();
     // Registered in lower case, as Redis names its own commands: Redis's arity error quotes the
     // registered name, and ours quote the same.
-    let name = CString::new(cmd.name.to_bytes().to_ascii_lowercase()).map_err(|e| e.to_string())?;
+    let name = CString::new(d.name.to_bytes().to_ascii_lowercase()).map_err(|e| e.to_string())?;
     // SAFETY: valid load-time context; name and flags are NUL-terminated, Redis copies the name.
     let status = unsafe {
         create(
             ctx,
             name.as_ptr(),
             Some(cmd.handler),
-            cmd.flags.as_ptr(),
+            d.flags.as_ptr(),
             first,
             last,
             step,
         )
     };
     if status != raw::REDISMODULE_OK as c_int {
-        return Err(format!("could not register {}", cmd.name.to_string_lossy()));
+        return Err(format!("could not register {}", d.name.to_string_lossy()));
     }
-    match docs::doc_for(cmd.name) {
-        Some(doc) => docs::set(ctx, cmd.name, doc),
-        None => Ok(()),
-    }
+    docs::set(ctx, d)
 }
 
 /// Module load: validates the load arguments, then registers the commands.
@@ -101,9 +138,9 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
 
     // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category.
     let mut result = acl::add_category(ctx).and_then(|acl| {
-        commands::ALL
-            .iter()
-            .try_for_each(|cmd| register(ctx.ctx, cmd).and_then(|()| acl.assign(ctx.ctx, cmd)))
+        commands::ALL.iter().try_for_each(|cmd| {
+            register(ctx.ctx, cmd).and_then(|()| acl.assign(ctx.ctx, cmd.descriptor))
+        })
     });
     if result.is_ok() {
         result = info::register(ctx.ctx).map_err(str::to_string);

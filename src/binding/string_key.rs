@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::api::{self, KeyKind, OpenKey, TempString};
-use super::{Command, clock, entry};
+use super::{Answer, Command, clock, entry};
 use crate::command::all;
 use crate::command::throttle::{self, ThrottleReply};
 use crate::core::Reply;
@@ -113,7 +113,7 @@ pub fn run_fields<L: FieldsLimiter<N>, const N: usize>(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, ErrorReply> {
-    let (name, raw_args, n) = key_and_args::<8>(argv, L::ARITY_ERROR)?;
+    let (name, raw_args, n) = key_and_args::<8>(argv, L::DESCRIPTOR.arity_error)?;
     let args = L::parse(raw_args.get(..n).unwrap_or_default())?;
     let mut store = RedisStringKey::open(ctx, name)?;
     pipeline::apply::<L, N>(&mut store, &args, clock::now_us())
@@ -158,17 +158,20 @@ unsafe extern "C" fn throttle_command(
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    entry(ctx, argv, argc, |ctx, argv| {
-        let outcome = run(ctx, argv);
-        throttle::STATS.record(&outcome.map(|r| r.as_reply()));
-        Ok(api::reply_integers(ctx, &outcome?.to_array()))
-    })
+    entry(ctx, argv, argc, &throttle::DESCRIPTOR, run)
 }
 
 pub const THROTTLE: Command = Command {
-    name: throttle::NAME,
+    descriptor: &throttle::DESCRIPTOR,
     handler: throttle_command,
-    flags: super::commands::LIMITER_FLAGS,
-    keys: (1, 1, 1),
-    stats: Some(&throttle::STATS),
 };
+
+/// `[limited, limit, remaining, retry_after_s, reset_after_s]`, redis-cell's reply.
+impl Answer for ThrottleReply {
+    fn decision(&self) -> Option<bool> {
+        Some(!self.limited)
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        api::reply_integers(ctx, &self.to_array())
+    }
+}

@@ -7,6 +7,8 @@
 
 use std::ffi::CStr;
 
+use crate::command::descriptor::ArgKind::{self, Integer, Key};
+use crate::command::descriptor::{Descriptor, Keys, arg, optional, repeated};
 use crate::command::fixed_window::FixedWindow;
 use crate::command::gcra::Gcra;
 use crate::command::leaky_bucket::LeakyBucket;
@@ -21,6 +23,26 @@ pub const NAME: &CStr = c"RL.ALL";
 pub static STATS: CommandStats = CommandStats::new();
 
 pub const ARITY: ErrorReply = ErrorReply(c"ERR wrong number of arguments for 'rl.all' command");
+
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: NAME,
+    // Redis 7.0 routes cluster calls (and checks CROSSSLOT) with the keys a command reports
+    // through the getkeys API, not with key specs; the key spec is still set for tools.
+    flags: c"write fast getkeys-api",
+    keys: Keys::Counted(1),
+    arity: -6,
+    summary: c"Checks several limits at once; admits only if all admit, consuming from all or none",
+    complexity: c"O(N) where N is the number of limits",
+    args: &[
+        arg(c"numkeys", Integer),
+        repeated(c"key", Key),
+        repeated(c"limit", ArgKind::String),
+        optional(c"cost", Integer),
+    ],
+    arity_error: ARITY,
+    all_keyword: None,
+    stats: &STATS,
+};
 pub const MAX_LIMITS: usize = 16;
 /// Arguments after the command name in the shortest call; Redis checks it too (arity -6).
 pub const MIN_ARGS: usize = 5;
@@ -34,11 +56,17 @@ const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 /// Builds one limit from its parameters and the call's cost.
 pub type BuildLimit = fn(&[&[u8]], &[u8]) -> Result<Box<dyn Limit>, ErrorReply>;
 
-/// An algorithm usable in `RL.ALL`: its keyword and how many parameters follow it.
+/// An algorithm usable in `RL.ALL`: its command's descriptor (the keyword, and how many
+/// parameters follow it) and how to build one limit of it.
 pub struct Algorithm {
-    pub keyword: &'static str,
-    pub params: usize,
+    pub descriptor: &'static Descriptor,
     pub build: BuildLimit,
+}
+
+impl Algorithm {
+    pub fn keyword(&self) -> &'static str {
+        self.descriptor.all_keyword.unwrap_or_default()
+    }
 }
 
 fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
@@ -48,32 +76,20 @@ fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
     Ok(Box::new(LimitOf::<L, N>::parse(params, cost)?))
 }
 
+const fn algorithm<L: FieldsLimiter<N> + 'static, const N: usize>() -> Algorithm {
+    Algorithm {
+        descriptor: L::DESCRIPTOR,
+        build: build::<L, N>,
+    }
+}
+
+/// Every command whose descriptor has an `RL.ALL` keyword (a test checks that none is missing).
 pub const ALGORITHMS: &[Algorithm] = &[
-    Algorithm {
-        keyword: "TOKENBUCKET",
-        params: 2,
-        build: build::<TokenBucket, 2>,
-    },
-    Algorithm {
-        keyword: "LEAKYBUCKET",
-        params: 2,
-        build: build::<LeakyBucket, 2>,
-    },
-    Algorithm {
-        keyword: "FIXEDWINDOW",
-        params: 2,
-        build: build::<FixedWindow, 2>,
-    },
-    Algorithm {
-        keyword: "SLIDINGWINDOW",
-        params: 2,
-        build: build::<SlidingWindow, 3>,
-    },
-    Algorithm {
-        keyword: "GCRA",
-        params: 3,
-        build: build::<Gcra, 1>,
-    },
+    algorithm::<TokenBucket, 2>(),
+    algorithm::<LeakyBucket, 2>(),
+    algorithm::<FixedWindow, 2>(),
+    algorithm::<SlidingWindow, 3>(),
+    algorithm::<Gcra, 1>(),
 ];
 
 /// Positions (in the full argument vector, command name at 0) of the keys of a call, for cluster
@@ -124,12 +140,13 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
     while let Some((keyword, after)) = words.split_first() {
         let algorithm = ALGORITHMS
             .iter()
-            .find(|a| keyword.eq_ignore_ascii_case(a.keyword.as_bytes()))
+            .find(|a| keyword.eq_ignore_ascii_case(a.keyword().as_bytes()))
             .ok_or(UNKNOWN)?;
-        if after.len() < algorithm.params {
+        let params = algorithm.descriptor.all_params();
+        if after.len() < params {
             return Err(ARITY);
         }
-        let (params, next) = after.split_at(algorithm.params);
+        let (params, next) = after.split_at(params);
         limits.push((algorithm.build)(params, cost)?);
         words = next;
     }
@@ -147,6 +164,23 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_command_with_a_keyword_is_an_algorithm_and_the_error_lists_them() {
+        let keywords: Vec<&str> = crate::command::DESCRIPTORS
+            .iter()
+            .filter_map(|d| d.all_keyword)
+            .collect();
+        let algorithms: Vec<&str> = ALGORITHMS.iter().map(Algorithm::keyword).collect();
+        assert_eq!(algorithms, keywords);
+        assert_eq!(
+            UNKNOWN.message(),
+            format!(
+                "ERR unknown algorithm, expected one of: {}",
+                keywords.join(" ")
+            )
+        );
+    }
 
     fn parse_str(v: &[&str]) -> Result<usize, &'static str> {
         let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();

@@ -1,8 +1,8 @@
 //! `RL.FIXEDWINDOW key limit window_sec [cost]`; state: one string `<count> <start>`.
 
-use std::ffi::CStr;
-
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
+use crate::command::descriptor::ArgKind::{Double, Integer, Key};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Reply, fixed_window};
 use crate::error::ErrorReply;
 use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
@@ -40,20 +40,30 @@ pub struct FixedWindow;
 
 static STATS: CommandStats = CommandStats::new();
 
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: c"RL.FIXEDWINDOW",
+    flags: c"write fast",
+    keys: Keys::One(1),
+    arity: -4,
+    summary: c"Fixed window counter: at most limit per window, the window opening at the first admitted call",
+    complexity: c"O(1)",
+    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST_ARG],
+    arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.fixedwindow' command"),
+    all_keyword: Some("FIXEDWINDOW"),
+    stats: &STATS,
+};
+
 impl FieldsLimiter<2> for FixedWindow {
     type Args = Args;
     type State = fixed_window::State;
-    const NAME: &'static CStr = c"RL.FIXEDWINDOW";
-    const STATS: &'static CommandStats = &STATS;
+    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 2] = [&COUNT, &START];
-    const ARITY_ERROR: ErrorReply =
-        ErrorReply(c"ERR wrong number of arguments for 'rl.fixedwindow' command");
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
         let (limit, window, cost) = match args {
             [l, w] => (l, w, None),
             [l, w, k] => (l, w, Some(k)),
-            _ => return Err(Self::ARITY_ERROR),
+            _ => return Err(DESCRIPTOR.arity_error),
         };
         let limit = LIMIT.parse(limit)?;
         let window_ms = WINDOW.parse(window)?;

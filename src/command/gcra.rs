@@ -4,9 +4,9 @@
 //! rounded up to a whole microsecond so that every time is an exact integer, here and in the Lua
 //! twin, and the sustained rate is never above the configured one.
 
-use std::ffi::CStr;
-
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::command::descriptor::ArgKind::{Double, Integer, Key};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Reply, gcra};
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
@@ -56,6 +56,25 @@ pub struct Gcra;
 
 static STATS: CommandStats = CommandStats::new();
 
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: c"RL.GCRA",
+    flags: c"write fast",
+    keys: Keys::One(1),
+    arity: -5,
+    summary: c"GCRA: max_burst + 1 at once, then evenly spaced at count_per_period per period",
+    complexity: c"O(1)",
+    args: &[
+        arg(c"key", Key),
+        arg(c"max_burst", Integer),
+        arg(c"count_per_period", Integer),
+        arg(c"period_sec", Double),
+        COST_ARG,
+    ],
+    arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.gcra' command"),
+    all_keyword: Some("GCRA"),
+    stats: &STATS,
+};
+
 /// A double already checked to be a whole number inside i64.
 pub(crate) fn whole(x: f64) -> i64 {
     x as i64
@@ -79,17 +98,14 @@ pub fn params(
 impl FieldsLimiter<1> for Gcra {
     type Args = Args;
     type State = i128;
-    const NAME: &'static CStr = c"RL.GCRA";
-    const STATS: &'static CommandStats = &STATS;
+    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 1] = [&TAT];
-    const ARITY_ERROR: ErrorReply =
-        ErrorReply(c"ERR wrong number of arguments for 'rl.gcra' command");
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
         let (max_burst, count, period, cost) = match args {
             [b, c, p] => (b, c, p, None),
             [b, c, p, k] => (b, c, p, Some(k)),
-            _ => return Err(Self::ARITY_ERROR),
+            _ => return Err(DESCRIPTOR.arity_error),
         };
         let max_burst = MAX_BURST.parse(max_burst)?;
         let count = COUNT.parse(count)?;

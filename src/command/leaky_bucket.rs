@@ -1,8 +1,8 @@
 //! `RL.LEAKYBUCKET key capacity leak_per_sec [cost]`; state: one string `<level> <ts>`.
 
-use std::ffi::CStr;
-
 use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::command::descriptor::ArgKind::{Double, Integer, Key};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Reply, leaky_bucket};
 use crate::error::ErrorReply;
 use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
@@ -48,17 +48,27 @@ pub struct LeakyBucket;
 
 static STATS: CommandStats = CommandStats::new();
 
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: c"RL.LEAKYBUCKET",
+    flags: c"write fast",
+    keys: Keys::One(1),
+    arity: -4,
+    summary: c"Leaky bucket (policing): admits cost if the level stays within capacity; drains continuously",
+    complexity: c"O(1)",
+    args: &[arg(c"key", Key), arg(c"capacity", Integer), arg(c"leak_per_sec", Double), COST_ARG],
+    arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.leakybucket' command"),
+    all_keyword: Some("LEAKYBUCKET"),
+    stats: &STATS,
+};
+
 impl FieldsLimiter<2> for LeakyBucket {
     type Args = Args;
     type State = leaky_bucket::State;
-    const NAME: &'static CStr = c"RL.LEAKYBUCKET";
-    const STATS: &'static CommandStats = &STATS;
+    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
-    const ARITY_ERROR: ErrorReply =
-        ErrorReply(c"ERR wrong number of arguments for 'rl.leakybucket' command");
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
-        let (capacity, leak_per_sec, cost) = BUCKET.parse(args, Self::ARITY_ERROR)?;
+        let (capacity, leak_per_sec, cost) = BUCKET.parse(args, DESCRIPTOR.arity_error)?;
         Ok(Args {
             params: leaky_bucket::Params {
                 capacity,

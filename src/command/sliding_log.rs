@@ -4,6 +4,8 @@
 use std::ffi::CStr;
 
 use crate::args::{COST, IntegerArg};
+use crate::command::descriptor::ArgKind::{Double, Integer, Key};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Reply, lua_integer, sliding_log};
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{parse_decimal, parse_integer};
@@ -27,6 +29,28 @@ pub static STATS: CommandStats = CommandStats::new();
 
 pub const ARITY_ERROR: ErrorReply =
     ErrorReply(c"ERR wrong number of arguments for 'rl.slidinglog' command");
+
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: NAME,
+    // Not `fast`: a call reads every entry of the key (up to the limit bound). Not `deny-oom`,
+    // as for every limiter (see binding::commands).
+    flags: c"write",
+    keys: Keys::One(1),
+    arity: -4,
+    summary:
+        c"Sliding log: exactly at most limit in any window, one sorted-set entry per admitted unit",
+    complexity: c"O(N) where N is the number of entries in the key (at most limit)",
+    args: &[
+        arg(c"key", Key),
+        arg(c"limit", Integer),
+        arg(c"window_sec", Double),
+        COST_ARG,
+    ],
+    arity_error: ARITY_ERROR,
+    // The sliding log keeps a sorted set, which RL.ALL's limits of numbers cannot stand for.
+    all_keyword: None,
+    stats: &STATS,
+};
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
     out_of_range: ErrorReply(c"ERR limit must be between 1 and 100000"),

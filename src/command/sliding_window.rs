@@ -1,9 +1,9 @@
 //! `RL.SLIDINGWINDOW key limit window_sec [cost]`; state: one string
 //! `<start> <cur> <prev>`.
 
-use std::ffi::CStr;
-
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
+use crate::command::descriptor::ArgKind::{Double, Integer, Key};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Reply, sliding_window};
 use crate::error::ErrorReply;
 use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
@@ -50,20 +50,36 @@ pub struct SlidingWindow;
 
 static STATS: CommandStats = CommandStats::new();
 
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: c"RL.SLIDINGWINDOW",
+    flags: c"write fast",
+    keys: Keys::One(1),
+    arity: -4,
+    summary:
+        c"Sliding window counter: the previous window weighted by its overlap plus the current one",
+    complexity: c"O(1)",
+    args: &[
+        arg(c"key", Key),
+        arg(c"limit", Integer),
+        arg(c"window_sec", Double),
+        COST_ARG,
+    ],
+    arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.slidingwindow' command"),
+    all_keyword: Some("SLIDINGWINDOW"),
+    stats: &STATS,
+};
+
 impl FieldsLimiter<3> for SlidingWindow {
     type Args = Args;
     type State = sliding_window::State;
-    const NAME: &'static CStr = c"RL.SLIDINGWINDOW";
-    const STATS: &'static CommandStats = &STATS;
+    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 3] = [&START, &CUR, &PREV];
-    const ARITY_ERROR: ErrorReply =
-        ErrorReply(c"ERR wrong number of arguments for 'rl.slidingwindow' command");
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
         let (limit, window, cost) = match args {
             [l, w] => (l, w, None),
             [l, w, k] => (l, w, Some(k)),
-            _ => return Err(Self::ARITY_ERROR),
+            _ => return Err(DESCRIPTOR.arity_error),
         };
         let limit = LIMIT.parse(limit)?;
         let window_ms = WINDOW.parse(window)?;

@@ -11,8 +11,10 @@
 use std::ffi::CStr;
 
 use crate::args::{IntegerArg, MAX_INTEGER_ARG};
+use crate::command::descriptor::ArgKind::{Integer, Key};
+use crate::command::descriptor::{Descriptor, Keys, arg, optional};
 use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
-use crate::core::{Reply, gcra};
+use crate::core::gcra;
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_i64};
 use crate::pipeline::{Slot, StringStore};
@@ -23,6 +25,26 @@ pub static STATS: CommandStats = CommandStats::new();
 
 pub const ARITY_ERROR: ErrorReply =
     ErrorReply(c"ERR wrong number of arguments for 'cl.throttle' command");
+
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: NAME,
+    flags: c"write fast",
+    keys: Keys::One(1),
+    arity: -5,
+    summary: c"redis-cell compatible GCRA throttle: [limited, limit, remaining, retry_after_s, reset_after_s]",
+    complexity: c"O(1)",
+    args: &[
+        arg(c"key", Key),
+        arg(c"max_burst", Integer),
+        arg(c"count_per_period", Integer),
+        arg(c"period", Integer),
+        optional(c"quantity", Integer),
+    ],
+    arity_error: ARITY_ERROR,
+    // redis-cell's reply and nanosecond key format are not RL.ALL's.
+    all_keyword: None,
+    stats: &STATS,
+};
 const PERIOD: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR period must be an integer"),
     out_of_range: ErrorReply(c"ERR period must be between 1 and 1000000000000000"),
@@ -131,17 +153,6 @@ impl ThrottleReply {
             self.retry_after_s,
             self.reset_after_s,
         ]
-    }
-
-    /// The common reply shape, for the INFO counters.
-    pub fn as_reply(&self) -> Reply {
-        Reply {
-            allowed: !self.limited,
-            remaining: self.remaining,
-            retry_after_ms: self.retry_after_s,
-            reset_after_ms: self.reset_after_s,
-            limit: self.limit,
-        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! `RL.TOKENBUCKET key capacity refill_per_sec [cost]`; state: one string `<tokens> <ts>`.
 
-use std::ffi::CStr;
-
 use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::command::descriptor::ArgKind::{Double, Integer, Key};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Reply, token_bucket};
 use crate::error::ErrorReply;
 use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
@@ -48,17 +48,32 @@ pub struct TokenBucket;
 
 static STATS: CommandStats = CommandStats::new();
 
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: c"RL.TOKENBUCKET",
+    flags: c"write fast",
+    keys: Keys::One(1),
+    arity: -4,
+    summary: c"Token bucket: admits cost if that many tokens are left; refills continuously",
+    complexity: c"O(1)",
+    args: &[
+        arg(c"key", Key),
+        arg(c"capacity", Integer),
+        arg(c"refill_per_sec", Double),
+        COST_ARG,
+    ],
+    arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.tokenbucket' command"),
+    all_keyword: Some("TOKENBUCKET"),
+    stats: &STATS,
+};
+
 impl FieldsLimiter<2> for TokenBucket {
     type Args = Args;
     type State = token_bucket::State;
-    const NAME: &'static CStr = c"RL.TOKENBUCKET";
-    const STATS: &'static CommandStats = &STATS;
+    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
-    const ARITY_ERROR: ErrorReply =
-        ErrorReply(c"ERR wrong number of arguments for 'rl.tokenbucket' command");
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
-        let (capacity, refill_per_sec, cost) = BUCKET.parse(args, Self::ARITY_ERROR)?;
+        let (capacity, refill_per_sec, cost) = BUCKET.parse(args, DESCRIPTOR.arity_error)?;
         Ok(Args {
             params: token_bucket::Params {
                 capacity,

@@ -1,0 +1,183 @@
+//! What a command is, in one place: its name, flags, keys, arity, `COMMAND DOCS` metadata, its
+//! keyword inside `RL.ALL`, its arity error and its INFO counters. Registration, ACL categories,
+//! `COMMAND DOCS`, `RL.ALL`'s parser and the INFO section all read it (`crate::binding`), so a
+//! command cannot be registered without any of them. No Redis types here.
+
+use std::ffi::CStr;
+
+use crate::error::ErrorReply;
+use crate::stats::CommandStats;
+
+/// One argument as `COMMAND DOCS` lists it.
+#[derive(Debug)]
+pub struct Arg {
+    pub name: &'static CStr,
+    pub kind: ArgKind,
+    pub optional: bool,
+    /// Repeats (`limit [limit ...]`).
+    pub multiple: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    Key,
+    Integer,
+    Double,
+    String,
+}
+
+/// Where a command's keys are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// One key at this argument index.
+    One(i32),
+    /// `numkeys key [key ...]`: the count at this index, the keys right after it.
+    Counted(i32),
+    /// No key (the test clock).
+    None,
+}
+
+pub const fn arg(name: &'static CStr, kind: ArgKind) -> Arg {
+    Arg {
+        name,
+        kind,
+        optional: false,
+        multiple: false,
+    }
+}
+
+pub const fn optional(name: &'static CStr, kind: ArgKind) -> Arg {
+    Arg {
+        name,
+        kind,
+        optional: true,
+        multiple: false,
+    }
+}
+
+pub const fn repeated(name: &'static CStr, kind: ArgKind) -> Arg {
+    Arg {
+        name,
+        kind,
+        optional: false,
+        multiple: true,
+    }
+}
+
+/// The optional last argument of every limiter.
+pub const COST_ARG: Arg = optional(c"cost", ArgKind::Integer);
+
+#[derive(Debug)]
+pub struct Descriptor {
+    /// The command's name, upper case (`RL.TOKENBUCKET`); registered in lower case, as Redis
+    /// names its own commands.
+    pub name: &'static CStr,
+    /// Redis command flags (`write fast`); ACL categories follow from them.
+    pub flags: &'static CStr,
+    pub keys: Keys,
+    /// As Redis counts it (the command name included): negative means "at least".
+    pub arity: i32,
+    pub summary: &'static CStr,
+    pub complexity: &'static CStr,
+    /// The arguments after the command name.
+    pub args: &'static [Arg],
+    /// The reply to a call with too few or too many arguments, worded as Redis words its own.
+    pub arity_error: ErrorReply,
+    /// The keyword of this limiter inside `RL.ALL` (its parameters are the required arguments
+    /// after the key), or `None` where `RL.ALL` cannot combine it.
+    pub all_keyword: Option<&'static str>,
+    /// The counters of `INFO ratelimit`.
+    pub stats: &'static CommandStats,
+}
+
+impl Descriptor {
+    /// `first, last, step` key positions for registration (`0, 0, 0` where the keys are counted,
+    /// the getkeys API then names them).
+    pub fn key_range(&self) -> (i32, i32, i32) {
+        match self.keys {
+            Keys::One(pos) => (pos, pos, 1),
+            Keys::Counted(_) | Keys::None => (0, 0, 0),
+        }
+    }
+
+    /// How many parameters follow the keyword inside `RL.ALL`: the required arguments after
+    /// the key.
+    pub fn all_params(&self) -> usize {
+        self.args
+            .iter()
+            .filter(|a| !a.optional && a.kind != ArgKind::Key)
+            .count()
+    }
+
+    /// The INFO field of this command: `rl_tokenbucket`.
+    pub fn info_name(&self) -> String {
+        self.name
+            .to_string_lossy()
+            .to_ascii_lowercase()
+            .replace('.', "_")
+    }
+
+    pub fn has_flag(&self, flag: &str) -> bool {
+        self.flags
+            .to_str()
+            .is_ok_and(|f| f.split(' ').any(|x| x == flag))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::DESCRIPTORS;
+
+    #[test]
+    fn every_descriptor_is_complete_and_consistent() {
+        let mut names = Vec::new();
+        for d in DESCRIPTORS {
+            let name = d.name.to_str().unwrap();
+            names.push(name);
+            assert!(!d.summary.is_empty() && !d.complexity.is_empty(), "{name}");
+            let required = 1 + d.args.iter().filter(|a| !a.optional).count() as i32;
+            if d.args.iter().any(|a| a.optional || a.multiple) {
+                // "At least": a repeated argument may stand for several words (RL.ALL's limit is
+                // a keyword and its parameters).
+                assert!(d.arity <= -required, "{name} arity {}", d.arity);
+            } else {
+                assert_eq!(d.arity, required, "{name} arity");
+            }
+            assert_eq!(
+                d.arity_error.message(),
+                format!(
+                    "ERR wrong number of arguments for '{}' command",
+                    name.to_ascii_lowercase()
+                ),
+                "{name}"
+            );
+            match d.keys {
+                Keys::One(pos) => {
+                    assert_eq!(d.args.first().map(|a| a.kind), Some(ArgKind::Key), "{name}");
+                    assert_eq!(pos, 1, "{name}");
+                }
+                Keys::Counted(pos) => {
+                    assert_eq!(pos, 1, "{name}");
+                    assert!(d.has_flag("getkeys-api"), "{name} names its keys");
+                }
+                Keys::None => panic!("{name}: a limiter has keys"),
+            }
+            assert!(d.has_flag("write"), "{name}");
+            if let Some(keyword) = d.all_keyword {
+                assert_eq!(
+                    format!("RL.{keyword}"),
+                    name,
+                    "the RL.ALL keyword of {name}"
+                );
+                assert!(d.all_params() >= 2, "{name}");
+            }
+        }
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        let infos: Vec<String> = DESCRIPTORS.iter().map(|d| d.info_name()).collect();
+        assert!(infos.contains(&"cl_throttle".to_string()), "{infos:?}");
+    }
+}
