@@ -73,6 +73,7 @@ end
 -- state is one string, its numbers separated by single spaces and split at the first n - 1 of
 -- them (the last part keeps the rest). A hash with one field per number, the layout of release
 -- 0.1, is read too; the next write replaces it with the string.
+local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
 local function load_fields(key, ...)
   local n = select('#', ...)
   local v = redis.pcall('GET', key)
@@ -81,6 +82,9 @@ local function load_fields(key, ...)
     return redis.call('HMGET', key, ...)
   end
   if not v then return false end
+  local whole = {string.match(v, FIELDS_SPLIT[n])}
+  if #whole == n then return whole end
+  -- Fewer parts than numbers: the ones there, then false.
   local fields, from = {}, 1
   for i = 1, n - 1 do
     local space = string.find(v, ' ', from, true)
@@ -94,11 +98,11 @@ local function load_fields(key, ...)
 end
 
 -- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
--- server), with an absolute expiry in milliseconds: a single SET.
+-- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
+-- every server passes on as its digits.
+local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
 local function store_fields(key, expire_at, ...)
-  local parts = {}
-  for i = 1, select('#', ...) do parts[i] = string.format('%.17g', (select(i, ...))) end
-  redis.call('SET', key, table.concat(parts, ' '), 'PXAT', string.format('%.0f', expire_at))
+  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
 end
 
 local function now_us()
