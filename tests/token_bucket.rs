@@ -97,15 +97,6 @@ fn seed_scenario_with_the_real_clock() {
 }
 
 #[test]
-fn two_hundred_concurrent_clients_admit_exactly_capacity() {
-    let s = Server::with_test_clock();
-    let allowed: i64 = first_replies_of_racing_clients(&s, 200, &[TB, "race", "10", "5"])
-        .iter()
-        .sum();
-    assert_eq!(allowed, 10);
-}
-
-#[test]
 fn two_hundred_pipelined_calls_over_two_connections_admit_exactly_capacity() {
     let s = Server::with_test_clock();
     let start = Arc::new(Barrier::new(2));
@@ -427,25 +418,6 @@ fn test_clock_routes_time_for_clients_and_scripts() {
         .query(&mut c)
         .unwrap();
     assert_eq!(from_script, ["1234567890", "123456"]);
-}
-
-#[test]
-fn info_section_counts_calls_allowed_denied_and_errors() {
-    let s = Server::with_test_clock();
-    let mut c = s.connect();
-    for _ in 0..3 {
-        tb(&mut c, "k", &["2", "1"]);
-    }
-    let _ = cmd(&mut c, &[TB, "k", "x", "1"]);
-    let expected =
-        "calls=4,allowed=2,denied=1,errors=1,args=1,wrongtype=0,corrupt=0,oom=0,internal=0";
-    for section in ["modules", "ratelimit", "ratelimit_limits"] {
-        assert_eq!(
-            info_field(&mut c, section, "ratelimit_rl_tokenbucket"),
-            expected,
-            "INFO {section}"
-        );
-    }
 }
 
 #[test]

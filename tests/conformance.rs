@@ -1,0 +1,379 @@
+//! What every command promises, checked for every command from one table, on whichever server
+//! the suite runs on: a denial and a peek write nothing; a key of another type gets `WRONGTYPE`
+//! and stored state that is not the module's gets the corrupt error, both leaving the key as it
+//! was; INFO counts admitted, denied and errors by kind exactly; `COMMAND INFO` and `COMMAND DOCS`
+//! say what the command's descriptor says; 200 racing clients on a fresh key admit exactly the
+//! limit. The files per command keep only what is particular to each.
+
+mod harness;
+
+use std::sync::{Arc, Barrier};
+
+use harness::{Options, Server, Stored, cmd, info_field, pexpiretime, set_clock, stored};
+use redis::{Connection, Value};
+use redis_rate_limiter::command::DESCRIPTORS;
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+const T0: i64 = 1_900_000_000_000_000;
+
+struct Case {
+    command: &'static str,
+    /// Parameters under which a fresh key admits exactly 10 calls at one instant.
+    ten: &'static [&'static str],
+    /// Parameters under which a fresh key admits its first call and denies the second.
+    one: &'static [&'static str],
+    /// A parameter list with a bad number.
+    bad: &'static [&'static str],
+    /// What the key holds once written (`string`, `zset`).
+    kind: &'static str,
+    /// Commands that put a corrupt value in `key` (`{key}` stands for it), and the error a call
+    /// then gets.
+    corrupt: &'static [&'static str],
+    corrupt_error: &'static str,
+}
+
+const TOKENS_ERR: &str = "ERR corrupt rate limiter state: field 'tokens' is not a valid number";
+
+const CASES: &[Case] = &[
+    Case {
+        command: "RL.TOKENBUCKET",
+        ten: &["10", "0.001"],
+        one: &["1", "0.001"],
+        bad: &["x", "1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1 2 3"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'ts' is not a valid timestamp",
+    },
+    Case {
+        command: "RL.LEAKYBUCKET",
+        ten: &["10", "0.001"],
+        one: &["1", "0.001"],
+        bad: &["10", "nan"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "-1 5"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'level' is not a valid number",
+    },
+    Case {
+        command: "RL.FIXEDWINDOW",
+        ten: &["10", "1000"],
+        one: &["1", "1000"],
+        bad: &["0", "1000"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'start' is not a valid timestamp",
+    },
+    Case {
+        command: "RL.SLIDINGWINDOW",
+        ten: &["10", "1000"],
+        one: &["1", "1000"],
+        bad: &["10", "-1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1 x 1"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'cur' is not a valid number",
+    },
+    Case {
+        command: "RL.GCRA",
+        ten: &["9", "1", "1000"],
+        one: &["0", "1", "1000"],
+        bad: &["1", "0", "1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1.5"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'tat' is not a valid timestamp",
+    },
+    Case {
+        command: "RL.SLIDINGLOG",
+        ten: &["10", "1000"],
+        one: &["1", "1000"],
+        bad: &["100001", "1"],
+        kind: "zset",
+        corrupt: &["ZADD", "{key}", "1", "x"],
+        corrupt_error: "ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'",
+    },
+    Case {
+        command: "CL.THROTTLE",
+        ten: &["9", "1", "1000"],
+        one: &["0", "1", "1000"],
+        bad: &["-1", "1", "1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "abc"],
+        corrupt_error: "ERR corrupt rate limiter state: the value is not a timestamp in nanoseconds",
+    },
+    Case {
+        command: "RL.ALL",
+        ten: &["TOKENBUCKET", "10", "0.001"],
+        one: &["GCRA", "0", "1", "1000"],
+        bad: &["TOKENBUCKET", "10", "x"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "x"],
+        corrupt_error: TOKENS_ERR,
+    },
+];
+
+impl Case {
+    /// The call on `key` with `params` and, if given, a cost.
+    fn argv(&self, key: &str, params: &[&str], cost: Option<&str>) -> Vec<String> {
+        let mut v: Vec<String> = vec![self.command.to_string()];
+        if self.command == "RL.ALL" {
+            v.extend(["1".to_string(), key.to_string()]);
+            v.extend(params.iter().map(|p| p.to_string()));
+            if let Some(cost) = cost {
+                v.extend(["COST".to_string(), cost.to_string()]);
+            }
+        } else {
+            v.push(key.to_string());
+            v.extend(params.iter().map(|p| p.to_string()));
+            v.extend(cost.map(str::to_string));
+        }
+        v
+    }
+
+    fn call(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        params: &[&str],
+        cost: Option<&str>,
+    ) -> harness::Reply {
+        let argv = self.argv(key, params, cost);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        cmd(c, &argv)
+    }
+
+    /// Whether a reply admitted: `RL.*` and `RL.ALL` start with `allowed`, `CL.THROTTLE` with
+    /// `limited`.
+    fn admitted(&self, reply: &harness::Reply) -> bool {
+        let first = match reply {
+            Ok(Value::Array(items)) => items.first(),
+            other => panic!("{}: not a decision: {other:?}", self.command),
+        };
+        let Some(Value::Int(first)) = first else {
+            panic!("{}: {reply:?}", self.command);
+        };
+        if self.command == "CL.THROTTLE" {
+            *first == 0
+        } else {
+            *first == 1
+        }
+    }
+
+    fn corrupt(&self, c: &mut Connection, key: &str) {
+        let argv: Vec<&str> = self
+            .corrupt
+            .iter()
+            .map(|a| if *a == "{key}" { key } else { a })
+            .collect();
+        cmd(c, &argv).expect("corrupting a key");
+    }
+}
+
+fn state(c: &mut Connection, key: &str) -> (Stored, i64) {
+    (stored(c, key), pexpiretime(c, key))
+}
+
+fn dirty(c: &mut Connection) -> String {
+    info_field(c, "persistence", "rdb_changes_since_last_save")
+}
+
+#[test]
+fn the_table_covers_every_registered_command() {
+    let described: Vec<&str> = DESCRIPTORS
+        .iter()
+        .map(|d| d.name.to_str().unwrap())
+        .collect();
+    let mut covered: Vec<&str> = CASES.iter().map(|c| c.command).collect();
+    covered.sort();
+    let mut all = described.clone();
+    all.sort();
+    assert_eq!(covered, all);
+}
+
+#[test]
+fn denials_and_peeks_write_nothing() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    for case in CASES {
+        let key = format!("{}:k", case.command);
+        assert!(case.admitted(&case.call(&mut c, &key, case.one, None)));
+        let before = state(&mut c, &key);
+        assert_eq!(before.0.0, case.kind, "{}", case.command);
+        assert!(before.1 > 0, "{}: written with an expiry", case.command);
+        let d = dirty(&mut c);
+        assert!(!case.admitted(&case.call(&mut c, &key, case.one, None)));
+        case.call(&mut c, &key, case.one, Some("0")).unwrap();
+        assert_eq!(state(&mut c, &key), before, "{}", case.command);
+        assert_eq!(dirty(&mut c), d, "{}: nothing was written", case.command);
+        // A peek on a fresh key creates nothing.
+        let fresh = format!("{}:fresh", case.command);
+        assert!(case.admitted(&case.call(&mut c, &fresh, case.one, Some("0"))));
+        assert_eq!(cmd(&mut c, &["EXISTS", &fresh]), Ok(Value::Int(0)));
+    }
+}
+
+#[test]
+fn wrong_types_and_corrupt_state_are_reported_and_left_alone() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    for case in CASES {
+        let list = format!("{}:list", case.command);
+        cmd(&mut c, &["RPUSH", &list, "x"]).unwrap();
+        assert_eq!(
+            case.call(&mut c, &list, case.ten, None),
+            Err(WRONGTYPE.to_string()),
+            "{}",
+            case.command
+        );
+        assert_eq!(stored(&mut c, &list).0, "list");
+
+        let key = format!("{}:corrupt", case.command);
+        case.corrupt(&mut c, &key);
+        let before = state(&mut c, &key);
+        assert_eq!(
+            case.call(&mut c, &key, case.ten, None),
+            Err(case.corrupt_error.to_string()),
+            "{}",
+            case.command
+        );
+        assert_eq!(state(&mut c, &key), before, "{}", case.command);
+        assert_eq!(before.1, -1, "{}: no expiry was given", case.command);
+    }
+}
+
+#[test]
+fn info_counts_each_outcome_and_each_kind_of_error() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    for case in CASES {
+        let key = format!("{}:k", case.command);
+        assert!(case.admitted(&case.call(&mut c, &key, case.one, None)));
+        assert!(!case.admitted(&case.call(&mut c, &key, case.one, None)));
+        assert!(case.call(&mut c, &key, case.bad, None).is_err());
+        let list = format!("{}:list", case.command);
+        cmd(&mut c, &["RPUSH", &list, "x"]).unwrap();
+        assert!(case.call(&mut c, &list, case.ten, None).is_err());
+        let corrupt = format!("{}:corrupt", case.command);
+        case.corrupt(&mut c, &corrupt);
+        assert!(case.call(&mut c, &corrupt, case.ten, None).is_err());
+    }
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).unwrap();
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    for case in CASES {
+        let oom = case.call(&mut c, &format!("{}:new", case.command), case.ten, None);
+        assert!(oom.unwrap_err().starts_with("OOM"), "{}", case.command);
+    }
+    cmd(&mut c, &["CONFIG", "SET", "maxmemory", "0"]).unwrap();
+    for case in CASES {
+        let field = format!(
+            "ratelimit_{}",
+            case.command.to_ascii_lowercase().replace('.', "_")
+        );
+        assert_eq!(
+            info_field(&mut c, "ratelimit", &field),
+            "calls=6,allowed=1,denied=1,errors=4,args=1,wrongtype=1,corrupt=1,oom=1,internal=0",
+            "{}",
+            case.command
+        );
+    }
+}
+
+#[test]
+fn command_info_and_docs_say_what_the_descriptor_says() {
+    let s = Server::start();
+    let mut c = s.connect();
+    for d in DESCRIPTORS {
+        let name = d.name.to_str().unwrap().to_ascii_lowercase();
+        let info: Vec<Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(&name)
+            .query(&mut c)
+            .unwrap();
+        let Some(Value::Array(entry)) = info.first() else {
+            panic!("{name}: {info:?}");
+        };
+        assert_eq!(
+            entry.get(1),
+            Some(&Value::Int(i64::from(d.arity))),
+            "{name}"
+        );
+        let flags: Vec<String> = match entry.get(2) {
+            Some(Value::Array(f)) => f
+                .iter()
+                .map(|v| match v {
+                    Value::SimpleString(s) => s.clone(),
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => panic!("{other:?}"),
+                })
+                .collect(),
+            other => panic!("{name}: {other:?}"),
+        };
+        for flag in d.flags.to_str().unwrap().split(' ') {
+            let shown = if flag == "getkeys-api" {
+                "movablekeys"
+            } else {
+                flag
+            };
+            assert!(
+                flags.iter().any(|f| f == shown),
+                "{name}: {flag} in {flags:?}"
+            );
+        }
+        let (first, last, step) = d.key_range();
+        assert_eq!(
+            entry.get(3..6),
+            Some(
+                &[
+                    Value::Int(first.into()),
+                    Value::Int(last.into()),
+                    Value::Int(step.into())
+                ][..]
+            ),
+            "{name}"
+        );
+        let docs: Value = redis::cmd("COMMAND")
+            .arg("DOCS")
+            .arg(&name)
+            .query(&mut c)
+            .unwrap();
+        let text = format!("{docs:?}");
+        assert!(text.contains(d.summary.to_str().unwrap()), "{name}: {text}");
+        for arg in d.args {
+            assert!(
+                text.contains(arg.name.to_str().unwrap()),
+                "{name} documents {:?}: {text}",
+                arg.name
+            );
+        }
+    }
+}
+
+#[test]
+fn two_hundred_racing_clients_admit_exactly_the_limit() {
+    let s = Server::with(Options {
+        test_clock: true,
+        ..Options::default()
+    });
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    for case in CASES {
+        let argv = case.argv(&format!("{}:race", case.command), case.ten, None);
+        let start = Arc::new(Barrier::new(200));
+        let workers: Vec<_> = (0..200)
+            .map(|_| {
+                let mut conn = s.connect();
+                let start = Arc::clone(&start);
+                let argv = argv.clone();
+                std::thread::spawn(move || {
+                    start.wait();
+                    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+                    cmd(&mut conn, &argv)
+                })
+            })
+            .collect();
+        let admitted = workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .filter(|r| case.admitted(r))
+            .count();
+        assert_eq!(admitted, 10, "{}", case.command);
+    }
+}
