@@ -143,8 +143,8 @@ impl Encoded {
 }
 
 /// Reads a limiter's state from either layout: `None` for an empty key.
-fn load<L: FieldsLimiter<N>, const N: usize>(
-    store: &dyn StringStore,
+fn load<L: FieldsLimiter<N>, S: StringStore + ?Sized, const N: usize>(
+    store: &S,
 ) -> Result<Option<L::State>, ErrorReply> {
     match store.read()? {
         Slot::Empty => Ok(None),
@@ -158,20 +158,20 @@ fn load<L: FieldsLimiter<N>, const N: usize>(
     }
 }
 
-fn store_write<const N: usize>(
-    store: &mut dyn StringStore,
+fn store_write<S: StringStore + ?Sized, const N: usize>(
+    store: &mut S,
     write: &FieldsWrite<N>,
 ) -> Result<(), ErrorReply> {
     store.write(Encoded::new(&write.values).as_bytes(), write.expire_at_ms)
 }
 
 /// Loads, decides and stores for one call whose arguments are already parsed.
-pub fn apply<L: FieldsLimiter<N>, const N: usize>(
-    store: &mut dyn StringStore,
+pub fn apply<L: FieldsLimiter<N>, S: StringStore + ?Sized, const N: usize>(
+    store: &mut S,
     args: &L::Args,
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
-    let prior = load::<L, N>(store)?;
+    let prior = load::<L, S, N>(store)?;
     let (reply, write) = L::decide(args, now_us, prior);
     if let Some(write) = write {
         store_write(store, &write)?;
@@ -224,7 +224,7 @@ impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
 
 impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
     fn load(&mut self, store: &dyn StringStore) -> Result<(), ErrorReply> {
-        self.prior = load::<L, N>(store)?;
+        self.prior = load::<L, _, N>(store)?;
         Ok(())
     }
 

@@ -86,9 +86,14 @@ fn bump(counter: &AtomicU64) {
     );
 }
 
-/// The observation hook: every call of every command, with the key its outcome is about (the
-/// command's key; for `RL.ALL` the key of the limit that denied, else the first).
-pub fn observe(command: &Descriptor, _key: Option<&[u8]>, outcome: Outcome) {
+/// The observation hook: every call of every command, and how to get the key its outcome is
+/// about (the command's key; for `RL.ALL` the key of the limit that denied, else the first),
+/// read only by a hook that needs it.
+pub fn observe<'a>(
+    command: &Descriptor,
+    _key: impl FnOnce() -> Option<&'a [u8]>,
+    outcome: Outcome,
+) {
     command.stats.record(outcome);
 }
 

@@ -64,7 +64,7 @@ fn module_call<L: FieldsLimiter<N>, const N: usize>(
         space,
         key: KEY.to_vec(),
     };
-    pipeline::apply::<L, N>(&mut key, &parsed, now)
+    pipeline::apply::<L, _, N>(&mut key, &parsed, now)
         .map(|r| r.to_array().to_vec())
         .map_err(|e| e.message().to_string())
 }

@@ -95,7 +95,7 @@ fn run<L: FieldsLimiter<N>, const N: usize>(data: &[u8]) {
         let args: Vec<&[u8]> = payload.split(|&b| b == 0).collect();
         let Ok(parsed) = L::parse(&args) else { continue };
         let before = (key.value.clone(), key.expire_at_ms);
-        match pipeline::apply::<L, N>(&mut key, &parsed, now) {
+        match pipeline::apply::<L, _, N>(&mut key, &parsed, now) {
             Ok(reply) => {
                 coherent(&reply);
                 if reply.allowed && (key.value.clone(), key.expire_at_ms) != before {

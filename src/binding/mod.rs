@@ -79,7 +79,7 @@ fn entry<A: Answer>(
     };
     if let Some((outcome, index)) = observed {
         // SAFETY: argv strings live for the whole call.
-        let key = argv.get(index).map(|s| unsafe { api::string_bytes(*s) });
+        let key = || argv.get(index).map(|s| unsafe { api::string_bytes(*s) });
         let _ = catch_unwind(AssertUnwindSafe(|| stats::observe(command, key, outcome)));
     }
     match answer {

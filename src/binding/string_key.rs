@@ -116,7 +116,7 @@ pub fn run_fields<L: FieldsLimiter<N>, const N: usize>(
     let (name, raw_args, n) = key_and_args::<8>(argv, L::DESCRIPTOR.arity_error)?;
     let args = L::parse(raw_args.get(..n).unwrap_or_default())?;
     let mut store = RedisStringKey::open(ctx, name)?;
-    pipeline::apply::<L, N>(&mut store, &args, clock::now_us())
+    pipeline::apply::<L, _, N>(&mut store, &args, clock::now_us())
 }
 
 /// Runs one `RL.ALL` call: every key opened once, all decided at one instant.

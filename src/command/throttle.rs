@@ -207,8 +207,8 @@ pub fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (ThrottleReply, Opt
 }
 
 /// Load -> decide -> store for one call whose arguments are already parsed.
-pub fn apply(
-    store: &mut dyn StringStore,
+pub fn apply<S: StringStore + ?Sized>(
+    store: &mut S,
     args: &Args,
     now_us: i64,
 ) -> Result<ThrottleReply, ErrorReply> {

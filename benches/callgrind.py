@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Instructions per call inside the command, counted by valgrind's callgrind.
+
+Times on a shared 2-core machine move by tens of percent from run to run; instruction counts do
+not. For each case this starts redis-server under `valgrind --tool=callgrind
+--toggle-collect=call` (only what runs inside Redis's `call()`, the function that executes one
+command, is counted), sends the case's calls with redis-benchmark (one connection, pipelined),
+shuts the server down and divides the instructions collected by the number of calls.
+
+Cases: for every limiter of numbers and CL.THROTTLE, an admitted call on a hot key, a denied call
+on a hot key and a call on a new key, for the module and its Lua twin (EVALSHA); HSET as the
+floor. Prints a Markdown table.
+
+Usage: python3 benches/callgrind.py [--module PATH] [--lua-dir DIR] [--server PATH]
+                                    [--calls N] [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (command, twin script, arguments admitted on a hot key, arguments denied on a hot key after
+# its first call, arguments that admit on new keys).
+CASES = [
+    ("RL.TOKENBUCKET", "token_bucket.lua", "100 1000000", "1 0.001", "100 1"),
+    ("RL.LEAKYBUCKET", "leaky_bucket.lua", "100 1000000", "1 0.001", "100 1"),
+    ("RL.FIXEDWINDOW", "fixed_window.lua", "1000000000 1", "1 1000", "100 1"),
+    ("RL.SLIDINGWINDOW", "sliding_window.lua", "1000000000 1", "1 1000", "100 1"),
+    ("RL.GCRA", "gcra.lua", "1000 500000 1", "0 1 1000", "100 1 1"),
+    ("CL.THROTTLE", "throttle.lua", "1000 500000 1", "0 1 1000", "100 1 1"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"redis-server exited with {proc.returncode}")
+        ok = subprocess.run(
+            ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True
+        )
+        if ok.stdout.strip() == "PONG":
+            return
+        time.sleep(0.2)
+    raise SystemExit("redis-server did not start under valgrind")
+
+
+def cli(port: int, *args: str) -> str:
+    return subprocess.run(
+        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def instructions_per_call(server: str, module: Path, setup: list[list[str]],
+                          call: list[str], calls: int, random_keys: bool) -> float:
+    """Runs `call` `calls` times (after `setup`) and returns Ir per call inside `call()`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                "valgrind", "--tool=callgrind", "--toggle-collect=call",
+                f"--callgrind-out-file={out}",
+                server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", tmp, "--loadmodule", str(module),
+            ],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_ready(port, proc)
+            for args in setup:
+                cli(port, *args)
+            cli(port, "CONFIG", "RESETSTAT")
+            # Start counting from zero: the pings and the setup are not part of the case.
+            subprocess.run(["callgrind_control", "-z", str(proc.pid)], capture_output=True,
+                           check=True)
+            bench = ["redis-benchmark", "-p", str(port), "-c", "1", "-P", "16", "-n",
+                     str(calls), "-q"]
+            if random_keys:
+                bench += ["-r", "100000000"]
+            subprocess.run(bench + call, capture_output=True, check=True)
+            stats = cli(port, "INFO", "commandstats")
+            name = call[0].lower()
+            m = re.search(rf"cmdstat_{re.escape(name)}:calls=(\d+)", stats)
+            done = int(m.group(1)) if m else 0
+            # redis-benchmark rounds the count up to whole pipelines.
+            if done < calls:
+                raise SystemExit(f"{call[0]}: {done} calls counted, {calls} sent")
+            cli(port, "SHUTDOWN", "NOSAVE")
+        finally:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        total = 0
+        for line in out.read_text().splitlines():
+            if line.startswith("totals:") or line.startswith("summary:"):
+                total = int(line.split()[1])
+        return total / done
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--module", type=Path,
+                    default=ROOT / "target" / "release" / "libredis_rate_limiter.so")
+    ap.add_argument("--lua-dir", type=Path, default=ROOT / "lua-reference")
+    ap.add_argument("--server", default="redis-server")
+    ap.add_argument("--calls", type=int, default=20_000)
+    ap.add_argument("--only", default="", help="only cases whose label contains this")
+    a = ap.parse_args()
+    module = a.module.resolve()
+
+    rows: list[tuple[str, str, float]] = []
+
+    def measure(label: str, case: str, setup, call, random_keys=False):
+        if a.only and a.only not in f"{label} {case}":
+            return
+        ir = instructions_per_call(a.server, module, setup, call, a.calls, random_keys)
+        rows.append((label, case, ir))
+        print(f"{label:32} {case:10} {ir:10,.0f}", file=sys.stderr, flush=True)
+
+    measure("HSET key f1 v1 f2 v2", "hot", [], ["HSET", "k", "f1", "v1", "f2", "v2"])
+    measure("HSET key f1 v1 f2 v2", "new key", [],
+            ["HSET", "k:__rand_int__", "f1", "v1", "f2", "v2"], random_keys=True)
+    for command, script, admit, deny, new in CASES:
+        source = (a.lua_dir / script).read_text()
+        for twin in (False, True):
+            label = f"{command} (Lua twin)" if twin else command
+
+            def argv(key: str, params: str) -> list[str]:
+                if twin:
+                    return ["EVALSHA", sha, "1", key, *params.split()]
+                return [command, key, *params.split()]
+
+            sha = ""
+            setup_load = []
+            if twin:
+                sha = hashlib.sha1(source.encode()).hexdigest()
+                setup_load = [["SCRIPT", "LOAD", source]]
+            measure(label, "admitted", setup_load + [argv("hot", admit)], argv("hot", admit))
+            measure(label, "denied", setup_load + [argv("hot", deny)], argv("hot", deny))
+            measure(label, "new key", setup_load, argv("k:__rand_int__", new), random_keys=True)
+
+    print("| call | case | instructions per call |")
+    print("|---|---|---:|")
+    for label, case, ir in rows:
+        print(f"| {label} | {case} | {ir:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
