@@ -231,10 +231,25 @@ impl Client<redis::aio::ConnectionManager> {
 }
 
 fn is_unavailable(e: &RedisError) -> bool {
-    // An error about the call itself (ERR ..., WRONGTYPE, CROSSSLOT) is an answer; anything
-    // else (I/O, timeouts, LOADING, CLUSTERDOWN, MASTERDOWN, TRYAGAIN...) means Redis could not
-    // decide.
-    !matches!(e.code(), Some("ERR" | "WRONGTYPE" | "CROSSSLOT"))
+    // An answer, returned to the caller as it is: an error about the call itself (ERR ...,
+    // WRONGTYPE, CROSSSLOT), or a refusal that asking again cannot fix and that failing open
+    // would hide: the user may not run the command (NOPERM) or is not authenticated (NOAUTH,
+    // WRONGPASS), the server is full (OOM), the address is a replica (READONLY, as after a
+    // failover that moved the master elsewhere). Anything else (I/O, timeouts, LOADING,
+    // CLUSTERDOWN, MASTERDOWN, TRYAGAIN...) means Redis could not decide.
+    !matches!(
+        e.code(),
+        Some(
+            "ERR"
+                | "WRONGTYPE"
+                | "CROSSSLOT"
+                | "NOPERM"
+                | "NOAUTH"
+                | "WRONGPASS"
+                | "OOM"
+                | "READONLY"
+        )
+    )
 }
 
 fn int(v: &Value) -> Option<i64> {

@@ -233,3 +233,71 @@ async fn server_killed_mid_run_fail_closed() {
     assert_eq!(o.degraded, Some(Degraded::FailClosed));
     assert!(!o.decision.allowed);
 }
+
+/// What a refusal that retrying cannot fix looks like: an error naming it, never a fail-open
+/// answer, and the breaker stays closed (the server answered).
+async fn assert_refused(l: &Limiter<redis::aio::ConnectionManager>, code: &str) {
+    for _ in 0..3 {
+        match l.check("k").await {
+            Err(ratelimit_client::Error::Rejected(m)) => {
+                assert!(m.starts_with(code), "{code}: {m}")
+            }
+            other => panic!("{code}: {other:?}"),
+        }
+    }
+    assert!(!l.client().breaker_open(), "{code} tripped the breaker");
+}
+
+fn module_mode() -> Options {
+    Options {
+        policy: FailurePolicy::FailOpen,
+        mode: ratelimit_client::ModeChoice::Module,
+        ..Options::default()
+    }
+}
+
+#[tokio::test]
+async fn acl_refusals_and_missing_auth_are_errors_not_fail_open() {
+    let s = Server::with_module();
+    let mut c = s.connect();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "reader", "on", ">pw", "~*", "+get"][..])
+        .query(&mut c)
+        .unwrap();
+    let url = format!("redis://reader:pw@127.0.0.1:{}", s.port);
+    let l = Limiter::connect(&url, bucket(), module_mode()).unwrap();
+    assert_refused(&l, "NOPERM").await;
+
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "secret"][..])
+        .query(&mut c)
+        .unwrap();
+    let l = Limiter::connect(&s.url(), bucket(), module_mode()).unwrap();
+    assert_refused(&l, "NOAUTH").await;
+}
+
+#[tokio::test]
+async fn out_of_memory_and_a_read_only_replica_are_errors_not_fail_open() {
+    let master = Server::with_module();
+    let replica = Server::with_module();
+    let mut r = replica.connect();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port)
+        .query(&mut r)
+        .unwrap();
+    let l = Limiter::connect(&replica.url(), bucket(), module_mode()).unwrap();
+    assert_refused(&l, "READONLY").await;
+
+    let mut m = master.connect();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory-policy", "noeviction"][..])
+        .query(&mut m)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "1"][..])
+        .query(&mut m)
+        .unwrap();
+    let l = Limiter::connect(&master.url(), bucket(), module_mode()).unwrap();
+    assert_refused(&l, "OOM").await;
+}

@@ -7,6 +7,7 @@ mod clock;
 mod commands;
 mod docs;
 mod info;
+mod required;
 mod string_key;
 mod zset_key;
 
@@ -132,6 +133,23 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
             ));
             return Status::Err;
         }
+    }
+    // Every API a command calls must be there: refuse now, naming them, rather than answer
+    // every call with an error later.
+    let mut needed = required::required();
+    if test_clock {
+        needed.extend(required::test_clock());
+    }
+    if let Some(missing) = required::missing(&needed) {
+        ctx.log_warning(&format!(
+            "ratelimit: refusing to load: this server lacks module APIs the commands call: {missing}"
+        ));
+        return Status::Err;
+    }
+    if let Some(absent) = required::missing(&required::optional()) {
+        ctx.log_notice(&format!(
+            "ratelimit: optional module APIs absent, done without: {absent}"
+        ));
     }
     // Keys are signalled as modified only when a call really writes them; a denial is a read.
     ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);

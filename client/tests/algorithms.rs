@@ -1,0 +1,65 @@
+//! The client's list of algorithms against the module's command descriptors: the same commands,
+//! the same `RL.ALL` keywords and parameter counts, so the two cannot drift apart.
+
+use ratelimit_client::Algorithm;
+use redis_rate_limiter::command::DESCRIPTORS;
+
+/// One of each algorithm the client knows.
+fn every_algorithm() -> Vec<Algorithm> {
+    vec![
+        Algorithm::TokenBucket {
+            capacity: 10,
+            refill_per_sec: 1.0,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 10,
+            leak_per_sec: 1.0,
+        },
+        Algorithm::FixedWindow {
+            limit: 10,
+            window_sec: 1.0,
+        },
+        Algorithm::SlidingWindow {
+            limit: 10,
+            window_sec: 1.0,
+        },
+        Algorithm::SlidingLog {
+            limit: 10,
+            window_sec: 1.0,
+        },
+        Algorithm::Gcra {
+            max_burst: 1,
+            count_per_period: 1,
+            period_sec: 1.0,
+        },
+    ]
+}
+
+#[test]
+fn the_client_knows_every_limiter_the_module_registers() {
+    let mut ours: Vec<&str> = every_algorithm().iter().map(Algorithm::command).collect();
+    ours.sort();
+    // RL.ALL combines the others; CL.THROTTLE is redis-cell's interface, for its own clients.
+    let mut theirs: Vec<&str> = DESCRIPTORS
+        .iter()
+        .map(|d| d.name.to_str().unwrap())
+        .filter(|n| *n != "RL.ALL" && *n != "CL.THROTTLE")
+        .collect();
+    theirs.sort();
+    assert_eq!(ours, theirs);
+}
+
+#[test]
+fn keywords_and_parameters_match_the_descriptors() {
+    for a in every_algorithm() {
+        let d = DESCRIPTORS
+            .iter()
+            .find(|d| d.name.to_str() == Ok(a.command()))
+            .unwrap();
+        assert_eq!(a.combinable(), d.all_keyword.is_some(), "{}", a.command());
+        if let Some(keyword) = d.all_keyword {
+            assert_eq!(a.keyword(), keyword);
+        }
+        assert_eq!(a.params().len(), d.all_params(), "{}", a.command());
+    }
+}
