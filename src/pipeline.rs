@@ -15,7 +15,7 @@ use std::ffi::{CStr, c_void};
 use std::sync::atomic::AtomicPtr;
 
 use crate::command::descriptor::Descriptor;
-use crate::core::Reply;
+use crate::core::{Operation, Reply};
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_g17};
 
@@ -69,9 +69,16 @@ pub struct FieldsWrite<const N: usize> {
     pub expire_at_ms: i64,
 }
 
+/// A parsed call: the limiter's parameters, and what the call asks of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request<P> {
+    pub params: P,
+    pub op: Operation,
+}
+
 /// One limiter command whose state is `N` numbers.
 pub trait FieldsLimiter<const N: usize> {
-    type Args;
+    type Params: Copy;
     type State: Copy;
 
     /// What the command is: name, flags, arity and its error, docs, `RL.ALL` keyword, counters.
@@ -82,11 +89,11 @@ pub trait FieldsLimiter<const N: usize> {
     const FIELDS: [&'static FieldName; N];
 
     /// Arguments after the key.
-    fn parse(args: &[&[u8]]) -> Result<Self::Args, ErrorReply>;
+    fn parse(args: &[&[u8]]) -> Result<Request<Self::Params>, ErrorReply>;
     /// The stored numbers of an existing key (absent ones are `None`).
     fn decode(fields: [Option<&[u8]>; N]) -> Result<Self::State, ErrorReply>;
     fn decide(
-        args: &Self::Args,
+        request: &Request<Self::Params>,
         now_us: i64,
         prior: Option<Self::State>,
     ) -> (Reply, Option<FieldsWrite<N>>);
@@ -168,31 +175,30 @@ fn store_write<S: StringStore + ?Sized, const N: usize>(
 /// Loads, decides and stores for one call whose arguments are already parsed.
 pub fn apply<L: FieldsLimiter<N>, S: StringStore + ?Sized, const N: usize>(
     store: &mut S,
-    args: &L::Args,
+    request: &Request<L::Params>,
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
     let prior = load::<L, S, N>(store)?;
-    let (reply, write) = L::decide(args, now_us, prior);
+    let (reply, write) = L::decide(request, now_us, prior);
     if let Some(write) = write {
         store_write(store, &write)?;
     }
     Ok(reply)
 }
 
-/// One limit of a multi-limit call: its parsed arguments (with the call's cost, and with cost 0
-/// for reporting), its loaded state and, once decided, its pending write.
+/// One limit of a multi-limit call: its parsed request, its loaded state and, once decided, its
+/// pending write.
 pub trait Limit {
     fn load(&mut self, store: &dyn StringStore) -> Result<(), ErrorReply>;
-    /// Decides with the call's cost; the write is kept until `commit`.
+    /// Decides the call's operation; the write is kept until `commit`.
     fn decide(&mut self, now_us: i64) -> Reply;
-    /// The reply this limit gives without consuming (used when another limit denied the call).
+    /// The reply this limit gives to a peek (used when another limit denied the call).
     fn peek(&self, now_us: i64) -> Reply;
     fn commit(&self, store: &mut dyn StringStore) -> Result<(), ErrorReply>;
 }
 
 pub struct LimitOf<L: FieldsLimiter<N>, const N: usize> {
-    args: L::Args,
-    peek_args: L::Args,
+    request: Request<L::Params>,
     prior: Option<L::State>,
     write: Option<FieldsWrite<N>>,
 }
@@ -200,15 +206,6 @@ pub struct LimitOf<L: FieldsLimiter<N>, const N: usize> {
 impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
     /// `params` are the limit's arguments without the cost.
     pub fn parse(params: &[&[u8]], cost: &[u8]) -> Result<Self, ErrorReply> {
-        Ok(Self {
-            peek_args: Self::parse_with_cost(params, b"0")?,
-            args: Self::parse_with_cost(params, cost)?,
-            prior: None,
-            write: None,
-        })
-    }
-
-    fn parse_with_cost(params: &[&[u8]], cost: &[u8]) -> Result<L::Args, ErrorReply> {
         let mut buf: [&[u8]; 8] = [&[]; 8];
         let mut n = 0;
         for (slot, arg) in buf.iter_mut().zip(params.iter().copied().chain([cost])) {
@@ -218,7 +215,11 @@ impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
         if n != params.len() + 1 {
             return Err(L::DESCRIPTOR.arity_error);
         }
-        L::parse(buf.get(..n).unwrap_or_default())
+        Ok(Self {
+            request: L::parse(buf.get(..n).unwrap_or_default())?,
+            prior: None,
+            write: None,
+        })
     }
 }
 
@@ -229,13 +230,17 @@ impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
     }
 
     fn decide(&mut self, now_us: i64) -> Reply {
-        let (reply, write) = L::decide(&self.args, now_us, self.prior);
+        let (reply, write) = L::decide(&self.request, now_us, self.prior);
         self.write = write;
         reply
     }
 
     fn peek(&self, now_us: i64) -> Reply {
-        L::decide(&self.peek_args, now_us, self.prior).0
+        let peek = Request {
+            op: Operation::Peek,
+            ..self.request
+        };
+        L::decide(&peek, now_us, self.prior).0
     }
 
     fn commit(&self, store: &mut dyn StringStore) -> Result<(), ErrorReply> {

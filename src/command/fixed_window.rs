@@ -3,17 +3,13 @@
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
-use crate::core::{Reply, fixed_window};
+use crate::core::{Operation, Reply, fixed_window};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Args {
-    pub params: fixed_window::Params,
-    pub cost: f64,
-}
+pub type Args = Request<fixed_window::Params>;
 
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
@@ -54,7 +50,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 };
 
 impl FieldsLimiter<2> for FixedWindow {
-    type Args = Args;
+    type Params = fixed_window::Params;
     type State = fixed_window::State;
     const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 2] = [&COUNT, &START];
@@ -73,7 +69,7 @@ impl FieldsLimiter<2> for FixedWindow {
         };
         Ok(Args {
             params: fixed_window::Params { limit, window_ms },
-            cost,
+            op: Operation::from_cost(cost),
         })
     }
 
@@ -88,7 +84,7 @@ impl FieldsLimiter<2> for FixedWindow {
         now_us: i64,
         prior: Option<fixed_window::State>,
     ) -> (Reply, Option<FieldsWrite<2>>) {
-        let out = fixed_window::decide(&a.params, a.cost, now_us, prior);
+        let out = fixed_window::decide(&a.params, a.op.units(), now_us, prior);
         let write = out.write.map(|w| FieldsWrite {
             values: [w.state.count, w.state.start_us],
             expire_at_ms: w.expire_at_ms,
@@ -117,7 +113,7 @@ mod tests {
                     limit: 10.0,
                     window_ms: 60_000.0
                 },
-                cost: 1.0
+                op: Operation::Consume(1.0)
             })
         );
         let window = |w: &str| parse(&["10", w]).map(|a| a.params.window_ms);

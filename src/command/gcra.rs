@@ -7,17 +7,13 @@
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
-use crate::core::{Reply, gcra};
+use crate::core::{Operation, Reply, gcra};
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
 use crate::stats::CommandStats;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Args {
-    pub params: gcra::Params,
-    pub cost: i64,
-}
+pub type Args = Request<gcra::Params>;
 
 pub const MAX_BURST: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR max_burst must be an integer"),
@@ -96,7 +92,7 @@ pub fn params(
 }
 
 impl FieldsLimiter<1> for Gcra {
-    type Args = Args;
+    type Params = gcra::Params;
     type State = i128;
     const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 1] = [&TAT];
@@ -127,7 +123,7 @@ impl FieldsLimiter<1> for Gcra {
                 limit: whole(limit),
                 tolerance: whole(tolerance),
             },
-            cost: whole(cost),
+            op: Operation::from_cost(cost),
         })
     }
 
@@ -142,7 +138,7 @@ impl FieldsLimiter<1> for Gcra {
 
     fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (Reply, Option<FieldsWrite<1>>) {
         let p = &a.params;
-        let out = gcra::decide(p, a.cost, i128::from(now_us), prior);
+        let out = gcra::decide(p, whole(a.op.units()), i128::from(now_us), prior);
         let ceil_ms = |us: i128| {
             let us = if us < 0 { 0 } else { us };
             narrow((us + 999) / 1000)
@@ -197,13 +193,13 @@ mod tests {
             parse(&["4", "10", "1"]),
             Ok(Args {
                 params: p(100_000, 5),
-                cost: 1
+                op: Operation::Consume(1.0)
             })
         );
         // 1/3 s rounds up to 333334 us.
         assert_eq!(
-            parse(&["0", "3", "1", "0"]).map(|a| (a.params, a.cost)),
-            Ok((p(333_334, 1), 0))
+            parse(&["0", "3", "1", "0"]).map(|a| (a.params, a.op)),
+            Ok((p(333_334, 1), Operation::Peek))
         );
         assert_eq!(
             parse(&["1", "1"]),
@@ -271,7 +267,10 @@ mod tests {
         let (reply, write) = Gcra::decide(&a, now, full);
         assert_eq!(reply.to_array(), [0, 0, 100, 500, 5]);
         assert_eq!(write, None);
-        let big = Args { cost: 6, ..a };
+        let big = Args {
+            op: Operation::Consume(6.0),
+            ..a
+        };
         assert_eq!(
             Gcra::decide(&big, now, full).0.to_array(),
             [0, 0, -1, 500, 5]

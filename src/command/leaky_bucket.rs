@@ -3,17 +3,13 @@
 use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
-use crate::core::{Reply, leaky_bucket};
+use crate::core::{Operation, Reply, leaky_bucket};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Args {
-    pub params: leaky_bucket::Params,
-    pub cost: f64,
-}
+pub type Args = Request<leaky_bucket::Params>;
 
 const CAPACITY: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR capacity must be an integer"),
@@ -62,7 +58,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 };
 
 impl FieldsLimiter<2> for LeakyBucket {
-    type Args = Args;
+    type Params = leaky_bucket::Params;
     type State = leaky_bucket::State;
     const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
@@ -74,7 +70,7 @@ impl FieldsLimiter<2> for LeakyBucket {
                 capacity,
                 leak_per_sec,
             },
-            cost,
+            op: Operation::from_cost(cost),
         })
     }
 
@@ -89,7 +85,7 @@ impl FieldsLimiter<2> for LeakyBucket {
         now_us: i64,
         prior: Option<leaky_bucket::State>,
     ) -> (Reply, Option<FieldsWrite<2>>) {
-        let out = leaky_bucket::decide(&a.params, a.cost, now_us, prior);
+        let out = leaky_bucket::decide(&a.params, a.op.units(), now_us, prior);
         let write = out.write.map(|w| FieldsWrite {
             values: [w.state.level, w.state.ts_us],
             expire_at_ms: w.expire_at_ms,
@@ -116,10 +112,13 @@ mod tests {
                     capacity: 10.0,
                     leak_per_sec: 5.0
                 },
-                cost: 1.0
+                op: Operation::Consume(1.0)
             })
         );
-        assert_eq!(parse(&["10", "0.5", "0"]).map(|a| a.cost), Ok(0.0));
+        assert_eq!(
+            parse(&["10", "0.5", "0"]).map(|a| a.op),
+            Ok(Operation::Peek)
+        );
         assert_eq!(
             parse(&["10", "5", "1", "1"]),
             Err("ERR wrong number of arguments for 'rl.leakybucket' command")

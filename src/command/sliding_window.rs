@@ -4,17 +4,13 @@
 use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
-use crate::core::{Reply, sliding_window};
+use crate::core::{Operation, Reply, sliding_window};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Args {
-    pub params: sliding_window::Params,
-    pub cost: f64,
-}
+pub type Args = Request<sliding_window::Params>;
 
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
@@ -70,7 +66,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 };
 
 impl FieldsLimiter<3> for SlidingWindow {
-    type Args = Args;
+    type Params = sliding_window::Params;
     type State = sliding_window::State;
     const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 3] = [&START, &CUR, &PREV];
@@ -89,7 +85,7 @@ impl FieldsLimiter<3> for SlidingWindow {
         };
         Ok(Args {
             params: sliding_window::Params { limit, window_ms },
-            cost,
+            op: Operation::from_cost(cost),
         })
     }
 
@@ -109,7 +105,7 @@ impl FieldsLimiter<3> for SlidingWindow {
         now_us: i64,
         prior: Option<sliding_window::State>,
     ) -> (Reply, Option<FieldsWrite<3>>) {
-        let out = sliding_window::decide(&a.params, a.cost, now_us, prior);
+        let out = sliding_window::decide(&a.params, a.op.units(), now_us, prior);
         let write = out.write.map(|w| FieldsWrite {
             values: [w.state.start_us, w.state.cur, w.state.prev],
             expire_at_ms: w.expire_at_ms,
@@ -138,7 +134,7 @@ mod tests {
                     limit: 10.0,
                     window_ms: 60_000.0
                 },
-                cost: 1.0
+                op: Operation::Consume(1.0)
             })
         );
         let window = |w: &str| parse(&["10", w]).map(|a| a.params.window_ms);

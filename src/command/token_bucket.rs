@@ -3,17 +3,13 @@
 use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
-use crate::core::{Reply, token_bucket};
+use crate::core::{Operation, Reply, token_bucket};
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite};
+use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
 use crate::stats::CommandStats;
 use crate::stored::{amount, timestamp};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Args {
-    pub params: token_bucket::Params,
-    pub cost: f64,
-}
+pub type Args = Request<token_bucket::Params>;
 
 const CAPACITY: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR capacity must be an integer"),
@@ -67,7 +63,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 };
 
 impl FieldsLimiter<2> for TokenBucket {
-    type Args = Args;
+    type Params = token_bucket::Params;
     type State = token_bucket::State;
     const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
     const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
@@ -79,7 +75,7 @@ impl FieldsLimiter<2> for TokenBucket {
                 capacity,
                 refill_per_sec,
             },
-            cost,
+            op: Operation::from_cost(cost),
         })
     }
 
@@ -94,7 +90,7 @@ impl FieldsLimiter<2> for TokenBucket {
         now_us: i64,
         prior: Option<token_bucket::State>,
     ) -> (Reply, Option<FieldsWrite<2>>) {
-        let out = token_bucket::decide(&a.params, a.cost, now_us, prior);
+        let out = token_bucket::decide(&a.params, a.op.units(), now_us, prior);
         let write = out.write.map(|w| FieldsWrite {
             values: [w.state.tokens, w.state.ts_us],
             expire_at_ms: w.expire_at_ms,
@@ -122,10 +118,13 @@ mod tests {
             parse(&["10", "5"]),
             Ok(Args {
                 params: p(10.0, 5.0),
-                cost: 1.0
+                op: Operation::Consume(1.0)
             })
         );
-        assert_eq!(parse(&["10", "0.0166667", "0"]).map(|a| a.cost), Ok(0.0));
+        assert_eq!(
+            parse(&["10", "0.0166667", "0"]).map(|a| a.op),
+            Ok(Operation::Peek)
+        );
         assert_eq!(
             parse(&["10"]),
             Err("ERR wrong number of arguments for 'rl.tokenbucket' command")

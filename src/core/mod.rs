@@ -8,6 +8,34 @@ pub mod leaky_bucket;
 pub mod sliding_window;
 pub mod token_bucket;
 
+/// What a call asks of a limiter, apart from the limiter's parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Operation {
+    /// Take this many units (a whole number, at least 1) if the limit allows it.
+    Consume(f64),
+    /// Report the state and write nothing (a call with cost 0).
+    Peek,
+}
+
+impl Operation {
+    /// The operation of a `cost` argument: 0 is a peek.
+    pub fn from_cost(cost: f64) -> Operation {
+        if cost == 0.0 {
+            Operation::Peek
+        } else {
+            Operation::Consume(cost)
+        }
+    }
+
+    /// The units it takes (0 for a peek), as the cores count a cost.
+    pub fn units(self) -> f64 {
+        match self {
+            Operation::Consume(n) => n,
+            Operation::Peek => 0.0,
+        }
+    }
+}
+
 /// The reply every `RL.*` command shares: `[allowed, remaining, retry_after_ms, reset_after_ms, limit]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply {
