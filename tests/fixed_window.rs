@@ -196,20 +196,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["count", "1"], start_err),
     ];
     assert_corrupt_hashes_reported(&mut c, FW, &["5", "10"], corrupt);
-    let values: &[(&str, &str)] = &[
-        ("", count_err),
-        ("x", count_err),
-        ("abc 1", count_err),
-        ("-1 1", count_err),
-        ("1e999 1", count_err),
-        (" 1 1", count_err),
-        ("1", start_err),
-        ("1 1.5", start_err),
-        ("1 -5", start_err),
-        ("1 1 1", start_err),
-        ("1  1", start_err),
-        ("1 99999999999999999999", start_err),
-    ];
+    let values = &corrupt_amount_and_time(count_err, start_err);
     // The string layout: parts missing, extra or not numbers.
     assert_corrupt_values_reported(&mut c, FW, &["5", "10"], values);
 }

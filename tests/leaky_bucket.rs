@@ -193,20 +193,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["level", "1"], ts_err),
     ];
     assert_corrupt_hashes_reported(&mut c, LB, &["10", "5"], corrupt);
-    let values: &[(&str, &str)] = &[
-        ("", level_err),
-        ("x", level_err),
-        ("abc 1", level_err),
-        ("-1 1", level_err),
-        ("1e999 1", level_err),
-        (" 1 1", level_err),
-        ("1", ts_err),
-        ("1 1.5", ts_err),
-        ("1 -5", ts_err),
-        ("1 1 1", ts_err),
-        ("1  1", ts_err),
-        ("1 99999999999999999999", ts_err),
-    ];
+    let values = &corrupt_amount_and_time(level_err, ts_err);
     // The string layout: parts missing, extra or not numbers.
     assert_corrupt_values_reported(&mut c, LB, &["10", "5"], values);
 }

@@ -546,6 +546,28 @@ pub fn assert_errors_change_nothing(
     assert_eq!(stored(c, key), before, "a refused call changed {key}");
 }
 
+/// Values of a limiter stored as `<amount> <timestamp>` that are not what the module writes, and
+/// the error each gets: the first number's error, or the second's.
+pub fn corrupt_amount_and_time<'a>(first: &'a str, second: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut cases: Vec<(&str, &str)> = ["", "x", "abc 1", "-1 1", "1e999 1", " 1 1"]
+        .into_iter()
+        .map(|v| (v, first))
+        .collect();
+    cases.extend(
+        [
+            "1",
+            "1 1.5",
+            "1 -5",
+            "1 1 1",
+            "1  1",
+            "1 99999999999999999999",
+        ]
+        .into_iter()
+        .map(|v| (v, second)),
+    );
+    cases
+}
+
 /// For each case a fresh string key holding that value: `command key args...` gets exactly the
 /// error, and the key keeps its bytes and gets no expiry.
 pub fn assert_corrupt_values_reported(
