@@ -42,9 +42,11 @@ servers: deps
 build: deps
 	$(CARGO) build --release
 
-run: build
-	redis-server --port $(PORT) --bind 127.0.0.1 --save "" --appendonly no \
-		--loadmodule $(CURDIR)/$(MODULE)
+# `make run SERVER=valkey-9.1` (or redis-8.2, valkey-8.1) runs another server of the test matrix.
+SERVER ?=
+run: build $(if $(SERVER),servers)
+	$(if $(SERVER),$(SERVERS_DIR)/$(SERVER)/server,redis-server) --port $(PORT) --bind 127.0.0.1 \
+		--save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
 # Every crate of the workspace on Redis 7.0: unit tests, the embedded-Lua differential suite, the
 # module's server suites, the client's and the demo in headless Chromium (client/tests/e2e.rs).

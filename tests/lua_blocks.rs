@@ -81,7 +81,7 @@ fn shared_lua_blocks_are_identical_copies() {
             all = all.replacen(&block, &wanted, 1);
         }
     }
-    // RL.ALL combines the hash-backed algorithms: not CL.THROTTLE (redis-cell's reply and key
+    // RL.ALL combines the limiters of numbers: not CL.THROTTLE (redis-cell's reply and key
     // format) nor the sorted-set log.
     let combined = |n: &str| n != "limiter throttle" && n != "limiter sliding_log";
     for (name, _) in sources.iter().filter(|(n, _)| combined(n)) {
