@@ -345,7 +345,10 @@ fn demo_page_in_headless_chromium() {
     assert_eq!(b.text("#remaining"), "0");
     assert_eq!(b.text("#last-status"), "429");
     let headers = b.text("#headers");
-    assert!(has_seconds_line(&headers, "retry-after: ", 3600), "{headers}");
+    assert!(
+        has_seconds_line(&headers, "retry-after: ", 3600),
+        "{headers}"
+    );
     assert!(
         has_line(&headers, "content-type: application/problem+json"),
         "{headers}"
