@@ -84,7 +84,8 @@ fn entry<A: Answer>(
         let _ = catch_unwind(AssertUnwindSafe(|| stats::observe(command, key, outcome)));
     }
     match answer {
-        Ok(a) => a.send(ctx),
+        Ok(a) => catch_unwind(AssertUnwindSafe(|| a.send(ctx)))
+            .unwrap_or_else(|_| api::reply_error(ctx, INTERNAL_ERROR)),
         Err(err) => api::reply_error(ctx, err),
     }
 }
