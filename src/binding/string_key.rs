@@ -76,11 +76,15 @@ impl StringStore for RedisStringKey {
         // replaces the key's, of whatever type (SET semantics: the expiry goes, and is set anew).
         let in_place =
             self.key.kind()? == KeyKind::String && self.key.string_overwrite_same_length(value)?;
-        if !in_place {
+        // A replaced value has no expiry left, so only an in-place write needs to look it up.
+        let expiry_moved = if in_place {
+            self.key.abs_expire()? != Some(expire_at_ms)
+        } else {
             let fresh = TempString::new(self.ctx, value)?;
             self.key.string_set(fresh.as_ptr())?;
-        }
-        if self.key.abs_expire()? != Some(expire_at_ms) {
+            true
+        };
+        if expiry_moved {
             self.key.set_abs_expire(expire_at_ms)?;
         }
         api::replicate_set_pxat(self.ctx, self.name, value, expire_at_ms)?;

@@ -415,6 +415,17 @@ impl LuaTwin {
     }
 }
 
+/// The named fields of a hash (all `None` for any other value): the earlier layout's reader.
+fn hash_fields(data: Option<&Data>, names: &[&'static FieldName], out: &mut [Option<Vec<u8>>]) {
+    let hash = match data {
+        Some(Data::Hash(h)) => Some(h),
+        _ => None,
+    };
+    for (slot, name) in out.iter_mut().zip(names) {
+        *slot = hash.and_then(|h| h.get(name.name.to_bytes()).cloned());
+    }
+}
+
 /// One key of a keyspace shared by several open keys at once (multi-limit calls). A call reads
 /// every key before it writes any, so each key reads the value it had when it was opened.
 pub struct SharedKey<'a> {
@@ -449,13 +460,7 @@ impl StringStore for SharedKey<'_> {
         names: &[&'static FieldName],
         out: &mut [Option<Vec<u8>>],
     ) -> Result<(), ErrorReply> {
-        let hash = match &self.opened {
-            Some(Data::Hash(h)) => Some(h),
-            _ => None,
-        };
-        for (slot, name) in out.iter_mut().zip(names) {
-            *slot = hash.and_then(|h| h.get(name.name.to_bytes()).cloned());
-        }
+        hash_fields(self.opened.as_ref(), names, out);
         Ok(())
     }
 
@@ -531,12 +536,8 @@ impl StringStore for MemoryKey<'_> {
         names: &[&'static FieldName],
         out: &mut [Option<Vec<u8>>],
     ) -> Result<(), ErrorReply> {
-        SharedKey {
-            space: &RefCell::new(Keyspace::default()),
-            key: Vec::new(),
-            opened: self.space.keys.get(&self.key).map(|e| e.data.clone()),
-        }
-        .legacy_fields(names, out)
+        hash_fields(self.space.keys.get(&self.key).map(|e| &e.data), names, out);
+        Ok(())
     }
 
     fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
