@@ -549,6 +549,137 @@ function gcra.store(key, w)
 end
 -- @end
 
+-- @limiter sliding_log
+local sliding_log = {
+  ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
+  -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory.
+  MAX_LIMIT = 100000,
+  MAX_WINDOW_SECONDS = 1e10,
+  -- Members per ZADD call: unpack() has a small limit on results.
+  ZADD_BATCH = 500,
+}
+
+function sliding_log.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, sliding_log.ARITY end
+  local limit, cost, err
+  limit, err = integer_arg(argv[1], 1, sliding_log.MAX_LIMIT,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+  if not limit then return nil, err end
+  if not is_decimal(argv[2]) then return nil, 'ERR window_sec must be a number' end
+  local window_sec = tonumber(argv[2])
+  if not (window_sec > 0 and window_sec <= sliding_log.MAX_WINDOW_SECONDS) then
+    return nil, 'ERR window_sec must be greater than 0 and at most 10000000000'
+  end
+  -- Millisecond resolution, rounded half up.
+  local window_ms = math.floor(window_sec * 1000 + 0.5)
+  if window_ms < 1 then return nil, 'ERR window_sec must be at least 1 millisecond' end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, window_us = window_ms * 1000, cost = cost}
+end
+
+-- The score of the entry `rank` places before the newest (0 is the newest), checked: an integer
+-- score in [0, 2^53] and the member "<score>:<n>". False past the oldest, or nil and an error.
+local function sliding_log_entry(key, rank)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local score = stored_timestamp(entry[2])
+  if not score then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+  end
+  local t = string.match(entry[1], '^(%d+):%d+$')
+  if not t or tonumber(t) ~= score then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'")
+  end
+  return score
+end
+
+-- What a call needs to know of the log, each in O(log n): its length, the newest entry (the one
+-- entry every call checks), how many entries are still in the window, and how many share the
+-- newest score when new entries would join them. False for a new key, or nil and an error reply.
+function sliding_log.load(key, a, now)
+  local len = redis.pcall('ZCARD', key)
+  if type(len) == 'table' then return nil, len end
+  if len == 0 then return false end
+  local newest, err = sliding_log_entry(key, 0)
+  if newest == nil then return nil, err end
+  local count = redis.call('ZCOUNT', key, string.format('(%.17g', now - a.window_us), '+inf')
+  local tied = 0
+  if newest and newest >= now then
+    local at = string.format('%.17g', newest)
+    tied = redis.call('ZCOUNT', key, at, at)
+  end
+  return {len = len, count = count, newest = newest, tied = tied}
+end
+
+-- Milliseconds from now until an entry at `score` leaves the window, rounded up.
+local function sliding_log_leaves_after(a, score, now)
+  return math.ceil((score - now) / 1000) + a.window_ms
+end
+
+-- The reply, and what to store (nil when nothing is written); or nil and an error reply when
+-- the entry a denial reads is corrupt.
+function sliding_log.decide(a, view, now, key)
+  local limit, cost = a.limit, a.cost
+  view = view or {len = 0, count = 0, tied = 0}
+  local count = view.count
+
+  -- A clock that went backwards never places new entries before stored ones.
+  local t = now
+  if view.newest and view.newest > now then t = view.newest end
+
+  local allowed = count + cost <= limit
+  local admits = allowed and cost > 0
+  local count_after = count
+  if admits then count_after = count + cost end
+  local remaining = limit - count_after
+  if remaining < 0 then remaining = 0 end
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > limit then
+    retry_after = -1
+  else
+    -- Enough room once the k-th oldest entry in the window has left it, k = count + cost -
+    -- limit: that one is `limit - cost` places before the newest.
+    local score, err = sliding_log_entry(key, limit - cost)
+    if score == nil then return nil, err end
+    if score then retry_after = sliding_log_leaves_after(a, score, now) else retry_after = -1 end
+  end
+  local reset_after = 0
+  if admits then
+    reset_after = sliding_log_leaves_after(a, t, now)
+  elseif count > 0 then
+    reset_after = sliding_log_leaves_after(a, view.newest, now)
+  end
+
+  local write
+  if admits then
+    local trim
+    if view.len > count then trim = now - a.window_us end
+    write = {trim = trim, t = t, first = view.tied, count = cost,
+             expire_at = math.ceil(t / 1000) + a.window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function sliding_log.store(key, w)
+  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', w.trim)) end
+  local t = string.format('%.0f', w.t)
+  local batch = {}
+  for i = w.first, w.first + w.count - 1 do
+    batch[#batch + 1] = t
+    batch[#batch + 1] = t .. ':' .. string.format('%.0f', i)
+    if #batch == 2 * sliding_log.ZADD_BATCH then
+      redis.call('ZADD', key, unpack(batch))
+      batch = {}
+    end
+  end
+  if #batch > 0 then redis.call('ZADD', key, unpack(batch)) end
+  redis.call('PEXPIREAT', key, string.format('%.0f', w.expire_at))
+end
+-- @end
+
 -- @main
 local ALGORITHMS = {
   {keyword = 'TOKENBUCKET', params = 2, limiter = token_bucket},
@@ -556,6 +687,7 @@ local ALGORITHMS = {
   {keyword = 'FIXEDWINDOW', params = 2, limiter = fixed_window},
   {keyword = 'SLIDINGWINDOW', params = 2, limiter = sliding_window},
   {keyword = 'GCRA', params = 3, limiter = gcra},
+  {keyword = 'SLIDINGLOG', params = 2, limiter = sliding_log},
 }
 local ARITY = "ERR wrong number of arguments for 'rl.all' command"
 local n = #KEYS
@@ -583,7 +715,7 @@ while i <= #words do
     if a.keyword == keyword then algorithm = a end
   end
   if not algorithm then
-    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA')
+    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG')
   end
   if #words - i < algorithm.params then return redis.error_reply(ARITY) end
   local params = {}
@@ -607,16 +739,16 @@ for a = 1, n do
   end
 end
 
-for k, limit in ipairs(limits) do
-  local state, load_err = limit.limiter.load(KEYS[k])
-  if state == nil then return load_err end
-  limit.state = state
-end
-
+-- Limits are read and decided in order, at one instant: the first bad key's error is the reply.
 local now = now_us()
 local replies, denied_by = {}, 0
 for k, limit in ipairs(limits) do
-  replies[k], limit.write = limit.limiter.decide(limit.args, limit.state, now)
+  local state, load_err = limit.limiter.load(KEYS[k], limit.args, now)
+  if state == nil then return load_err end
+  limit.state = state
+  local decided, write = limit.limiter.decide(limit.args, limit.state, now, KEYS[k])
+  if not decided then return write end
+  replies[k], limit.write = decided, write
   if denied_by == 0 and replies[k][1] == 0 then denied_by = k end
 end
 if denied_by == 0 then
@@ -624,8 +756,11 @@ if denied_by == 0 then
     if limit.write then limit.limiter.store(KEYS[k], limit.write) end
   end
 else
+  -- A limit that admitted reports a peek: its state fits, so a peek reads nothing more.
   for k, limit in ipairs(limits) do
-    if replies[k][1] == 1 then replies[k] = limit.limiter.decide(limit.peek_args, limit.state, now) end
+    if replies[k][1] == 1 then
+      replies[k] = limit.limiter.decide(limit.peek_args, limit.state, now, KEYS[k])
+    end
   end
 end
 

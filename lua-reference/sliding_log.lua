@@ -9,7 +9,7 @@
 -- '%.0f' (tostring would use '%.14g'), so both paths store the same bytes.
 --
 -- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
--- block with parse / load / decide / store, and a short "main". lua-reference/multi.lua is
+-- block with parse / load / decide / store, and a short "main". lua-reference/all.lua is
 -- assembled from these blocks.
 
 -- @common
@@ -114,7 +114,7 @@ end
 -- @limiter sliding_log
 local sliding_log = {
   ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
-  -- Every admitted unit is one member and every call reads them all: this bounds both.
+  -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory.
   MAX_LIMIT = 100000,
   MAX_WINDOW_SECONDS = 1e10,
   -- Members per ZADD call: unpack() has a small limit on results.
@@ -140,26 +140,38 @@ function sliding_log.parse(argv)
   return {limit = limit, window_ms = window_ms, window_us = window_ms * 1000, cost = cost}
 end
 
--- Every entry's score, ascending; false for a new key, or nil and an error reply. Each entry is
--- checked: an integer score in [0, 2^53] and the member "<score>:<n>". Read-only; `now` is not
--- needed because the window is applied in decide.
-function sliding_log.load(key)
-  local entries = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
-  if entries.err then return nil, entries end
-  if #entries == 0 then return false end
-  local scores = {}
-  for i = 1, #entries, 2 do
-    local score = stored_timestamp(entries[i + 1])
-    if not score then
-      return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
-    end
-    local t = string.match(entries[i], '^(%d+):%d+$')
-    if not t or tonumber(t) ~= score then
-      return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'")
-    end
-    scores[#scores + 1] = score
+-- The score of the entry `rank` places before the newest (0 is the newest), checked: an integer
+-- score in [0, 2^53] and the member "<score>:<n>". False past the oldest, or nil and an error.
+local function sliding_log_entry(key, rank)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local score = stored_timestamp(entry[2])
+  if not score then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
   end
-  return scores
+  local t = string.match(entry[1], '^(%d+):%d+$')
+  if not t or tonumber(t) ~= score then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'")
+  end
+  return score
+end
+
+-- What a call needs to know of the log, each in O(log n): its length, the newest entry (the one
+-- entry every call checks), how many entries are still in the window, and how many share the
+-- newest score when new entries would join them. False for a new key, or nil and an error reply.
+function sliding_log.load(key, a, now)
+  local len = redis.pcall('ZCARD', key)
+  if type(len) == 'table' then return nil, len end
+  if len == 0 then return false end
+  local newest, err = sliding_log_entry(key, 0)
+  if newest == nil then return nil, err end
+  local count = redis.call('ZCOUNT', key, string.format('(%.17g', now - a.window_us), '+inf')
+  local tied = 0
+  if newest and newest >= now then
+    local at = string.format('%.17g', newest)
+    tied = redis.call('ZCOUNT', key, at, at)
+  end
+  return {len = len, count = count, newest = newest, tied = tied}
 end
 
 -- Milliseconds from now until an entry at `score` leaves the window, rounded up.
@@ -167,32 +179,16 @@ local function sliding_log_leaves_after(a, score, now)
   return math.ceil((score - now) / 1000) + a.window_ms
 end
 
--- The reply, and what to store (nil when nothing is written).
-function sliding_log.decide(a, scores, now)
+-- The reply, and what to store (nil when nothing is written); or nil and an error reply when
+-- the entry a denial reads is corrupt.
+function sliding_log.decide(a, view, now, key)
   local limit, cost = a.limit, a.cost
-  scores = scores or {}
-  local n = #scores
-  -- Entries are sorted, so the ones still in the window are a suffix.
-  local start = n + 1
-  for i = 1, n do
-    if scores[i] - now > -a.window_us then
-      start = i
-      break
-    end
-  end
-  local count = n - start + 1
+  view = view or {len = 0, count = 0, tied = 0}
+  local count = view.count
 
   -- A clock that went backwards never places new entries before stored ones.
   local t = now
-  if n > 0 and scores[n] > now then t = scores[n] end
-  local tied = 0
-  if n > 0 and scores[n] == t then
-    local i = n
-    while i >= 1 and scores[i] == t do
-      tied = tied + 1
-      i = i - 1
-    end
-  end
+  if view.newest and view.newest > now then t = view.newest end
 
   local allowed = count + cost <= limit
   local admits = allowed and cost > 0
@@ -206,22 +202,24 @@ function sliding_log.decide(a, scores, now)
   elseif cost > limit then
     retry_after = -1
   else
-    -- Enough room once the k-th oldest entry in the window has left it.
-    local k = count + cost - limit
-    retry_after = sliding_log_leaves_after(a, scores[start + k - 1], now)
+    -- Enough room once the k-th oldest entry in the window has left it, k = count + cost -
+    -- limit: that one is `limit - cost` places before the newest.
+    local score, err = sliding_log_entry(key, limit - cost)
+    if score == nil then return nil, err end
+    if score then retry_after = sliding_log_leaves_after(a, score, now) else retry_after = -1 end
   end
   local reset_after = 0
   if admits then
     reset_after = sliding_log_leaves_after(a, t, now)
   elseif count > 0 then
-    reset_after = sliding_log_leaves_after(a, scores[n], now)
+    reset_after = sliding_log_leaves_after(a, view.newest, now)
   end
 
   local write
   if admits then
     local trim
-    if start > 1 then trim = now - a.window_us end
-    write = {trim = trim, t = t, first = tied, count = cost,
+    if view.len > count then trim = now - a.window_us end
+    write = {trim = trim, t = t, first = view.tied, count = cost,
              expire_at = math.ceil(t / 1000) + a.window_ms}
   end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
@@ -248,8 +246,10 @@ end
 if #KEYS ~= 1 then return redis.error_reply(sliding_log.ARITY) end
 local args, err = sliding_log.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = sliding_log.load(KEYS[1])
+local now = now_us()
+local state, load_err = sliding_log.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = sliding_log.decide(args, state, now_us())
+local reply, write = sliding_log.decide(args, state, now, KEYS[1])
+if not reply then return write end
 if write then sliding_log.store(KEYS[1], write) end
 return reply

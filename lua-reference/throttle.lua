@@ -14,7 +14,7 @@
 -- in redis-cell, and it is a whole number (truncated) before it is split into a pair.
 --
 -- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
--- block with parse / load / decide / store, and a short "main". lua-reference/multi.lua is
+-- block with parse / load / decide / store, and a short "main". lua-reference/all.lua is
 -- assembled from these blocks.
 
 -- @common

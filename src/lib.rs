@@ -3,7 +3,7 @@
 //! - `core`: one pure file per algorithm (no Redis types).
 //! - `command`: one file per command: its arguments and stored fields, wired to its core.
 //! - `pipeline`: load -> decide -> store, over a storage trait (Redis, or memory in tests).
-//! - `zset_store`: the same kind of storage trait for limiters whose state is a sorted set.
+//! - `zset_store`: the same pipeline for limiters whose state is a sorted set.
 //! - `args`, `stored`, `number`: shared parsing and formatting of numbers.
 //! - `binding`: the thin Redis layer (key I/O, replication, replies).
 

@@ -42,14 +42,41 @@ pub enum Slot<'a> {
     Empty,
     /// A string: the stored value.
     Value(&'a [u8]),
-    /// A hash: the layout of release 0.1 (`StringStore::legacy_fields` reads it).
+    /// A hash: the layout of release 0.1 (`Store::legacy_fields` reads it).
     Hash,
+    /// A sorted set (`Store::zset_*` read it).
+    Zset,
     /// Any other type.
     WrongType,
 }
 
-/// One open key of a storage layer whose limiter state is one string.
-pub trait StringStore {
+/// The entries of a sorted set to add after removing old ones: `count` members
+/// `<score>:<first_index>` .. `<score>:<first_index + count - 1>`, all at `score`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Entries {
+    /// Remove the entries with a score up to and including this one first.
+    pub trim_up_to: Option<f64>,
+    pub score: f64,
+    pub first_index: i64,
+    pub count: i64,
+}
+
+/// What a decision changes in its key, with the key's new absolute expiry (Unix milliseconds).
+/// A store applies it and propagates exactly it to replicas and the AOF.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Effect<'a> {
+    /// The key becomes this string, whatever it held: `SET key value PXAT ms`.
+    Set { value: &'a [u8], expire_at_ms: i64 },
+    /// Entries leave and join a sorted set: `ZREMRANGEBYSCORE key -inf trim` (when some left),
+    /// `ZADD key score member ...`, and `PEXPIREAT key ms` when the expiry moves.
+    Append { entries: Entries, expire_at_ms: i64 },
+}
+
+/// Called with an entry's member and score; an error stops the read.
+pub type EntryVisitor<'a> = dyn FnMut(&[u8], f64) -> Result<(), ErrorReply> + 'a;
+
+/// One open key of a storage layer: read as any limiter needs, written through effects.
+pub trait Store {
     fn read(&self) -> Result<Slot<'_>, ErrorReply>;
     /// The named fields of a hash key (`None` where a field is absent), into `out`.
     fn legacy_fields(
@@ -57,9 +84,24 @@ pub trait StringStore {
         names: &[&'static FieldName],
         out: &mut [Option<Vec<u8>>],
     ) -> Result<(), ErrorReply>;
-    /// Sets the value (replacing a value of any type) and the key's absolute expiry, and
-    /// propagates exactly that: one `SET key value PXAT ms`.
-    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply>;
+    /// Entries of a sorted set (0 for any other key).
+    fn zset_len(&self) -> Result<i64, ErrorReply>;
+    /// Entries of a sorted set with `min < score <= max` (`min <= score` when `min_inclusive`).
+    fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply>;
+    /// Visits the entry `rank` places before the last one in Redis order (score, then member
+    /// bytes): 0 is the last. `false` when there is no such entry.
+    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>)
+    -> Result<bool, ErrorReply>;
+    /// Applies the effect and propagates exactly it; refuses (changing nothing) when the
+    /// server is out of memory.
+    fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply>;
+}
+
+/// Writes the member name `<score>:<index>` into `out` (cleared first). Scores are integers.
+pub fn member_name(score: f64, index: i64, out: &mut Vec<u8>) {
+    use std::io::Write;
+    out.clear();
+    let _ = write!(out, "{}:{}", crate::core::lua_integer(score), index);
 }
 
 /// New state (in `FIELDS` order) and the key's absolute expiry in Unix milliseconds.
@@ -150,12 +192,12 @@ impl Encoded {
 }
 
 /// Reads a limiter's state from either layout: `None` for an empty key.
-fn load<L: FieldsLimiter<N>, S: StringStore + ?Sized, const N: usize>(
+fn load<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &S,
 ) -> Result<Option<L::State>, ErrorReply> {
     match store.read()? {
         Slot::Empty => Ok(None),
-        Slot::WrongType => Err(WRONGTYPE),
+        Slot::WrongType | Slot::Zset => Err(WRONGTYPE),
         Slot::Value(value) => L::decode(split_fields::<N>(value)).map(Some),
         Slot::Hash => {
             let mut held: [Option<Vec<u8>>; N] = [const { None }; N];
@@ -165,15 +207,18 @@ fn load<L: FieldsLimiter<N>, S: StringStore + ?Sized, const N: usize>(
     }
 }
 
-fn store_write<S: StringStore + ?Sized, const N: usize>(
+fn store_write<S: Store + ?Sized, const N: usize>(
     store: &mut S,
     write: &FieldsWrite<N>,
 ) -> Result<(), ErrorReply> {
-    store.write(Encoded::new(&write.values).as_bytes(), write.expire_at_ms)
+    store.apply(&Effect::Set {
+        value: Encoded::new(&write.values).as_bytes(),
+        expire_at_ms: write.expire_at_ms,
+    })
 }
 
 /// Loads, decides and stores for one call whose arguments are already parsed.
-pub fn apply<L: FieldsLimiter<N>, S: StringStore + ?Sized, const N: usize>(
+pub fn apply<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &mut S,
     request: &Request<L::Params>,
     now_us: i64,
@@ -186,15 +231,15 @@ pub fn apply<L: FieldsLimiter<N>, S: StringStore + ?Sized, const N: usize>(
     Ok(reply)
 }
 
-/// One limit of a multi-limit call: its parsed request, its loaded state and, once decided, its
+/// One limit of a multi-limit call: its parsed request and, once decided, what it read and its
 /// pending write.
 pub trait Limit {
-    fn load(&mut self, store: &dyn StringStore) -> Result<(), ErrorReply>;
-    /// Decides the call's operation; the write is kept until `commit`.
-    fn decide(&mut self, now_us: i64) -> Reply;
-    /// The reply this limit gives to a peek (used when another limit denied the call).
-    fn peek(&self, now_us: i64) -> Reply;
-    fn commit(&self, store: &mut dyn StringStore) -> Result<(), ErrorReply>;
+    /// Reads the limit's key and decides the call's operation; the write is kept until `commit`.
+    fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply>;
+    /// The reply this limit gives to a peek (used when another limit denied the call), from what
+    /// `decide` read.
+    fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply>;
+    fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply>;
 }
 
 pub struct LimitOf<L: FieldsLimiter<N>, const N: usize> {
@@ -224,26 +269,22 @@ impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
 }
 
 impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
-    fn load(&mut self, store: &dyn StringStore) -> Result<(), ErrorReply> {
+    fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         self.prior = load::<L, _, N>(store)?;
-        Ok(())
-    }
-
-    fn decide(&mut self, now_us: i64) -> Reply {
         let (reply, write) = L::decide(&self.request, now_us, self.prior);
         self.write = write;
-        reply
+        Ok(reply)
     }
 
-    fn peek(&self, now_us: i64) -> Reply {
+    fn peek(&self, _: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         let peek = Request {
             op: Operation::Peek,
             ..self.request
         };
-        L::decide(&peek, now_us, self.prior).0
+        Ok(L::decide(&peek, now_us, self.prior).0)
     }
 
-    fn commit(&self, store: &mut dyn StringStore) -> Result<(), ErrorReply> {
+    fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
         match &self.write {
             Some(write) => store_write(store, write),
             None => Ok(()),
@@ -260,18 +301,18 @@ pub struct AllReply {
     pub replies: Vec<Reply>,
 }
 
-/// Admits only if every limit admits, consuming from all or none. Keys are loaded in order (the
-/// first bad key's error is the reply), decided at one instant, then written only if all admit.
-/// A limit that would admit while another denies reports its unconsumed state (cost 0).
+/// Admits only if every limit admits, consuming from all or none. Limits are decided in order
+/// at one instant (the first bad key's error is the reply), then written only if all admit. A
+/// limit that would admit while another denies reports its unconsumed state (a peek).
 pub fn apply_all(
     limits: &mut [Box<dyn Limit>],
-    stores: &mut [&mut dyn StringStore],
+    stores: &mut [&mut dyn Store],
     now_us: i64,
 ) -> Result<AllReply, ErrorReply> {
+    let mut replies: Vec<Reply> = Vec::with_capacity(limits.len());
     for (limit, store) in limits.iter_mut().zip(stores.iter()) {
-        limit.load(&**store)?;
+        replies.push(limit.decide(&**store, now_us)?);
     }
-    let mut replies: Vec<Reply> = limits.iter_mut().map(|l| l.decide(now_us)).collect();
     let denied_by = replies.iter().position(|r| !r.allowed).map_or(0, |i| i + 1);
     if denied_by == 0 {
         // A store refuses a write before changing anything (e.g. out of memory), and every store
@@ -280,9 +321,9 @@ pub fn apply_all(
             limit.commit(&mut **store)?;
         }
     } else {
-        for (reply, limit) in replies.iter_mut().zip(limits.iter()) {
+        for ((reply, limit), store) in replies.iter_mut().zip(limits.iter()).zip(stores.iter()) {
             if reply.allowed {
-                *reply = limit.peek(now_us);
+                *reply = limit.peek(&**store, now_us)?;
             }
         }
     }

@@ -1,44 +1,141 @@
-//! Storage trait for limiters whose state is one sorted set, implemented by the Redis binding
-//! (module key API) and by the in-memory model of the differential tests. No Redis types here.
+//! The decision pipeline of limiters whose state is one sorted set (the sliding log), over the
+//! same storage trait as `pipeline`: the Redis binding implements it over the module key API, the
+//! differential tests over an in-memory store. No Redis types here.
+//!
+//! read a few counts and entries (O(log n) each) -> decide -> one `Effect::Append`.
 
-use crate::error::ErrorReply;
+use crate::command::sliding_log::{self, SlidingLogRequest, check_entry};
+use crate::core::sliding_log::{Log, Outcome, View, decide, view};
+use crate::core::{Operation, Reply};
+use crate::error::{ErrorReply, WRONGTYPE};
+use crate::pipeline::{Effect, Entries, Limit, Slot, Store};
 
-/// What a key holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZsetKind {
-    Empty,
-    Zset,
-    Other,
+/// A stored sorted set seen as a sliding log: every entry it returns is checked.
+struct StoredLog<'a, S: Store + ?Sized>(&'a S);
+
+impl<S: Store + ?Sized> Log for StoredLog<'_, S> {
+    type Error = ErrorReply;
+
+    fn len(&self) -> Result<i64, ErrorReply> {
+        self.0.zset_len()
+    }
+
+    fn count_above(&self, score: f64) -> Result<i64, ErrorReply> {
+        self.0.zset_count(score, false, f64::INFINITY)
+    }
+
+    fn count_at(&self, score: f64) -> Result<i64, ErrorReply> {
+        self.0.zset_count(score, true, score)
+    }
+
+    fn score_from_newest(&self, rank: i64) -> Result<Option<f64>, ErrorReply> {
+        let mut found = None;
+        self.0.zset_from_last(rank, &mut |member, score| {
+            check_entry(member, score)?;
+            found = Some(score);
+            Ok(())
+        })?;
+        Ok(found)
+    }
 }
 
-/// New entries `<score>:<first_index>` .. `<score>:<first_index + count - 1>`, all at `score`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ZsetWrite {
-    /// Remove entries with a score up to and including this one first.
-    pub trim_up_to: Option<f64>,
-    pub score: f64,
-    pub first_index: i64,
-    pub count: i64,
-    /// Absolute expiry in Unix milliseconds.
-    pub expire_at_ms: i64,
+/// What a call knows of its key before deciding: WRONGTYPE for a key that is not a sorted set.
+fn load<S: Store + ?Sized>(
+    store: &S,
+    request: &SlidingLogRequest,
+    now_us: i64,
+) -> Result<View, ErrorReply> {
+    match store.read()? {
+        Slot::Empty => Ok(View::default()),
+        Slot::Zset => view(&request.params, now_us, &StoredLog(store)),
+        Slot::Value(_) | Slot::Hash | Slot::WrongType => Err(WRONGTYPE),
+    }
 }
 
-/// Called for each stored entry with its member and score; an error stops the scan.
-pub type EntryVisitor<'a> = dyn FnMut(&[u8], f64) -> Result<(), ErrorReply> + 'a;
-
-/// One open key of a storage layer.
-pub trait ZsetStore {
-    fn kind(&self) -> Result<ZsetKind, ErrorReply>;
-    /// Visits every entry in Redis order (score, then member bytes); stops at the first error.
-    fn scan(&self, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply>;
-    /// Applies the write and the absolute expiry, and propagates exactly that
-    /// (`ZREMRANGEBYSCORE` when trimming, `ZADD`, `PEXPIREAT`).
-    fn write(&mut self, write: &ZsetWrite) -> Result<(), ErrorReply>;
+fn commit<S: Store + ?Sized>(store: &mut S, out: &Outcome) -> Result<(), ErrorReply> {
+    match out.write {
+        Some(w) => store.apply(&Effect::Append {
+            entries: Entries {
+                trim_up_to: w.trim_up_to_us,
+                score: w.score_us,
+                first_index: w.first_index,
+                count: w.count,
+            },
+            expire_at_ms: w.expire_at_ms,
+        }),
+        None => Ok(()),
+    }
 }
 
-/// Writes the member name `<score>:<index>` into `out` (cleared first). Scores are integers.
-pub fn member_name(score: f64, index: i64, out: &mut Vec<u8>) {
-    use std::io::Write;
-    out.clear();
-    let _ = write!(out, "{}:{}", crate::core::lua_integer(score), index);
+/// Reads, decides and stores for one `RL.SLIDINGLOG` call whose arguments are already parsed.
+pub fn apply<S: Store + ?Sized>(
+    store: &mut S,
+    request: &SlidingLogRequest,
+    now_us: i64,
+) -> Result<Reply, ErrorReply> {
+    let seen = load(store, request, now_us)?;
+    let out = decide(
+        &request.params,
+        request.op,
+        now_us,
+        &seen,
+        &StoredLog(&*store),
+    )?;
+    commit(store, &out)?;
+    Ok(out.reply)
+}
+
+/// A sliding log inside `RL.ALL`.
+pub struct LogLimit {
+    request: SlidingLogRequest,
+    seen: View,
+    out: Option<Outcome>,
+}
+
+impl LogLimit {
+    /// `params` are the limit's arguments without the cost.
+    pub fn parse(params: &[&[u8]], cost: &[u8]) -> Result<Self, ErrorReply> {
+        let [limit, window] = params else {
+            return Err(sliding_log::ARITY_ERROR);
+        };
+        Ok(Self {
+            request: sliding_log::parse(&[*limit, *window, cost])?,
+            seen: View::default(),
+            out: None,
+        })
+    }
+}
+
+impl Limit for LogLimit {
+    fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
+        self.seen = load(store, &self.request, now_us)?;
+        let out = decide(
+            &self.request.params,
+            self.request.op,
+            now_us,
+            &self.seen,
+            &StoredLog(store),
+        )?;
+        self.out = Some(out);
+        Ok(out.reply)
+    }
+
+    fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
+        // Only a limit that admitted is asked: its entries fit, so a peek reads nothing more.
+        let out = decide(
+            &self.request.params,
+            Operation::Peek,
+            now_us,
+            &self.seen,
+            &StoredLog(store),
+        )?;
+        Ok(out.reply)
+    }
+
+    fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
+        match &self.out {
+            Some(out) => commit(store, out),
+            None => Ok(()),
+        }
+    }
 }

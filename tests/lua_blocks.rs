@@ -81,9 +81,8 @@ fn shared_lua_blocks_are_identical_copies() {
             all = all.replacen(&block, &wanted, 1);
         }
     }
-    // RL.ALL combines the limiters of numbers: not CL.THROTTLE (redis-cell's reply and key
-    // format) nor the sorted-set log.
-    let combined = |n: &str| n != "limiter throttle" && n != "limiter sliding_log";
+    // RL.ALL combines every limiter but CL.THROTTLE (redis-cell's reply and key format).
+    let combined = |n: &str| n != "limiter throttle";
     for (name, _) in sources.iter().filter(|(n, _)| combined(n)) {
         assert!(
             all.contains(&format!("-- @{name}\n")),

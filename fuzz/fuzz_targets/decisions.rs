@@ -13,7 +13,7 @@ use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::core::Reply;
 use redis_rate_limiter::error::ErrorReply;
-use redis_rate_limiter::pipeline::{self, FieldName, FieldsLimiter, Slot, StringStore};
+use redis_rate_limiter::pipeline::{self, Effect, EntryVisitor, FieldName, FieldsLimiter, Slot, Store};
 
 /// A key: empty, a string (the stored layout) or a hash (the earlier layout).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -30,7 +30,7 @@ struct Key {
     expire_at_ms: i64,
 }
 
-impl StringStore for Key {
+impl Store for Key {
     fn read(&self) -> Result<Slot<'_>, ErrorReply> {
         Ok(match &self.value {
             Value::Empty => Slot::Empty,
@@ -52,10 +52,31 @@ impl StringStore for Key {
         Ok(())
     }
 
-    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
-        self.value = Value::Str(value.to_vec());
-        self.expire_at_ms = expire_at_ms;
-        Ok(())
+    // These limiters never keep a sorted set.
+    fn zset_len(&self) -> Result<i64, ErrorReply> {
+        Ok(0)
+    }
+
+    fn zset_count(&self, _: f64, _: bool, _: f64) -> Result<i64, ErrorReply> {
+        Ok(0)
+    }
+
+    fn zset_from_last(&self, _: i64, _: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply> {
+        Ok(false)
+    }
+
+    fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
+        match effect {
+            Effect::Set {
+                value,
+                expire_at_ms,
+            } => {
+                self.value = Value::Str(value.to_vec());
+                self.expire_at_ms = *expire_at_ms;
+                Ok(())
+            }
+            Effect::Append { .. } => panic!("a limiter of numbers appended to a sorted set"),
+        }
     }
 }
 

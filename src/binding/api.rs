@@ -102,6 +102,7 @@ pub enum KeyKind {
     Empty,
     String,
     Hash,
+    Zset,
     Other,
 }
 
@@ -133,6 +134,7 @@ impl OpenKey {
             raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Empty,
             raw::REDISMODULE_KEYTYPE_STRING => KeyKind::String,
             raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
+            raw::REDISMODULE_KEYTYPE_ZSET => KeyKind::Zset,
             _ => KeyKind::Other,
         })
     }
@@ -393,16 +395,64 @@ pub fn signal_string_write(
 
 /// Sorted-set access on an open key, for limiters whose state is one sorted set.
 impl OpenKey {
-    pub fn zset_kind(&self) -> Result<crate::zset_store::ZsetKind, ErrorReply> {
-        use crate::zset_store::ZsetKind;
-        let key_type = api!(RedisModule_KeyType)?;
+    /// The number of entries of a sorted set.
+    pub fn zset_len(&self) -> Result<i64, ErrorReply> {
+        let len = api!(RedisModule_ValueLength)?;
         // SAFETY: the key is open.
-        let t = unsafe { key_type(self.key.as_ptr()) } as isize;
-        Ok(match t {
-            raw::REDISMODULE_KEYTYPE_EMPTY => ZsetKind::Empty,
-            raw::REDISMODULE_KEYTYPE_ZSET => ZsetKind::Zset,
-            _ => ZsetKind::Other,
-        })
+        let n = unsafe { len(self.key.as_ptr()) };
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Visits the entries with `min <= score <= max` in Redis order (score, then member bytes),
+    /// from the first or from the last, while `visit` returns true. Returns true when the walk
+    /// went past the last entry of the range.
+    pub fn zset_walk(
+        &self,
+        from_last: bool,
+        min: f64,
+        max: f64,
+        visit: &mut dyn FnMut(TempString, f64) -> Result<bool, ErrorReply>,
+    ) -> Result<bool, ErrorReply> {
+        let (start, step) = if from_last {
+            (
+                api!(RedisModule_ZsetLastInScoreRange)?,
+                api!(RedisModule_ZsetRangePrev)?,
+            )
+        } else {
+            (
+                api!(RedisModule_ZsetFirstInScoreRange)?,
+                api!(RedisModule_ZsetRangeNext)?,
+            )
+        };
+        let end_reached = api!(RedisModule_ZsetRangeEndReached)?;
+        let current = api!(RedisModule_ZsetRangeCurrentElement)?;
+        let stop = api!(RedisModule_ZsetRangeStop)?;
+        let key = self.key.as_ptr();
+        // SAFETY: the key is open and holds a sorted set (else the range is refused).
+        if unsafe { start(key, min, max, 0, 0) } != raw::REDISMODULE_OK as c_int {
+            return Ok(true);
+        }
+        let mut walk = || -> Result<bool, ErrorReply> {
+            // SAFETY: the range iterator is active on this key until `stop` below.
+            while unsafe { end_reached(key) } == 0 {
+                let mut score = 0.0f64;
+                let Some(member) = TempString::adopt(self.ctx, unsafe { current(key, &mut score) })
+                else {
+                    return Ok(true);
+                };
+                if !visit(member, score)? {
+                    return Ok(false);
+                }
+                if unsafe { step(key) } == 0 {
+                    return Ok(true);
+                }
+            }
+            Ok(true)
+        };
+        let result = walk();
+        // SAFETY: ends the iterator started above, also after an error.
+        unsafe { stop(key) };
+        result
     }
 
     /// Visits the entries with `min <= score <= max`, ascending (score, then member bytes).
@@ -412,35 +462,10 @@ impl OpenKey {
         max: f64,
         visit: &mut dyn FnMut(TempString, f64) -> Result<(), ErrorReply>,
     ) -> Result<(), ErrorReply> {
-        let first = api!(RedisModule_ZsetFirstInScoreRange)?;
-        let end_reached = api!(RedisModule_ZsetRangeEndReached)?;
-        let current = api!(RedisModule_ZsetRangeCurrentElement)?;
-        let next = api!(RedisModule_ZsetRangeNext)?;
-        let stop = api!(RedisModule_ZsetRangeStop)?;
-        let key = self.key.as_ptr();
-        // SAFETY: the key is open and holds a sorted set (else the range is refused).
-        if unsafe { first(key, min, max, 0, 0) } != raw::REDISMODULE_OK as c_int {
-            return Ok(());
-        }
-        let mut walk = || -> Result<(), ErrorReply> {
-            // SAFETY: the range iterator is active on this key until `stop` below.
-            while unsafe { end_reached(key) } == 0 {
-                let mut score = 0.0f64;
-                let Some(member) = TempString::adopt(self.ctx, unsafe { current(key, &mut score) })
-                else {
-                    break;
-                };
-                visit(member, score)?;
-                if unsafe { next(key) } == 0 {
-                    break;
-                }
-            }
-            Ok(())
-        };
-        let result = walk();
-        // SAFETY: ends the iterator started above, also after an error.
-        unsafe { stop(key) };
-        result
+        self.zset_walk(false, min, max, &mut |member, score| {
+            visit(member, score).map(|()| true)
+        })
+        .map(|_| ())
     }
 
     pub fn zset_add(&self, score: f64, member: *mut RedisModuleString) -> Result<(), ErrorReply> {
@@ -516,4 +541,125 @@ pub fn signal_zset_write(
         );
     }
     Ok(())
+}
+
+/// A command run inside this one (`RedisModule_Call`) failed or answered unexpectedly.
+const CALL_FAILED: ErrorReply =
+    ErrorReply(c"ERR internal error in the rate limiter module (a sorted-set read failed)");
+
+/// The reply of a command run with `RedisModule_Call`, freed when dropped.
+struct CallReply(NonNull<raw::RedisModuleCallReply>);
+
+impl CallReply {
+    fn new(reply: *mut raw::RedisModuleCallReply) -> Result<Self, ErrorReply> {
+        NonNull::new(reply).map(CallReply).ok_or(CALL_FAILED)
+    }
+
+    fn integer(&self) -> Result<i64, ErrorReply> {
+        let kind = api!(RedisModule_CallReplyType)?;
+        let integer = api!(RedisModule_CallReplyInteger)?;
+        // SAFETY: a live reply.
+        unsafe {
+            if kind(self.0.as_ptr()) != raw::REDISMODULE_REPLY_INTEGER as c_int {
+                return Err(CALL_FAILED);
+            }
+            Ok(integer(self.0.as_ptr()))
+        }
+    }
+
+    /// The bytes of element `i` of an array reply of strings.
+    fn element(&self, i: usize) -> Result<Option<&[u8]>, ErrorReply> {
+        let kind = api!(RedisModule_CallReplyType)?;
+        let length = api!(RedisModule_CallReplyLength)?;
+        let element = api!(RedisModule_CallReplyArrayElement)?;
+        let string = api!(RedisModule_CallReplyStringPtr)?;
+        // SAFETY: a live reply; elements and their bytes live as long as it does.
+        unsafe {
+            let r = self.0.as_ptr();
+            if kind(r) != raw::REDISMODULE_REPLY_ARRAY as c_int {
+                return Err(CALL_FAILED);
+            }
+            if i >= length(r) {
+                return Ok(None);
+            }
+            let e = element(r, i);
+            if e.is_null() {
+                return Err(CALL_FAILED);
+            }
+            let mut len = 0usize;
+            let p = string(e, &mut len);
+            if p.is_null() {
+                return Err(CALL_FAILED);
+            }
+            Ok(Some(std::slice::from_raw_parts(p.cast::<u8>(), len)))
+        }
+    }
+}
+
+impl Drop for CallReply {
+    fn drop(&mut self) {
+        // SAFETY: the reply is ours and freed once.
+        if let Some(free) = unsafe { raw::RedisModule_FreeCallReply } {
+            unsafe { free(self.0.as_ptr()) }
+        }
+    }
+}
+
+/// `ZCOUNT key min max` (bounds as Redis reads them: `(x` is exclusive), run inside this call:
+/// O(log n) where walking the set would be O(n).
+pub fn call_zcount(
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleString,
+    min: &[u8],
+    max: &[u8],
+) -> Result<i64, ErrorReply> {
+    let call = api!(RedisModule_Call)?;
+    // SAFETY: format "sbb": a key string and two buffers with their lengths (copied).
+    let reply = unsafe {
+        call(
+            ctx,
+            c"ZCOUNT".as_ptr(),
+            c"sbb".as_ptr(),
+            key,
+            min.as_ptr(),
+            min.len(),
+            max.as_ptr(),
+            max.len(),
+        )
+    };
+    CallReply::new(reply)?.integer()
+}
+
+/// `ZREVRANGE key rank rank WITHSCORES` run inside this call: visits that entry's member and
+/// score, or returns false when there is none. O(log n).
+pub fn call_zrevrange_one(
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleString,
+    rank: i64,
+    visit: &mut dyn FnMut(&[u8], f64) -> Result<(), ErrorReply>,
+) -> Result<bool, ErrorReply> {
+    let call = api!(RedisModule_Call)?;
+    // SAFETY: format "sllc": a key string, two long longs and a C string.
+    let reply = unsafe {
+        call(
+            ctx,
+            c"ZREVRANGE".as_ptr(),
+            c"sllc".as_ptr(),
+            key,
+            rank as c_longlong,
+            rank as c_longlong,
+            c"WITHSCORES".as_ptr(),
+        )
+    };
+    let reply = CallReply::new(reply)?;
+    let (Some(member), Some(score)) = (reply.element(0)?, reply.element(1)?) else {
+        return Ok(false);
+    };
+    // Redis prints scores so that they read back exactly (also `inf` and `-inf`).
+    let score = std::str::from_utf8(score)
+        .ok()
+        .and_then(|t| t.parse::<f64>().ok())
+        .ok_or(CALL_FAILED)?;
+    visit(member, score)?;
+    Ok(true)
 }

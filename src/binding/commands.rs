@@ -5,7 +5,7 @@ use std::ffi::c_int;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Answer, Command, Sent, api, clock, entry, string_key, zset_key};
+use super::{Answer, Command, Sent, api, clock, entry, key};
 use crate::command::all;
 use crate::command::fixed_window::FixedWindow;
 use crate::command::gcra::Gcra;
@@ -20,7 +20,7 @@ use crate::pipeline::{AllReply, FieldsLimiter};
 // and peeks included; instead the module refuses with the same OOM error only the calls that would
 // write (`api::check_memory`).
 
-/// A limiter whose state is a few numbers in one string: the pipeline in `string_key`.
+/// A limiter whose state is a few numbers in one string (`crate::pipeline`).
 const fn fields_limiter<L: FieldsLimiter<N>, const N: usize>() -> Command {
     Command {
         descriptor: L::DESCRIPTOR,
@@ -39,7 +39,7 @@ pub const ALL: [Command; 8] = [
         descriptor: &sliding_log::DESCRIPTOR,
         handler: sliding_log_command,
     },
-    string_key::THROTTLE,
+    key::THROTTLE,
     Command {
         descriptor: &all::DESCRIPTOR,
         handler: all_command,
@@ -116,7 +116,7 @@ unsafe extern "C" fn fields_command<L: FieldsLimiter<N>, const N: usize>(
         argv,
         argc,
         L::DESCRIPTOR,
-        string_key::run_fields::<L, N>,
+        key::run_fields::<L, N>,
     )
 }
 
@@ -145,11 +145,11 @@ unsafe extern "C" fn all_command(
                 }),
             )));
         }
-        string_key::run_all(ctx, argv).map(AllAnswer::Decided)
+        key::run_all(ctx, argv).map(AllAnswer::Decided)
     })
 }
 
-/// `RL.SLIDINGLOG`: its state is a sorted set, handled by `zset_key`.
+/// `RL.SLIDINGLOG`: its state is a sorted set (`crate::zset_store`).
 unsafe extern "C" fn sliding_log_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
@@ -160,7 +160,7 @@ unsafe extern "C" fn sliding_log_command(
         argv,
         argc,
         &sliding_log::DESCRIPTOR,
-        zset_key::run_sliding_log,
+        key::run_sliding_log,
     )
 }
 

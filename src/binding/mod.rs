@@ -7,9 +7,8 @@ mod clock;
 mod commands;
 mod docs;
 mod info;
+mod key;
 mod required;
-mod string_key;
-mod zset_key;
 
 use std::ffi::{CString, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -12,12 +12,14 @@ use crate::command::descriptor::{Descriptor, Keys, arg, optional, repeated};
 use crate::command::fixed_window::FixedWindow;
 use crate::command::gcra::Gcra;
 use crate::command::leaky_bucket::LeakyBucket;
+use crate::command::sliding_log;
 use crate::command::sliding_window::SlidingWindow;
 use crate::command::token_bucket::TokenBucket;
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
 use crate::pipeline::{FieldsLimiter, Limit, LimitOf};
 use crate::stats::CommandStats;
+use crate::zset_store::LogLimit;
 
 pub const NAME: &CStr = c"RL.ALL";
 pub static STATS: CommandStats = CommandStats::new();
@@ -48,7 +50,7 @@ pub const MAX_LIMITS: usize = 16;
 pub const MIN_ARGS: usize = 5;
 const NUMKEYS: ErrorReply = ErrorReply(c"ERR numkeys must be an integer between 1 and 16");
 const UNKNOWN: ErrorReply = ErrorReply(
-    c"ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA",
+    c"ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG",
 );
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
@@ -90,7 +92,15 @@ pub const ALGORITHMS: &[Algorithm] = &[
     algorithm::<FixedWindow, 2>(),
     algorithm::<SlidingWindow, 3>(),
     algorithm::<Gcra, 1>(),
+    Algorithm {
+        descriptor: &sliding_log::DESCRIPTOR,
+        build: build_log,
+    },
 ];
+
+fn build_log(params: &[&[u8]], cost: &[u8]) -> Result<Box<dyn Limit>, ErrorReply> {
+    Ok(Box::new(LogLimit::parse(params, cost)?))
+}
 
 /// Positions (in the full argument vector, command name at 0) of the keys of a call, for cluster
 /// routing: `numkeys` at 1, the keys after it. Nothing when `numkeys` is not valid (the call
@@ -234,7 +244,7 @@ mod tests {
         assert_eq!(
             parse_str(&["1", "a", "BUCKET", "1", "1"]),
             Err(
-                "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA"
+                "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG"
             )
         );
         assert_eq!(

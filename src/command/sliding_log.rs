@@ -6,23 +6,21 @@ use std::ffi::CStr;
 use crate::args::{COST, IntegerArg};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
-use crate::core::{Reply, lua_integer, sliding_log};
-use crate::error::{ErrorReply, WRONGTYPE};
+use crate::core::{Operation, lua_integer, sliding_log};
+use crate::error::ErrorReply;
 use crate::number::{parse_decimal, parse_integer};
+use crate::pipeline::Request;
 use crate::stats::CommandStats;
 use crate::stored::MAX_TIMESTAMP_US;
-use crate::zset_store::{ZsetKind, ZsetStore, ZsetWrite};
 
-/// Largest `limit`: every admitted unit is one sorted-set member, and every call reads them all.
+/// Largest `limit`: every admitted unit is one sorted-set entry of about 120 bytes (see the
+/// README), so a full key of this limit holds about 12 MB, and one call adds at most this many.
 pub const MAX_LIMIT: f64 = 100_000.0;
 /// Longest window in seconds.
 pub const MAX_WINDOW_SECONDS: f64 = 1e10;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Args {
-    pub params: sliding_log::Params,
-    pub cost: i64,
-}
+/// A parsed call: the log's limit and window, and what the call asks (a cost of 0 is a peek).
+pub type SlidingLogRequest = Request<sliding_log::Params>;
 
 pub const NAME: &CStr = c"RL.SLIDINGLOG";
 pub static STATS: CommandStats = CommandStats::new();
@@ -32,14 +30,13 @@ pub const ARITY_ERROR: ErrorReply =
 
 pub const DESCRIPTOR: Descriptor = Descriptor {
     name: NAME,
-    // Not `fast`: a call reads every entry of the key (up to the limit bound). Not `deny-oom`,
-    // as for every limiter (see binding::commands).
-    flags: c"write",
+    // Not `deny-oom`, as for every limiter (see binding::commands).
+    flags: c"write fast",
     keys: Keys::One(1),
     arity: -4,
     summary:
         c"Sliding log: exactly at most limit in any window, one sorted-set entry per admitted unit",
-    complexity: c"O(N) where N is the number of entries in the key (at most limit)",
+    complexity: c"O(log N + cost) where N is the number of entries in the key (at most limit)",
     args: &[
         arg(c"key", Key),
         arg(c"limit", Integer),
@@ -47,8 +44,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
         COST_ARG,
     ],
     arity_error: ARITY_ERROR,
-    // The sliding log keeps a sorted set, which RL.ALL's limits of numbers cannot stand for.
-    all_keyword: None,
+    all_keyword: Some("SLIDINGLOG"),
     stats: &STATS,
 };
 const LIMIT: IntegerArg = IntegerArg {
@@ -68,7 +64,7 @@ pub const CORRUPT_MEMBER: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'");
 
 /// Arguments after the key.
-pub fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
+pub fn parse(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     let (limit, window, cost) = match args {
         [l, w] => (l, w, None),
         [l, w, c] => (l, w, Some(c)),
@@ -88,13 +84,13 @@ pub fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
         Some(raw) => COST.parse(raw)?,
         None => 1.0,
     };
-    Ok(Args {
+    Ok(Request {
         params: sliding_log::Params {
             limit: lua_integer(limit),
             window_ms,
             window_us: window_ms * 1000.0,
         },
-        cost: lua_integer(cost),
+        op: Operation::from_cost(cost),
     })
 }
 
@@ -120,36 +116,11 @@ pub fn check_entry(member: &[u8], score: f64) -> Result<(), ErrorReply> {
     }
 }
 
-/// Loads (and checks) every entry, decides, and stores for one call with parsed arguments.
-pub fn apply<S: ZsetStore>(store: &mut S, args: &Args, now_us: i64) -> Result<Reply, ErrorReply> {
-    let mut scores: Vec<f64> = Vec::new();
-    match store.kind()? {
-        ZsetKind::Empty => {}
-        ZsetKind::Other => return Err(WRONGTYPE),
-        ZsetKind::Zset => store.scan(&mut |member, score| {
-            check_entry(member, score)?;
-            scores.push(score);
-            Ok(())
-        })?,
-    }
-    let out = sliding_log::decide(&args.params, args.cost, now_us, &scores);
-    if let Some(w) = out.write {
-        store.write(&ZsetWrite {
-            trim_up_to: w.trim_up_to_us,
-            score: w.score_us,
-            first_index: w.first_index,
-            count: w.count,
-            expire_at_ms: w.expire_at_ms,
-        })?;
-    }
-    Ok(out.reply)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse_str(v: &[&str]) -> Result<Args, &'static str> {
+    fn parse_str(v: &[&str]) -> Result<SlidingLogRequest, &'static str> {
         let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
         parse(&raw).map_err(|e| e.message())
     }
@@ -162,10 +133,10 @@ mod tests {
             (a.params.window_ms, a.params.window_us),
             (1500.0, 1_500_000.0)
         );
-        assert_eq!(a.cost, 1);
+        assert_eq!(a.op, Operation::Consume(1.0));
         assert_eq!(
-            parse_str(&["10", "0.0005", "0"]).map(|a| (a.params.window_ms, a.cost)),
-            Ok((1.0, 0))
+            parse_str(&["10", "0.0005", "0"]).map(|a| (a.params.window_ms, a.op)),
+            Ok((1.0, Operation::Peek))
         );
         assert_eq!(
             parse_str(&["10", "1e10"]).map(|a| a.params.window_ms),
@@ -211,8 +182,8 @@ mod tests {
             Err("ERR cost must be between 0 and 1000000000000000")
         );
         assert_eq!(
-            parse_str(&["10", "1", "1000000000000000"]).map(|a| a.cost),
-            Ok(1_000_000_000_000_000)
+            parse_str(&["10", "1", "1000000000000000"]).map(|a| a.op),
+            Ok(Operation::Consume(1e15))
         );
     }
 

@@ -17,7 +17,7 @@ use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
 use crate::core::gcra;
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_i64};
-use crate::pipeline::{Slot, StringStore};
+use crate::pipeline::{Effect, Slot, Store};
 use crate::stats::CommandStats;
 
 pub const NAME: &CStr = c"CL.THROTTLE";
@@ -207,7 +207,7 @@ pub fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (ThrottleReply, Opt
 }
 
 /// Load -> decide -> store for one call whose arguments are already parsed.
-pub fn apply<S: StringStore + ?Sized>(
+pub fn apply<S: Store + ?Sized>(
     store: &mut S,
     args: &Args,
     now_us: i64,
@@ -215,7 +215,7 @@ pub fn apply<S: StringStore + ?Sized>(
     let prior = match store.read()? {
         Slot::Empty => None,
         // redis-cell's keys are strings; no earlier layout was a hash.
-        Slot::WrongType | Slot::Hash => return Err(WRONGTYPE),
+        Slot::WrongType | Slot::Hash | Slot::Zset => return Err(WRONGTYPE),
         Slot::Value(raw) => Some(decode(raw)?),
     };
     let (reply, write) = decide(args, now_us, prior);
@@ -233,7 +233,10 @@ pub fn apply<S: StringStore + ?Sized>(
                 late.as_bytes()
             }
         };
-        store.write(text, expire_at_ms)?;
+        store.apply(&Effect::Set {
+            value: text,
+            expire_at_ms,
+        })?;
     }
     Ok(reply)
 }

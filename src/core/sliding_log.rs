@@ -2,13 +2,18 @@
 //!
 //! Every admitted unit of cost is one entry (its time in microseconds). An entry at `s` counts
 //! while `now < s + window`. A call of cost `c` is admitted when the entries in the window plus
-//! `c` do not exceed `limit`. Denials and `cost 0` change nothing, not even old entries.
+//! `c` do not exceed `limit`. Denials and peeks change nothing, not even old entries.
+//!
+//! A call never reads every entry: it asks the stored log (`Log`) for a few counts and at most
+//! two entries, each of which a sorted set answers in O(log n): how many entries there are, how
+//! many are still in the window, the newest entry, how many share its score, and on a denial the
+//! entry whose departure makes room.
 //!
 //! Times are integer microseconds below 2^53 and the window is a whole number of milliseconds,
 //! so every comparison and every rounded-up millisecond below is exact in doubles, as in the Lua
 //! twin.
 
-use super::{Reply, lua_integer};
+use super::{Operation, Reply, lua_integer};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -16,6 +21,60 @@ pub struct Params {
     pub window_ms: f64,
     /// `window_ms * 1000`.
     pub window_us: f64,
+}
+
+/// What a call reads of the stored log. Ranks and counts are in the store's order (score
+/// ascending); a store checks each entry it returns.
+pub trait Log {
+    type Error;
+    /// Number of entries.
+    fn len(&self) -> Result<i64, Self::Error>;
+    /// Entries with a score above `score`.
+    fn count_above(&self, score: f64) -> Result<i64, Self::Error>;
+    /// Entries with exactly this score.
+    fn count_at(&self, score: f64) -> Result<i64, Self::Error>;
+    /// The score of the entry `rank` places before the newest (0 is the newest); `None` past the
+    /// oldest.
+    fn score_from_newest(&self, rank: i64) -> Result<Option<f64>, Self::Error>;
+}
+
+/// What a call knows of the log before deciding (all zero for a new key).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct View {
+    pub len: i64,
+    /// Entries still in the window.
+    pub in_window: i64,
+    pub newest: Option<f64>,
+    /// Entries at the newest score, when new entries would join them (the clock has not moved
+    /// past it); 0 otherwise.
+    pub tied: i64,
+}
+
+/// The first time that is outside the window at `now`: entries at or before it have left.
+pub fn window_start(params: &Params, now_us: i64) -> f64 {
+    now_us as f64 - params.window_us
+}
+
+/// Reads what every call needs: the newest entry first (the one entry every call checks), then
+/// the counts.
+pub fn view<L: Log>(params: &Params, now_us: i64, log: &L) -> Result<View, L::Error> {
+    let len = log.len()?;
+    if len == 0 {
+        return Ok(View::default());
+    }
+    let newest = log.score_from_newest(0)?;
+    let in_window = log.count_above(window_start(params, now_us))?;
+    let now = now_us as f64;
+    let tied = match newest {
+        Some(n) if n >= now => log.count_at(n)?,
+        _ => 0,
+    };
+    Ok(View {
+        len,
+        in_window,
+        newest,
+        tied,
+    })
 }
 
 /// What to store after an admitted call.
@@ -45,28 +104,25 @@ fn leaves_after_ms(params: &Params, score: f64, now: f64) -> f64 {
     ((score - now) / 1000.0).ceil() + params.window_ms
 }
 
-/// `scores`: every stored entry's score, ascending (empty for a new key).
-pub fn decide(params: &Params, cost: i64, now_us: i64, scores: &[f64]) -> Outcome {
+/// Decides one call from its view of the log; on a denial that can ever fit, it reads the one
+/// entry whose departure makes room.
+pub fn decide<L: Log>(
+    params: &Params,
+    op: Operation,
+    now_us: i64,
+    view: &View,
+    log: &L,
+) -> Result<Outcome, L::Error> {
     // Exact: times are integers below 2^53.
     let now = now_us as f64;
     let limit = params.limit;
-    // Entries are sorted, so the ones still in the window are a suffix.
-    let start = scores
-        .iter()
-        .position(|&s| s - now > -params.window_us)
-        .unwrap_or(scores.len());
-    let in_window = scores.get(start..).unwrap_or_default();
-    let count = i64::try_from(in_window.len()).unwrap_or(i64::MAX);
-    let newest = scores.last().copied();
+    let cost = lua_integer(op.units());
+    let count = view.in_window;
 
     // A clock that went backwards never places new entries before stored ones.
-    let t = match newest {
+    let t = match view.newest {
         Some(n) if n > now => n,
         _ => now,
-    };
-    let tied = match newest {
-        Some(n) if n == t => scores.iter().rev().take_while(|&&s| s == t).count(),
-        _ => 0,
     };
 
     let allowed = count + cost <= limit;
@@ -78,29 +134,26 @@ pub fn decide(params: &Params, cost: i64, now_us: i64, scores: &[f64]) -> Outcom
     } else if cost > limit {
         -1
     } else {
-        // Enough room once the k-th oldest entry in the window has left it.
-        let k = count + cost - limit;
-        usize::try_from(k - 1)
-            .ok()
-            .and_then(|i| in_window.get(i))
-            .map_or(-1, |&s| lua_integer(leaves_after_ms(params, s, now)))
+        // Enough room once the k-th oldest entry in the window has left it, k = count + cost -
+        // limit: the window's entries are the newest `count`, so that one is `limit - cost`
+        // places before the newest.
+        log.score_from_newest(limit - cost)?
+            .map_or(-1, |s| lua_integer(leaves_after_ms(params, s, now)))
     };
-    let reset_after_ms = if admits {
-        lua_integer(leaves_after_ms(params, t, now))
-    } else {
-        in_window
-            .last()
-            .map_or(0, |&s| lua_integer(leaves_after_ms(params, s, now)))
+    let reset_after_ms = match view.newest {
+        _ if admits => lua_integer(leaves_after_ms(params, t, now)),
+        Some(n) if count > 0 => lua_integer(leaves_after_ms(params, n, now)),
+        _ => 0,
     };
 
     let write = admits.then(|| Write {
-        trim_up_to_us: (start > 0).then_some(now - params.window_us),
+        trim_up_to_us: (view.len > count).then_some(window_start(params, now_us)),
         score_us: t,
-        first_index: i64::try_from(tied).unwrap_or(i64::MAX),
+        first_index: view.tied,
         count: cost,
         expire_at_ms: lua_integer((t / 1000.0).ceil() + params.window_ms),
     });
-    Outcome {
+    Ok(Outcome {
         reply: Reply {
             allowed,
             remaining,
@@ -109,7 +162,7 @@ pub fn decide(params: &Params, cost: i64, now_us: i64, scores: &[f64]) -> Outcom
             limit,
         },
         write,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -124,13 +177,41 @@ mod tests {
     };
     const T0: i64 = 1_700_000_000_000_000;
 
+    /// A log as a sorted list of scores, counting the entries each call reads.
+    struct Scores(Vec<f64>, std::cell::Cell<usize>);
+
+    impl Log for Scores {
+        type Error = ();
+        fn len(&self) -> Result<i64, ()> {
+            Ok(self.0.len() as i64)
+        }
+        fn count_above(&self, score: f64) -> Result<i64, ()> {
+            Ok(self.0.iter().filter(|&&s| s > score).count() as i64)
+        }
+        fn count_at(&self, score: f64) -> Result<i64, ()> {
+            Ok(self.0.iter().filter(|&&s| s == score).count() as i64)
+        }
+        fn score_from_newest(&self, rank: i64) -> Result<Option<f64>, ()> {
+            self.1.set(self.1.get() + 1);
+            let i = self.0.len() as i64 - 1 - rank;
+            Ok(usize::try_from(i).ok().and_then(|i| self.0.get(i)).copied())
+        }
+    }
+
+    fn call(scores: &[f64], p: &Params, cost: i64, now: i64) -> (Outcome, usize) {
+        let log = Scores(scores.to_vec(), Default::default());
+        let v = view(p, now, &log).unwrap();
+        let out = decide(p, Operation::from_cost(cost as f64), now, &v, &log).unwrap();
+        (out, log.1.get())
+    }
+
     /// Applies writes to a plain list of scores, the way the stores do.
     fn run(calls: &[(i64, i64)]) -> (Vec<[i64; 5]>, Vec<f64>) {
         let mut scores: Vec<f64> = Vec::new();
         let replies = calls
             .iter()
             .map(|&(now, cost)| {
-                let out = decide(&P, cost, now, &scores);
+                let (out, _) = call(&scores, &P, cost, now);
                 if let Some(w) = out.write {
                     if let Some(up_to) = w.trim_up_to_us {
                         scores.retain(|&s| s > up_to);
@@ -162,7 +243,7 @@ mod tests {
 
     #[test]
     fn exact_boundary_of_the_window() {
-        let (r, _) = run(&[(T0, 3), (T0 + 9_999_999, 1), (T0 + 10_000_000, 1)]);
+        let (r, scores) = run(&[(T0, 3), (T0 + 9_999_999, 1), (T0 + 10_000_000, 1)]);
         assert_eq!(
             r[1],
             [0, 0, 1, 1, 3],
@@ -173,6 +254,7 @@ mod tests {
             [1, 2, 0, 10_000, 3],
             "old entries left at exactly s + window"
         );
+        assert_eq!(scores, [(T0 + 10_000_000) as f64], "and were trimmed");
     }
 
     #[test]
@@ -194,20 +276,31 @@ mod tests {
     }
 
     #[test]
+    fn the_kth_oldest_is_found_among_expired_entries_too() {
+        // Two entries left the window, three remain: the 1st oldest in the window is 3rd stored.
+        let old = (T0 - 20_000_000) as f64;
+        let scores = [old, old, T0 as f64, (T0 + 1) as f64, (T0 + 2) as f64];
+        let (out, reads) = call(&scores, &P, 1, T0 + 5_000_000);
+        assert_eq!(out.reply.to_array(), [0, 0, 5_000, 5_001, 3]);
+        assert_eq!(reads, 2, "the newest and the decisive entry");
+    }
+
+    #[test]
     fn denial_and_peek_write_nothing_and_do_not_trim() {
         let scores = [(T0 - 20_000_000) as f64, T0 as f64, T0 as f64, T0 as f64];
-        let denied = decide(&P, 1, T0, &scores);
+        let (denied, _) = call(&scores, &P, 1, T0);
         assert_eq!(denied.reply.to_array(), [0, 0, 10_000, 10_000, 3]);
         assert_eq!(denied.write, None);
-        let peek = decide(&P, 0, T0 + 10_000_000, &scores);
+        let (peek, reads) = call(&scores, &P, 0, T0 + 10_000_000);
         assert_eq!(peek.reply.to_array(), [1, 3, 0, 0, 3]);
         assert_eq!(peek.write, None);
+        assert_eq!(reads, 1, "an admitted call reads only the newest entry");
     }
 
     #[test]
     fn admitted_call_trims_and_numbers_members_after_ties() {
         let old = (T0 - 20_000_000) as f64;
-        let out = decide(&P, 2, T0, &[old, T0 as f64]);
+        let (out, _) = call(&[old, T0 as f64], &P, 2, T0);
         assert_eq!(out.reply.to_array(), [1, 0, 0, 10_000, 3]);
         assert_eq!(
             out.write,
@@ -224,7 +317,7 @@ mod tests {
     #[test]
     fn clock_going_backwards_stacks_on_the_newest_entry() {
         let newest = (T0 + 5_000_000) as f64;
-        let out = decide(&P, 1, T0, &[newest]);
+        let (out, _) = call(&[newest], &P, 1, T0);
         let w = out.write.expect("admitted");
         assert_eq!((w.score_us, w.first_index), (newest, 1));
         assert_eq!(out.reply.to_array(), [1, 1, 0, 15_000, 3]);
@@ -236,14 +329,14 @@ mod tests {
         let scores = [T0 as f64; 3];
         let p = Params { limit: 2, ..P };
         assert_eq!(
-            decide(&p, 1, T0, &scores).reply.to_array(),
+            call(&scores, &p, 1, T0).0.reply.to_array(),
             [0, 0, 10_000, 10_000, 2]
         );
     }
 
     #[test]
     fn expiry_rounds_up_to_the_millisecond_after_the_newest_leaves() {
-        let out = decide(&P, 1, T0 + 1, &[]);
+        let (out, _) = call(&[], &P, 1, T0 + 1);
         assert_eq!(
             out.write.map(|w| w.expire_at_ms),
             Some(T0 / 1000 + 1 + 10_000)

@@ -15,8 +15,9 @@ use std::rc::Rc;
 use mlua::{Function, Lua, Table, Value as LuaValue};
 use redis_rate_limiter::error::{ErrorReply, WRONGTYPE};
 use redis_rate_limiter::number::g17_string;
-use redis_rate_limiter::pipeline::{FieldName, Slot, StringStore};
-use redis_rate_limiter::zset_store::{EntryVisitor, ZsetKind, ZsetStore, ZsetWrite, member_name};
+use redis_rate_limiter::pipeline::{
+    Effect, Entries, EntryVisitor, FieldName, Slot, Store, member_name,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Data {
@@ -171,7 +172,9 @@ impl Keyspace {
                 );
                 Reply::Status("OK".into())
             }
-            "ZADD" | "ZRANGE" | "ZREMRANGEBYSCORE" | "ZCARD" => self.zset_command(&name, argv),
+            "ZADD" | "ZRANGE" | "ZREMRANGEBYSCORE" | "ZCARD" | "ZCOUNT" => {
+                self.zset_command(&name, argv)
+            }
             other => Reply::Error(format!("ERR unknown command '{other}' in the test shim")),
         }
     }
@@ -445,14 +448,9 @@ impl<'a> SharedKey<'a> {
     }
 }
 
-impl StringStore for SharedKey<'_> {
+impl Store for SharedKey<'_> {
     fn read(&self) -> Result<Slot<'_>, ErrorReply> {
-        Ok(match &self.opened {
-            None => Slot::Empty,
-            Some(Data::Str(v)) => Slot::Value(v),
-            Some(Data::Hash(_)) => Slot::Hash,
-            Some(Data::Zset(_)) => Slot::WrongType,
-        })
+        Ok(slot(self.opened.as_ref()))
     }
 
     fn legacy_fields(
@@ -464,15 +462,64 @@ impl StringStore for SharedKey<'_> {
         Ok(())
     }
 
-    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
-        StringStore::write(
-            &mut MemoryKey {
-                space: &mut self.space.borrow_mut(),
-                key: self.key.clone(),
-            },
-            value,
-            expire_at_ms,
-        )
+    fn zset_len(&self) -> Result<i64, ErrorReply> {
+        Ok(zset_of(self.opened.as_ref()).len() as i64)
+    }
+
+    fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply> {
+        Ok(count_in(zset_of(self.opened.as_ref()), min, min_inclusive, max))
+    }
+
+    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply> {
+        from_last(zset_of(self.opened.as_ref()), rank, visit)
+    }
+
+    fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
+        MemoryKey {
+            space: &mut self.space.borrow_mut(),
+            key: self.key.clone(),
+        }
+        .apply(effect)
+    }
+}
+
+/// What a stored value is, as a limiter reads it.
+fn slot(data: Option<&Data>) -> Slot<'_> {
+    match data {
+        None => Slot::Empty,
+        Some(Data::Str(v)) => Slot::Value(v),
+        Some(Data::Hash(_)) => Slot::Hash,
+        Some(Data::Zset(_)) => Slot::Zset,
+    }
+}
+
+/// The entries of a sorted set (none for any other value).
+fn zset_of(data: Option<&Data>) -> &[(f64, Vec<u8>)] {
+    match data {
+        Some(Data::Zset(z)) => z,
+        _ => &[],
+    }
+}
+
+/// Entries with `min < score <= max` (`min <=` when inclusive): the set is sorted by score.
+fn count_in(z: &[(f64, Vec<u8>)], min: f64, min_inclusive: bool, max: f64) -> i64 {
+    let from = z.partition_point(|(s, _)| if min_inclusive { *s < min } else { *s <= min });
+    let to = z.partition_point(|(s, _)| *s <= max);
+    to.saturating_sub(from) as i64
+}
+
+fn from_last(
+    z: &[(f64, Vec<u8>)],
+    rank: i64,
+    visit: &mut EntryVisitor<'_>,
+) -> Result<bool, ErrorReply> {
+    let i = z.len() as i64 - 1 - rank;
+    match usize::try_from(i).ok().and_then(|i| z.get(i)) {
+        Some((score, member)) if rank >= 0 => {
+            visit(member, *score)?;
+            Ok(true)
+        }
+        _ => Ok(false),
     }
 }
 
@@ -518,17 +565,47 @@ impl LuaTwin {
     }
 }
 
-impl StringStore for MemoryKey<'_> {
-    fn read(&self) -> Result<Slot<'_>, ErrorReply> {
+impl MemoryKey<'_> {
+    fn live(&self) -> Option<&Data> {
         let now = self.space.now_ms();
-        Ok(match self.space.keys.get(&self.key) {
-            Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match &e.data {
-                Data::Str(v) => Slot::Value(v),
-                Data::Hash(_) => Slot::Hash,
-                Data::Zset(_) => Slot::WrongType,
-            },
-            _ => Slot::Empty,
-        })
+        match self.space.keys.get(&self.key) {
+            Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => Some(&e.data),
+            _ => None,
+        }
+    }
+
+    /// Trims, then adds the entries with `ZADD` (as the replicated commands do), then sets the
+    /// expiry.
+    fn append(&mut self, e: &Entries, expire_at_ms: i64) -> Result<(), ErrorReply> {
+        if let (Some(up_to), Some(Data::Zset(z))) = (
+            e.trim_up_to,
+            self.space.keys.get_mut(&self.key).map(|e| &mut e.data),
+        ) {
+            z.retain(|(s, _)| *s > up_to);
+            if z.is_empty() {
+                self.space.keys.remove(&self.key);
+            }
+        }
+        let mut name = Vec::new();
+        let mut argv = vec![b"ZADD".to_vec(), self.key.clone()];
+        for i in e.first_index..e.first_index + e.count {
+            member_name(e.score, i, &mut name);
+            argv.push(g17_string(e.score).into_bytes());
+            argv.push(name.clone());
+        }
+        if let Reply::Error(_) = self.space.command(&argv) {
+            return Err(WRONGTYPE);
+        }
+        if let Some(entry) = self.space.keys.get_mut(&self.key) {
+            entry.expire_at_ms = Some(expire_at_ms);
+        }
+        Ok(())
+    }
+}
+
+impl Store for MemoryKey<'_> {
+    fn read(&self) -> Result<Slot<'_>, ErrorReply> {
+        Ok(slot(self.live()))
     }
 
     fn legacy_fields(
@@ -536,19 +613,42 @@ impl StringStore for MemoryKey<'_> {
         names: &[&'static FieldName],
         out: &mut [Option<Vec<u8>>],
     ) -> Result<(), ErrorReply> {
-        hash_fields(self.space.keys.get(&self.key).map(|e| &e.data), names, out);
+        hash_fields(self.live(), names, out);
         Ok(())
     }
 
-    fn write(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
-        self.space.keys.insert(
-            self.key.clone(),
-            Entry {
-                data: Data::Str(value.to_vec()),
-                expire_at_ms: Some(expire_at_ms),
-            },
-        );
-        Ok(())
+    fn zset_len(&self) -> Result<i64, ErrorReply> {
+        Ok(zset_of(self.live()).len() as i64)
+    }
+
+    fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply> {
+        Ok(count_in(zset_of(self.live()), min, min_inclusive, max))
+    }
+
+    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply> {
+        from_last(zset_of(self.live()), rank, visit)
+    }
+
+    fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
+        match effect {
+            Effect::Set {
+                value,
+                expire_at_ms,
+            } => {
+                self.space.keys.insert(
+                    self.key.clone(),
+                    Entry {
+                        data: Data::Str(value.to_vec()),
+                        expire_at_ms: Some(*expire_at_ms),
+                    },
+                );
+                Ok(())
+            }
+            Effect::Append {
+                entries,
+                expire_at_ms,
+            } => self.append(entries, *expire_at_ms),
+        }
     }
 }
 
@@ -589,7 +689,7 @@ impl Keyspace {
         }
     }
 
-    /// `ZADD key score member ...`, `ZRANGE key start stop [WITHSCORES]`,
+    /// `ZADD key score member ...`, `ZRANGE key start stop [REV] [WITHSCORES]`, `ZCOUNT key min max`,
     /// `ZREMRANGEBYSCORE key min max`, `ZCARD key`, with Redis's replies.
     fn zset_command(&mut self, name: &str, argv: &[Vec<u8>]) -> Reply {
         let key = argv.get(1).cloned().unwrap_or_default();
@@ -646,9 +746,11 @@ impl Keyspace {
                         .expect("ZRANGE index")
                 };
                 let (start, stop) = (int(2), int(3));
-                let with_scores = argv
-                    .get(4)
-                    .is_some_and(|a| a.eq_ignore_ascii_case(b"withscores"));
+                let option = |name: &[u8]| {
+                    argv.get(4..)
+                        .is_some_and(|o| o.iter().any(|a| a.eq_ignore_ascii_case(name)))
+                };
+                let (with_scores, rev) = (option(b"withscores"), option(b"rev"));
                 let z = match self.zset_mut(&key) {
                     Err(e) => return e,
                     Ok(None) => return Reply::Array(Vec::new()),
@@ -659,7 +761,13 @@ impl Keyspace {
                 let (from, to) = (norm(start), norm(stop).min(len - 1));
                 let mut out = Vec::new();
                 if from <= to {
-                    for (score, member) in &z[from as usize..=to as usize] {
+                    // REV counts ranks from the last entry and lists them last first.
+                    let picked: Vec<&(f64, Vec<u8>)> = if rev {
+                        z.iter().rev().skip(from as usize).take((to - from + 1) as usize).collect()
+                    } else {
+                        z[from as usize..=to as usize].iter().collect()
+                    };
+                    for (score, member) in picked {
                         out.push(Reply::Bulk(member.clone()));
                         if with_scores {
                             out.push(Reply::Bulk(g17_string(*score).into_bytes()));
@@ -667,6 +775,26 @@ impl Keyspace {
                     }
                 }
                 Reply::Array(out)
+            }
+            "ZCOUNT" => {
+                let (Some((min, min_ex)), Some((max, max_ex))) = (
+                    argv.get(2).and_then(|b| parse_bound(b)),
+                    argv.get(3).and_then(|b| parse_bound(b)),
+                ) else {
+                    return Reply::Error("ERR min or max is not a float".to_string());
+                };
+                match self.zset_mut(&key) {
+                    Err(e) => e,
+                    Ok(None) => Reply::Int(0),
+                    Ok(Some(z)) => Reply::Int(
+                        z.iter()
+                            .filter(|(s, _)| {
+                                (if min_ex { *s > min } else { *s >= min })
+                                    && (if max_ex { *s < max } else { *s <= max })
+                            })
+                            .count() as i64,
+                    ),
+                }
             }
             "ZREMRANGEBYSCORE" => {
                 let (Some((min, min_ex)), Some((max, max_ex))) = (
@@ -694,50 +822,5 @@ impl Keyspace {
             }
             _ => syntax(),
         }
-    }
-}
-
-impl ZsetStore for MemoryKey<'_> {
-    fn kind(&self) -> Result<ZsetKind, ErrorReply> {
-        let now = self.space.now_ms();
-        Ok(match self.space.keys.get(&self.key) {
-            Some(e) if e.expire_at_ms.is_none_or(|at| now <= at) => match e.data {
-                Data::Zset(_) => ZsetKind::Zset,
-                _ => ZsetKind::Other,
-            },
-            _ => ZsetKind::Empty,
-        })
-    }
-
-    fn scan(&self, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
-        if let Some(Data::Zset(z)) = self.space.keys.get(&self.key).map(|e| &e.data) {
-            for (score, member) in z {
-                visit(member, *score)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn write(&mut self, w: &ZsetWrite) -> Result<(), ErrorReply> {
-        let mut name = Vec::new();
-        let mut argv = vec![b"ZADD".to_vec(), self.key.clone()];
-        for i in w.first_index..w.first_index + w.count {
-            member_name(w.score, i, &mut name);
-            argv.push(g17_string(w.score).into_bytes());
-            argv.push(name.clone());
-        }
-        if let Reply::Error(_) = self.space.command(&argv) {
-            return Err(WRONGTYPE);
-        }
-        if let (Some(Data::Zset(z)), Some(up_to)) = (
-            self.space.keys.get_mut(&self.key).map(|e| &mut e.data),
-            w.trim_up_to,
-        ) {
-            z.retain(|(s, _)| *s > up_to);
-        }
-        if let Some(e) = self.space.keys.get_mut(&self.key) {
-            e.expire_at_ms = Some(w.expire_at_ms);
-        }
-        Ok(())
     }
 }

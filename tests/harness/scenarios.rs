@@ -216,7 +216,13 @@ pub fn all_limit_spec() -> impl Strategy<Value = Vec<String>> {
         "LEAKYBUCKET",
         "LeakyBucket",
     ]);
-    let window = prop::sample::select(vec!["FIXEDWINDOW", "SLIDINGWINDOW", "slidingwindow"]);
+    let window = prop::sample::select(vec![
+        "FIXEDWINDOW",
+        "SLIDINGWINDOW",
+        "slidingwindow",
+        "SLIDINGLOG",
+        "SlidingLog",
+    ]);
     let quarter = |r: u32| (f64::from(r) / 4.0).to_string();
     prop_oneof![
         6 => (bucket.clone(), 1u64..20, 1u32..100).prop_map(move |(k, c, r)| vec![k.to_string(), c.to_string(), quarter(r)]),
@@ -487,6 +493,33 @@ pub fn sliding_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value 
             .prop_map(|(dt_us, args, corrupt)| LogStep {
                 dt_us,
                 args,
+                corrupt,
+            });
+        prop::collection::vec(step, len.clone())
+    })
+}
+
+/// `RL.SLIDINGLOG` on logs of up to 100,000 entries: large limits, calls that add tens of
+/// thousands of entries at one instant, small calls and peeks between them, and now and then a
+/// corruption.
+pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<LogStep>> {
+    let limit = prop::sample::select(vec!["100000", "99990", "50000"]);
+    let window = prop::sample::select(vec!["3600", "20", "5"]);
+    (limit, window).prop_flat_map(move |(limit, window)| {
+        let cost = prop_oneof![
+            2 => 10_000u64..=50_000,
+            4 => 0u64..4,
+            1 => 90_000u64..=100_000,
+            1 => 50u64..200,
+        ];
+        let step = (
+            time_step(),
+            cost,
+            prop::option::weighted(0.05, log_corruption()),
+        )
+            .prop_map(move |(dt_us, cost, corrupt)| LogStep {
+                dt_us,
+                args: vec![limit.to_string(), window.to_string(), cost.to_string()],
                 corrupt,
             });
         prop::collection::vec(step, len.clone())

@@ -1,0 +1,387 @@
+//! The Redis side of every limiter's key: one key opened once, read through the module key API
+//! (a string without a copy, a sorted set by counts and single entries), and written by one
+//! applier of `pipeline::Effect` that changes the key, propagates exactly the effect and signals
+//! it. A hash of the earlier layout is read field by field and replaced by the string on its next
+//! write.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+
+use redis_module::raw::{RedisModuleCtx, RedisModuleString};
+
+use super::api::{self, KeyKind, OpenKey, TempString};
+use super::{Answer, Command, clock, entry};
+use crate::command::throttle::{self, ThrottleReply};
+use crate::command::{all, sliding_log};
+use crate::core::Reply;
+use crate::error::ErrorReply;
+use crate::number::{G17_MAX_LEN, format_g17};
+use crate::pipeline::{
+    self, AllReply, Effect, Entries, EntryVisitor, FieldName, FieldsLimiter, Slot, Store,
+    member_name,
+};
+use crate::zset_store;
+
+/// A sorted-set read walks at most this many entries from either end; past that it asks Redis
+/// (`ZCOUNT`, `ZREVRANGE`), which answers in O(log n) where a walk would be O(n).
+const WALK: i64 = 32;
+
+struct RedisKey {
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    key: OpenKey,
+}
+
+impl RedisKey {
+    fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Result<Self, ErrorReply> {
+        Ok(Self {
+            ctx,
+            name,
+            key: OpenKey::open(ctx, name)?,
+        })
+    }
+
+    fn set(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
+        // A busy key's value often keeps its length from call to call: written in place it
+        // keeps the key and its expiry, which is then set only if it moves. Any other value
+        // replaces the key's, of whatever type (SET semantics: the expiry goes, and is set anew).
+        let in_place =
+            self.key.kind()? == KeyKind::String && self.key.string_overwrite_same_length(value)?;
+        // A replaced value has no expiry left, so only an in-place write needs to look it up.
+        let expiry_moved = if in_place {
+            self.key.abs_expire()? != Some(expire_at_ms)
+        } else {
+            let fresh = TempString::new(self.ctx, value)?;
+            self.key.string_set(fresh.as_ptr())?;
+            true
+        };
+        if expiry_moved {
+            self.key.set_abs_expire(expire_at_ms)?;
+        }
+        api::replicate_set_pxat(self.ctx, self.name, value, expire_at_ms)?;
+        api::signal_string_write(self.ctx, self.name)
+    }
+
+    fn append(&mut self, e: &Entries, expire_at_ms: i64) -> Result<(), ErrorReply> {
+        // Trim first, then add, as the replicated commands do: a set emptied by the trim is
+        // deleted and created anew, so the encoding Redis picks (listpack or skiplist) is the
+        // one a replica or the Lua twin ends up with too.
+        let trim = match e.trim_up_to {
+            Some(up_to) => {
+                let mut old = Vec::new();
+                self.key.zset_range(f64::NEG_INFINITY, up_to, &mut |m, _| {
+                    old.push(m);
+                    Ok(())
+                })?;
+                for m in &old {
+                    self.key.zset_rem(m.as_ptr())?;
+                }
+                Some(score_string(self.ctx, up_to)?)
+            }
+            None => None,
+        };
+        let score = score_string(self.ctx, e.score)?;
+        // ZADD's argument vector: score member score member ...
+        let capacity = usize::try_from(e.count).unwrap_or(0);
+        let mut members: Vec<TempString> = Vec::with_capacity(capacity);
+        let mut zadd: Vec<*mut RedisModuleString> = Vec::with_capacity(capacity * 2);
+        let mut name = Vec::new();
+        for i in e.first_index..e.first_index.saturating_add(e.count) {
+            member_name(e.score, i, &mut name);
+            let member = TempString::new(self.ctx, &name)?;
+            self.key.zset_add(e.score, member.as_ptr())?;
+            zadd.push(score.as_ptr());
+            zadd.push(member.as_ptr());
+            members.push(member);
+        }
+        // Checked after the writes: a trim that empties the set deletes the key and its expiry.
+        // An unchanged expiry is neither set nor propagated again (replicas already have it).
+        let expiry_moved = self.key.abs_expire()? != Some(expire_at_ms);
+        if expiry_moved {
+            self.key.set_abs_expire(expire_at_ms)?;
+        }
+        if let Some(up_to) = &trim {
+            let low = TempString::new(self.ctx, b"-inf")?;
+            api::replicate_key_command(
+                self.ctx,
+                c"ZREMRANGEBYSCORE",
+                self.name,
+                &[low.as_ptr(), up_to.as_ptr()],
+            )?;
+        }
+        api::replicate_key_command(self.ctx, c"ZADD", self.name, &zadd)?;
+        if expiry_moved {
+            api::replicate_pexpireat(self.ctx, self.name, expire_at_ms)?;
+        }
+        api::signal_zset_write(self.ctx, self.name, trim.is_some())
+    }
+}
+
+/// A score as `%.17g`; scores here are integers, which every server prints as their digits.
+fn score_string(ctx: *mut RedisModuleCtx, score: f64) -> Result<TempString, ErrorReply> {
+    let mut buf = [0u8; G17_MAX_LEN];
+    let len = format_g17(score, &mut buf);
+    TempString::new(ctx, buf.get(..len).unwrap_or_default())
+}
+
+/// A score bound as `ZCOUNT` reads it: `(x` when exclusive.
+fn bound(score: f64, exclusive: bool, out: &mut [u8; G17_MAX_LEN + 1]) -> &[u8] {
+    let (prefix, rest) = out.split_at_mut(1);
+    let mut digits = [0u8; G17_MAX_LEN];
+    let len = if score == f64::INFINITY {
+        digits[..4].copy_from_slice(b"+inf");
+        4
+    } else {
+        format_g17(score, &mut digits)
+    };
+    if let (Some(dest), Some(src)) = (rest.get_mut(..len), digits.get(..len)) {
+        dest.copy_from_slice(src);
+    }
+    if exclusive {
+        prefix[0] = b'(';
+        out.get(..len + 1).unwrap_or_default()
+    } else {
+        out.get(1..len + 1).unwrap_or_default()
+    }
+}
+
+/// A field name of the earlier layout as a Redis string, created on first use and kept for the
+/// module's life.
+fn field_string(field: &'static FieldName) -> Result<*mut RedisModuleString, ErrorReply> {
+    let cached = field.handle.load(Ordering::Relaxed);
+    if !cached.is_null() {
+        return Ok(cached.cast());
+    }
+    let s = api::unmanaged_string(field.name.to_bytes())?;
+    field.handle.store(s.cast::<c_void>(), Ordering::Relaxed);
+    Ok(s)
+}
+
+impl Store for RedisKey {
+    fn read(&self) -> Result<Slot<'_>, ErrorReply> {
+        Ok(match self.key.kind()? {
+            KeyKind::Empty => Slot::Empty,
+            KeyKind::Hash => Slot::Hash,
+            KeyKind::Zset => Slot::Zset,
+            KeyKind::String => Slot::Value(self.key.string_bytes()?),
+            KeyKind::Other => Slot::WrongType,
+        })
+    }
+
+    fn legacy_fields(
+        &self,
+        names: &[&'static FieldName],
+        out: &mut [Option<Vec<u8>>],
+    ) -> Result<(), ErrorReply> {
+        for (slot, field) in out.iter_mut().zip(names) {
+            *slot = self
+                .key
+                .hash_get(field_string(field)?)?
+                .map(|v| v.as_ref().to_vec());
+        }
+        Ok(())
+    }
+
+    fn zset_len(&self) -> Result<i64, ErrorReply> {
+        if self.key.kind()? != KeyKind::Zset {
+            return Ok(0);
+        }
+        self.key.zset_len()
+    }
+
+    fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply> {
+        let len = self.zset_len()?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let below = |s: f64| if min_inclusive { s < min } else { s <= min };
+        let mut steps = 0i64;
+        let mut counted = 0i64;
+        let mut ended = false;
+        // Walk from the end the range is at: from the first entry past those below it (a range
+        // open to the top), or from the last over those in it.
+        let past_end = if max == f64::INFINITY {
+            self.key
+                .zset_walk(false, f64::NEG_INFINITY, f64::INFINITY, &mut |_, s| {
+                    if !below(s) {
+                        ended = true;
+                        return Ok(false);
+                    }
+                    steps += 1;
+                    Ok(steps < WALK)
+                })?
+        } else {
+            self.key
+                .zset_walk(true, f64::NEG_INFINITY, f64::INFINITY, &mut |_, s| {
+                    if below(s) {
+                        ended = true;
+                        return Ok(false);
+                    }
+                    if s <= max {
+                        counted += 1;
+                    }
+                    steps += 1;
+                    Ok(steps < WALK)
+                })?
+        };
+        if ended || past_end {
+            return Ok(if max == f64::INFINITY {
+                len - steps
+            } else {
+                counted
+            });
+        }
+        let (mut low, mut high) = ([0u8; G17_MAX_LEN + 1], [0u8; G17_MAX_LEN + 1]);
+        api::call_zcount(
+            self.ctx,
+            self.name,
+            bound(min, !min_inclusive, &mut low),
+            bound(max, false, &mut high),
+        )
+    }
+
+    fn zset_from_last(
+        &self,
+        rank: i64,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<bool, ErrorReply> {
+        let len = self.zset_len()?;
+        if rank < 0 || rank >= len {
+            return Ok(false);
+        }
+        // The nearer end, if it is near: `rank` back from the last, or `len - 1 - rank` on from
+        // the first.
+        let from_first = len - 1 - rank;
+        let (from_last, mut skip) = if rank < WALK {
+            (true, rank)
+        } else if from_first < WALK {
+            (false, from_first)
+        } else {
+            return api::call_zrevrange_one(self.ctx, self.name, rank, visit);
+        };
+        let mut found = false;
+        self.key
+            .zset_walk(from_last, f64::NEG_INFINITY, f64::INFINITY, &mut |m, s| {
+                if skip > 0 {
+                    skip -= 1;
+                    return Ok(true);
+                }
+                found = true;
+                visit(m.as_ref(), s)?;
+                Ok(false)
+            })?;
+        Ok(found)
+    }
+
+    fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
+        api::check_memory(self.ctx)?;
+        match effect {
+            Effect::Set {
+                value,
+                expire_at_ms,
+            } => self.set(value, *expire_at_ms),
+            Effect::Append {
+                entries,
+                expire_at_ms,
+            } => self.append(entries, *expire_at_ms),
+        }
+    }
+}
+
+/// The key and the arguments after it, as bytes; `M` is the most arguments a command takes.
+fn key_and_args<const M: usize>(
+    argv: &[*mut RedisModuleString],
+    arity: ErrorReply,
+) -> Result<(*mut RedisModuleString, [&[u8]; M], usize), ErrorReply> {
+    let [_, name, rest @ ..] = argv else {
+        return Err(arity);
+    };
+    let mut raw_args: [&[u8]; M] = [&[]; M];
+    if rest.len() > M {
+        return Err(arity);
+    }
+    for (slot, arg) in raw_args.iter_mut().zip(rest) {
+        // SAFETY: argv strings live for the whole call and are not modified.
+        *slot = unsafe { api::string_bytes(*arg) };
+    }
+    Ok((*name, raw_args, rest.len()))
+}
+
+/// Runs one call of a limiter whose state is a few numbers. `argv[0]` is the command name,
+/// `argv[1]` the key.
+pub fn run_fields<L: FieldsLimiter<N>, const N: usize>(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, ErrorReply> {
+    let (name, raw_args, n) = key_and_args::<8>(argv, L::DESCRIPTOR.arity_error)?;
+    let args = L::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut store = RedisKey::open(ctx, name)?;
+    pipeline::apply::<L, _, N>(&mut store, &args, clock::now_us())
+}
+
+/// Runs one `RL.SLIDINGLOG` call.
+pub fn run_sliding_log(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, ErrorReply> {
+    let (name, raw_args, n) = key_and_args::<3>(argv, sliding_log::ARITY_ERROR)?;
+    let request = sliding_log::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut store = RedisKey::open(ctx, name)?;
+    zset_store::apply(&mut store, &request, clock::now_us())
+}
+
+/// Runs one `RL.ALL` call: every key opened once, all decided at one instant.
+pub fn run_all(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<AllReply, ErrorReply> {
+    let rest = argv.get(1..).unwrap_or_default();
+    let bytes: Vec<&[u8]> = rest
+        .iter()
+        // SAFETY: argv strings live for the whole call and are not modified.
+        .map(|s| unsafe { api::string_bytes(*s) })
+        .collect();
+    let mut call = all::parse(&bytes)?;
+    // Key names as Redis strings: argv[2 ..= 1 + numkeys].
+    let names = argv.get(2..2 + call.keys.len()).ok_or(all::ARITY)?;
+    let mut keys = Vec::with_capacity(names.len());
+    for name in names {
+        keys.push(RedisKey::open(ctx, *name)?);
+    }
+    let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
+    pipeline::apply_all(&mut call.limits, &mut stores, clock::now_us())
+}
+
+/// Runs one `CL.THROTTLE` call.
+fn run_throttle(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<ThrottleReply, ErrorReply> {
+    let (name, raw_args, n) = key_and_args::<4>(argv, throttle::ARITY_ERROR)?;
+    let args = throttle::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut store = RedisKey::open(ctx, name)?;
+    throttle::apply(&mut store, &args, clock::now_us())
+}
+
+unsafe extern "C" fn throttle_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    entry(ctx, argv, argc, &throttle::DESCRIPTOR, run_throttle)
+}
+
+pub const THROTTLE: Command = Command {
+    descriptor: &throttle::DESCRIPTOR,
+    handler: throttle_command,
+};
+
+/// `[limited, limit, remaining, retry_after_s, reset_after_s]`, redis-cell's reply.
+impl Answer for ThrottleReply {
+    fn decision(&self) -> Option<bool> {
+        Some(!self.limited)
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        api::reply_integers(ctx, &self.to_array())
+    }
+}
