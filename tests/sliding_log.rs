@@ -271,7 +271,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["100", "100:-1"], member_err),
         (&["100", "+100:0"], member_err),
         (&["100", "100"], member_err),
-        // A good entry first does not hide a bad one later.
+        // The newest entry is checked on every call, whatever is before it.
         (&["1", &ok, "2", "2:x"], member_err),
     ];
     for (i, (entries, expected)) in corrupt.iter().enumerate() {
@@ -374,5 +374,75 @@ fn the_largest_limit_fits_in_one_call_on_both_paths() {
     assert_eq!(
         denied,
         cmd(&mut c, &["EVALSHA", &sha, "1", "big:l", "100000", "60"])
+    );
+}
+
+/// Calls of `command` in `INFO commandstats` (0 before the first).
+fn calls_of(c: &mut redis::Connection, command: &str) -> i64 {
+    let stat = info_field(c, "commandstats", &format!("cmdstat_{command}"));
+    stat.split(',')
+        .find_map(|kv| kv.strip_prefix("calls="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn reads_far_from_both_ends_ask_the_sorted_set_index() {
+    // A call walks at most 32 entries from either end of the set; past that it counts and
+    // finds entries with ZCOUNT and ZREVRANGE, which Redis answers in O(log n).
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    let t0 = future();
+    set_clock(&mut c, t0);
+    assert_eq!(sl(&mut c, "k", &["1000", "10", "600"]), [1, 400, 0, 10_000, 1000]);
+    let (zcount, zrevrange) = (calls_of(&mut c, "zcount"), calls_of(&mut c, "zrevrange"));
+
+    // 600 entries at one instant: a call at that instant numbers its entries after all 600.
+    assert_eq!(sl(&mut c, "k", &["1000", "10", "1"]), [1, 399, 0, 10_000, 1000]);
+    let t = t0.to_string();
+    let score: Option<String> = redis::cmd("ZSCORE")
+        .arg("k")
+        .arg(format!("{t}:600"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(score, Some(t.clone()));
+    assert_eq!(calls_of(&mut c, "zcount"), zcount + 1, "the tie count");
+
+    // 1 s later, 500 entries are 100 too many: the one that must leave is 500th from the newest
+    // and 101st from the oldest.
+    advance_clock(&mut c, 1_000_000);
+    set_clock(&mut c, t0 + 1_000_000);
+    assert_eq!(sl(&mut c, "k", &["1000", "10", "500"]), [0, 399, 9_000, 9_000, 1000]);
+    assert_eq!(calls_of(&mut c, "zrevrange"), zrevrange + 1, "the decisive entry");
+
+    // After the window, all 601 entries have left but a peek trims nothing: counting what is
+    // still in the window asks ZCOUNT.
+    set_clock(&mut c, t0 + 10_000_000);
+    assert_eq!(sl(&mut c, "k", &["1000", "10", "0"]), [1, 1000, 0, 0, 1000]);
+    assert_eq!(calls_of(&mut c, "zcount"), zcount + 2, "the window count");
+    let len: i64 = redis::cmd("ZCARD").arg("k").query(&mut c).unwrap();
+    assert_eq!(len, 601, "a peek trims nothing");
+    // An admitted call trims them all.
+    assert_eq!(sl(&mut c, "k", &["1000", "10", "1"]), [1, 999, 0, 10_000, 1000]);
+    let len: i64 = redis::cmd("ZCARD").arg("k").query(&mut c).unwrap();
+    assert_eq!(len, 1);
+}
+
+#[test]
+fn entries_between_the_newest_and_the_decisive_one_are_counted_unread() {
+    // A call reads the newest entry, and on a denial the one whose departure makes room; a
+    // corrupt entry elsewhere is counted by its score and not reported.
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    let now = future();
+    set_clock(&mut c, now);
+    let t = now.to_string();
+    // "0x" sorts before every member of the form "<score>:<n>" at its score.
+    cmd(&mut c, &["ZADD", "k", &t, "0x", &t, &format!("{t}:9")]).unwrap();
+    assert_eq!(sl(&mut c, "k", &["3", "10"]), [1, 0, 0, 10_000, 3]);
+    assert_eq!(
+        cmd(&mut c, &[SL, "k", "3", "10"]),
+        Err("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'".into()),
+        "a denial reads the oldest of the window: the corrupt one"
     );
 }
