@@ -19,7 +19,10 @@ CL.THROTTLE runs with the same arguments and keys as ours, in the same rounds, n
 floor on that server, and its CPU per call is divided by ours.
 
 Usage: python3 benches/server_bench.py [--module PATH] [--redis-cell PATH] [--quick]
-                                       [--rounds N] [--budget SECONDS]
+                                       [--rounds N] [--budget SECONDS] [--log-sizes-only]
+
+It also times RL.SLIDINGLOG and its twin on a key holding 10 entries and one holding 99,000,
+admitted and denied (pipelined calls on a seeded key, INFO commandstats per call).
 """
 
 from __future__ import annotations
@@ -394,6 +397,77 @@ def measure_memory(
     return rows
 
 
+# Sorted-set sizes of the sliding-log rows: a call must cost about the same on both.
+LOG_SIZES = [10, 99_000]
+LOG_COMMAND = "RL.SLIDINGLOG"
+LOG_WINDOW = "3600"
+
+
+def seed_log(server: Server, key: str, size: int) -> None:
+    """`size` well-formed entries in the last 2 seconds, one per microsecond step, all in the
+    window."""
+    base = int(time.time() * 1_000_000) - 1_000_000
+    step = max(1, 2_000_000 // size)
+    commands = []
+    for start in range(0, size, 1000):
+        args = ["ZADD", key]
+        for i in range(start, min(size, start + 1000)):
+            score = base - i * step
+            args += [str(score), f"{score}:0"]
+        commands.append(resp(args))
+    text = server.cli("--pipe", stdin=b"".join(commands), check=False)
+    if f"replies: {len(commands)}" not in text or "errors: 0" not in text:
+        raise SystemExit(f"seeding a log of {size} failed: {text}")
+
+
+def log_call_usec(server: Server, head: list[str], stat: str, size: int, admit: bool, calls: int
+                  ) -> float:
+    """Server µs per call on a key seeded with `size` entries: admitted calls (limit above the
+    size, so every call adds an entry) or denials (limit equal to the size)."""
+    server.cli("FLUSHALL")
+    seed_log(server, "log", size)
+    limit = str(size + calls + 10) if admit else str(size)
+    payload = b"".join(resp(head + ["log", limit, LOG_WINDOW]) for _ in range(calls))
+    server.cli("CONFIG", "RESETSTAT")
+    text = server.cli("--pipe", stdin=payload, check=False)
+    if f"replies: {calls}" not in text:
+        raise SystemExit(f"{' '.join(head)} on a log of {size}: {text}")
+    n, usec, failed = command_stats(server, stat)
+    first = server.cli(*head, "log", limit, LOG_WINDOW).split()[:1]
+    expected = ["1"] if admit else ["0"]
+    if failed or n != calls or first != expected:
+        raise SystemExit(f"{' '.join(head)} on a log of {size}: {n} calls, {failed} failed, {first}")
+    return usec / n
+
+
+def log_size_table(server: Server, shas: dict[str, str], rounds: int) -> list[str]:
+    """RL.SLIDINGLOG and its twin on a key of 10 entries and one of 99,000, admitted and
+    denied: medians over rounds, and the ratio of the large key to the small one."""
+    if not server.has_command(LOG_COMMAND):
+        return []
+    paths = [("module", [LOG_COMMAND], LOG_COMMAND.lower())]
+    if LOG_COMMAND in shas:
+        paths.append(("Lua twin", ["EVALSHA", shas[LOG_COMMAND], "1"], "evalsha"))
+    lines = [
+        f"| {LOG_COMMAND} | calls | " + " | ".join(f"{n:,} entries µs/call" for n in LOG_SIZES)
+        + f" | {LOG_SIZES[-1]:,} ÷ {LOG_SIZES[0]:,} |",
+        "|---|---|" + "---:|" * (len(LOG_SIZES) + 1),
+    ]
+    for name, head, stat in paths:
+        for admit, calls in [(True, 200), (False, 2000)]:
+            usec = {
+                size: statistics.median(
+                    log_call_usec(server, head, stat, size, admit, calls) for _ in range(rounds)
+                )
+                for size in LOG_SIZES
+            }
+            kind = f"admitted (+{calls} entries)" if admit else "denied"
+            cells = " | ".join(f"{usec[n]:.2f}" for n in LOG_SIZES)
+            ratio = usec[LOG_SIZES[-1]] / usec[LOG_SIZES[0]]
+            lines.append(f"| {name} | {kind} | {cells} | {ratio:.1f}× |")
+    return lines
+
+
 def settled_used_memory(server: Server) -> int:
     """used_memory once it stops moving: right after many inserts the keyspace tables may be
     halfway through an incremental rehash, holding both the old and the new bucket arrays."""
@@ -504,6 +578,11 @@ def main() -> int:
     ap.add_argument("--memory-keys", type=int, default=100_000, help="keys per memory measurement")
     ap.add_argument("--quick", action="store_true", help="3 short rounds and 20,000 memory keys")
     ap.add_argument("--criterion-dir", type=Path, help="also tabulate criterion results found here")
+    ap.add_argument(
+        "--log-sizes-only",
+        action="store_true",
+        help=f"only the {LOG_COMMAND} rows on a small and a large key",
+    )
     opts = ap.parse_args()
     if opts.quick:
         opts.rounds, opts.budget, opts.memory_keys = 3, 20.0, 20_000
@@ -537,6 +616,13 @@ def main() -> int:
                 (Path(tmp) / "redis-cell").mkdir()
                 cell = Server(cell_module, Path(tmp) / "redis-cell", server_pin)
             server.wait_ready()
+            if opts.log_sizes_only:
+                shas = {}
+                script = LUA_DIR / "sliding_log.lua"
+                if script.is_file():
+                    shas[LOG_COMMAND] = server.cli("-x", "SCRIPT", "LOAD", stdin=script.read_bytes())
+                print("\n".join(log_size_table(server, shas, opts.rounds)))
+                return 0
             cases, shas, notes = build_cases(server)
             for note in notes:
                 print(f"note: {note}", file=sys.stderr)
@@ -560,6 +646,7 @@ def main() -> int:
                     case.usec.append(usec)
                     case.rps.append(rps)
 
+            log_sizes = log_size_table(server, shas, max(opts.rounds, 5))
             memory = measure_memory(server, cases, shas, opts.memory_keys, cell)
         finally:
             server.stop()
@@ -567,6 +654,8 @@ def main() -> int:
                 cell.stop()
 
     lines = render(cases, memory)
+    if log_sizes:
+        lines += [""] + log_sizes
     if opts.criterion_dir:
         core = criterion_table(opts.criterion_dir)
         if core:

@@ -117,8 +117,8 @@ local sliding_log = {
   -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory.
   MAX_LIMIT = 100000,
   MAX_WINDOW_SECONDS = 1e10,
-  -- Members per ZADD call: unpack() has a small limit on results.
-  ZADD_BATCH = 500,
+  -- Members per ZADD call: unpack() returns fewer than 8000 results (Lua's C stack limit).
+  ZADD_BATCH = 2000,
 }
 
 function sliding_log.parse(argv)

@@ -90,8 +90,7 @@ pub trait Store {
     fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply>;
     /// Visits the entry `rank` places before the last one in Redis order (score, then member
     /// bytes): 0 is the last. `false` when there is no such entry.
-    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>)
-    -> Result<bool, ErrorReply>;
+    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply>;
     /// Applies the effect and propagates exactly it; refuses (changing nothing) when the
     /// server is out of memory.
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply>;

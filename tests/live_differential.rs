@@ -478,7 +478,11 @@ fn sliding_log_module_and_evalsha_agree_on_logs_of_100_000_entries() {
                 i
             );
         }
-        prop_assert_eq!(zset_bytes(c, &ours), zset_bytes(c, &theirs), "entries at the end");
+        prop_assert_eq!(
+            zset_bytes(c, &ours),
+            zset_bytes(c, &theirs),
+            "entries at the end"
+        );
         cmd(c, &["DEL", &ours, &theirs]).unwrap();
         steps_run.set(steps_run.get() + steps.len());
         Ok(())
@@ -491,6 +495,14 @@ fn sliding_log_module_and_evalsha_agree_on_logs_of_100_000_entries() {
         steps_run.get(),
         largest.get()
     );
-    assert!(steps_run.get() >= 75, "only {} calls compared", steps_run.get());
-    assert!(largest.get() >= 90_000, "the largest log held {} entries", largest.get());
+    assert!(
+        steps_run.get() >= 75,
+        "only {} calls compared",
+        steps_run.get()
+    );
+    assert!(
+        largest.get() >= 90_000,
+        "the largest log held {} entries",
+        largest.get()
+    );
 }

@@ -394,11 +394,17 @@ fn reads_far_from_both_ends_ask_the_sorted_set_index() {
     let mut c = s.connect();
     let t0 = future();
     set_clock(&mut c, t0);
-    assert_eq!(sl(&mut c, "k", &["1000", "10", "600"]), [1, 400, 0, 10_000, 1000]);
+    assert_eq!(
+        sl(&mut c, "k", &["1000", "10", "600"]),
+        [1, 400, 0, 10_000, 1000]
+    );
     let (zcount, zrevrange) = (calls_of(&mut c, "zcount"), calls_of(&mut c, "zrevrange"));
 
     // 600 entries at one instant: a call at that instant numbers its entries after all 600.
-    assert_eq!(sl(&mut c, "k", &["1000", "10", "1"]), [1, 399, 0, 10_000, 1000]);
+    assert_eq!(
+        sl(&mut c, "k", &["1000", "10", "1"]),
+        [1, 399, 0, 10_000, 1000]
+    );
     let t = t0.to_string();
     let score: Option<String> = redis::cmd("ZSCORE")
         .arg("k")
@@ -412,8 +418,15 @@ fn reads_far_from_both_ends_ask_the_sorted_set_index() {
     // and 101st from the oldest.
     advance_clock(&mut c, 1_000_000);
     set_clock(&mut c, t0 + 1_000_000);
-    assert_eq!(sl(&mut c, "k", &["1000", "10", "500"]), [0, 399, 9_000, 9_000, 1000]);
-    assert_eq!(calls_of(&mut c, "zrevrange"), zrevrange + 1, "the decisive entry");
+    assert_eq!(
+        sl(&mut c, "k", &["1000", "10", "500"]),
+        [0, 399, 9_000, 9_000, 1000]
+    );
+    assert_eq!(
+        calls_of(&mut c, "zrevrange"),
+        zrevrange + 1,
+        "the decisive entry"
+    );
 
     // After the window, all 601 entries have left but a peek trims nothing: counting what is
     // still in the window asks ZCOUNT.
@@ -423,7 +436,10 @@ fn reads_far_from_both_ends_ask_the_sorted_set_index() {
     let len: i64 = redis::cmd("ZCARD").arg("k").query(&mut c).unwrap();
     assert_eq!(len, 601, "a peek trims nothing");
     // An admitted call trims them all.
-    assert_eq!(sl(&mut c, "k", &["1000", "10", "1"]), [1, 999, 0, 10_000, 1000]);
+    assert_eq!(
+        sl(&mut c, "k", &["1000", "10", "1"]),
+        [1, 999, 0, 10_000, 1000]
+    );
     let len: i64 = redis::cmd("ZCARD").arg("k").query(&mut c).unwrap();
     assert_eq!(len, 1);
 }

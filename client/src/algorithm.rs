@@ -58,11 +58,6 @@ impl Algorithm {
         }
     }
 
-    /// Whether `RL.ALL` (and `all.lua`) accept this algorithm.
-    pub fn combinable(&self) -> bool {
-        !matches!(self, Algorithm::SlidingLog { .. })
-    }
-
     /// The parameters after the key, without the cost.
     pub fn params(&self) -> Vec<String> {
         match *self {

@@ -543,11 +543,6 @@ where
         if limits.is_empty() || limits.len() > 16 {
             return Err(Error::Unsupported("between 1 and 16 limits per call"));
         }
-        if limits.iter().any(|(_, a)| !a.combinable()) {
-            return Err(Error::Unsupported(
-                "RL.SLIDINGLOG cannot be combined with other limits",
-            ));
-        }
         match self.guarded(self.call_all(limits, cost)).await {
             Ok(((allowed, denied_by, decisions), mode)) => Ok(MultiOutcome {
                 allowed,

@@ -131,6 +131,13 @@ async fn several_limits_at_once_agree_in_both_modes() {
                     window_sec: 1.0,
                 },
             ),
+            (
+                format!("{{{p}}}:log"),
+                Algorithm::SlidingLog {
+                    limit: 5,
+                    window_sec: 10.0,
+                },
+            ),
         ]
     };
     let mut outcomes: Vec<MultiOutcome> = Vec::new();
@@ -163,6 +170,14 @@ async fn several_limits_at_once_agree_in_both_modes() {
                 retry_after_ms: 0,
                 reset_after_ms: 1_000,
                 limit: 100
+            },
+            // Three entries from the admitted calls; nothing was taken by the fourth.
+            Decision {
+                allowed: true,
+                remaining: 2,
+                retry_after_ms: 0,
+                reset_after_ms: 10_000,
+                limit: 5
             },
         ]
     );

@@ -111,13 +111,7 @@ unsafe extern "C" fn fields_command<L: FieldsLimiter<N>, const N: usize>(
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    entry(
-        ctx,
-        argv,
-        argc,
-        L::DESCRIPTOR,
-        key::run_fields::<L, N>,
-    )
+    entry(ctx, argv, argc, L::DESCRIPTOR, key::run_fields::<L, N>)
 }
 
 unsafe extern "C" fn test_clock_command(

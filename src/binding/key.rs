@@ -240,11 +240,7 @@ impl Store for RedisKey {
         )
     }
 
-    fn zset_from_last(
-        &self,
-        rank: i64,
-        visit: &mut EntryVisitor<'_>,
-    ) -> Result<bool, ErrorReply> {
+    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply> {
         let len = self.zset_len()?;
         if rank < 0 || rank >= len {
             return Ok(false);

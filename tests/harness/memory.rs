@@ -467,7 +467,12 @@ impl Store for SharedKey<'_> {
     }
 
     fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply> {
-        Ok(count_in(zset_of(self.opened.as_ref()), min, min_inclusive, max))
+        Ok(count_in(
+            zset_of(self.opened.as_ref()),
+            min,
+            min_inclusive,
+            max,
+        ))
     }
 
     fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply> {
@@ -731,8 +736,18 @@ impl Keyspace {
                 }
                 let before = z.len();
                 z.retain(|(_, m)| !latest.contains_key(m));
-                z.extend(latest.into_iter().map(|(m, s)| (s, m)));
-                z.sort_by(zset_order);
+                let mut added: Vec<(f64, Vec<u8>)> =
+                    latest.into_iter().map(|(m, s)| (s, m)).collect();
+                added.sort_by(zset_order);
+                // New entries after every stored one (a log's usual write) need no merge.
+                let after_all = match (z.last(), added.first()) {
+                    (Some(last), Some(first)) => zset_order(last, first).is_lt(),
+                    _ => true,
+                };
+                z.extend(added);
+                if !after_all {
+                    z.sort_by(zset_order);
+                }
                 Reply::Int((z.len() - before) as i64)
             }
             "ZCARD" => match self.zset_mut(&key) {
@@ -763,7 +778,11 @@ impl Keyspace {
                 if from <= to {
                     // REV counts ranks from the last entry and lists them last first.
                     let picked: Vec<&(f64, Vec<u8>)> = if rev {
-                        z.iter().rev().skip(from as usize).take((to - from + 1) as usize).collect()
+                        z.iter()
+                            .rev()
+                            .skip(from as usize)
+                            .take((to - from + 1) as usize)
+                            .collect()
                     } else {
                         z[from as usize..=to as usize].iter().collect()
                     };

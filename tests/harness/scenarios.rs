@@ -499,19 +499,20 @@ pub fn sliding_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value 
     })
 }
 
-/// `RL.SLIDINGLOG` on logs of up to 100,000 entries: large limits, calls that add tens of
-/// thousands of entries at one instant, small calls and peeks between them, and now and then a
-/// corruption.
+/// `RL.SLIDINGLOG` on logs of up to 100,000 entries: a first call that adds 90,000 or more, then
+/// calls that add tens of thousands at one instant, small calls and peeks between them, and now
+/// and then a corruption.
 pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<LogStep>> {
-    let limit = prop::sample::select(vec!["100000", "99990", "50000"]);
+    let limit = prop::sample::select(vec!["100000", "99990"]);
     let window = prop::sample::select(vec!["3600", "20", "5"]);
-    (limit, window).prop_flat_map(move |(limit, window)| {
+    (limit, window, 90_000u64..=100_000).prop_flat_map(move |(limit, window, first)| {
         let cost = prop_oneof![
             2 => 10_000u64..=50_000,
             4 => 0u64..4,
             1 => 90_000u64..=100_000,
             1 => 50u64..200,
         ];
+        let args = move |cost: u64| vec![limit.to_string(), window.to_string(), cost.to_string()];
         let step = (
             time_step(),
             cost,
@@ -519,9 +520,18 @@ pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = 
         )
             .prop_map(move |(dt_us, cost, corrupt)| LogStep {
                 dt_us,
-                args: vec![limit.to_string(), window.to_string(), cost.to_string()],
+                args: args(cost),
                 corrupt,
             });
-        prop::collection::vec(step, len.clone())
+        let opening = LogStep {
+            dt_us: 0,
+            args: args(first),
+            corrupt: None,
+        };
+        prop::collection::vec(step, len.clone()).prop_map(move |rest| {
+            let mut steps = vec![opening.clone()];
+            steps.extend(rest);
+            steps
+        })
     })
 }
