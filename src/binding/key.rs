@@ -248,12 +248,12 @@ impl Store for RedisKey {
         // The nearer end, if it is near: `rank` back from the last, or `len - 1 - rank` on from
         // the first.
         let from_first = len - 1 - rank;
-        let (from_last, mut skip) = if rank < WALK {
-            (true, rank)
-        } else if from_first < WALK {
-            (false, from_first)
-        } else {
+        let (from_last, mut skip) = if rank.min(from_first) >= WALK {
             return api::call_zrevrange_one(self.ctx, self.name, rank, visit);
+        } else if rank <= from_first {
+            (true, rank)
+        } else {
+            (false, from_first)
         };
         let mut found = false;
         self.key
