@@ -16,7 +16,7 @@ struct StoredLog<'a, S: Store + ?Sized>(&'a S);
 impl<S: Store + ?Sized> Log for StoredLog<'_, S> {
     type Error = ErrorReply;
 
-    fn len(&self) -> Result<i64, ErrorReply> {
+    fn entries(&self) -> Result<i64, ErrorReply> {
         self.0.zset_len()
     }
 

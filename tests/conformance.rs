@@ -377,3 +377,72 @@ fn two_hundred_racing_clients_admit_exactly_the_limit() {
         assert_eq!(admitted, 10, "{}", case.command);
     }
 }
+
+#[test]
+fn keyspace_events_name_the_write_and_the_expiry_only_when_it_moved() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    cmd(&mut c, &["CONFIG", "SET", "notify-keyspace-events", "KEA"]).unwrap();
+    let mut sub = s.connect();
+    let mut events = sub.as_pubsub();
+    events.psubscribe("__keyspace@0__:*").unwrap();
+    events.subscribe("step").unwrap();
+    // The events of one call: everything published before a marker sent after it.
+    let mut events_of = |c: &mut Connection, argv: &[String]| -> Vec<String> {
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let reply = cmd(c, &argv);
+        cmd(c, &["PUBLISH", "step", "end"]).unwrap();
+        let mut seen = Vec::new();
+        loop {
+            let m = events.get_message().unwrap();
+            if m.get_channel_name() == "step" {
+                return seen;
+            }
+            seen.push(m.get_payload::<String>().unwrap());
+            assert!(reply.is_ok(), "{argv:?}: {reply:?}");
+        }
+    };
+    let mut moved_and_not = (0, 0);
+    for case in CASES {
+        let write = if case.kind == "zset" { "zadd" } else { "set" };
+        let key = format!("{}:events", case.command);
+        let first = case.argv(&key, case.ten, None);
+        assert_eq!(
+            events_of(&mut c, &first),
+            [write, "expire"],
+            "{}",
+            case.command
+        );
+        // At the same instant the expiry moves for some limiters and not for others.
+        let before = pexpiretime(&mut c, &key);
+        let seen = events_of(&mut c, &first);
+        if pexpiretime(&mut c, &key) == before {
+            moved_and_not.1 += 1;
+            assert_eq!(seen, [write], "{}: unmoved expiry", case.command);
+        } else {
+            moved_and_not.0 += 1;
+            assert_eq!(seen, [write, "expire"], "{}", case.command);
+        }
+        let peek = case.argv(&key, case.ten, Some("0"));
+        assert_eq!(
+            events_of(&mut c, &peek),
+            Vec::<String>::new(),
+            "{} peek",
+            case.command
+        );
+        let full = format!("{}:full", case.command);
+        events_of(&mut c, &case.argv(&full, case.one, None));
+        let denied = case.argv(&full, case.one, None);
+        assert_eq!(
+            events_of(&mut c, &denied),
+            Vec::<String>::new(),
+            "{} denial",
+            case.command
+        );
+    }
+    assert!(
+        moved_and_not.0 > 0 && moved_and_not.1 > 0,
+        "{moved_and_not:?}"
+    );
+}

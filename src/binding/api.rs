@@ -372,10 +372,11 @@ pub fn replicate_set_pxat(
 }
 
 /// Tells WATCH, client-side caching and keyspace-notification subscribers that a string was set
-/// with an expiry, as `SET ... PXAT` would.
+/// (`set`), and given a new expiry (`expire`, only when it moved).
 pub fn signal_string_write(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
+    expiry_moved: bool,
 ) -> Result<(), ErrorReply> {
     let signal = api!(RedisModule_SignalModifiedKey)?;
     let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
@@ -383,12 +384,14 @@ pub fn signal_string_write(
     unsafe {
         signal(ctx, key);
         notify(ctx, raw::REDISMODULE_NOTIFY_STRING, c"set".as_ptr(), key);
-        notify(
-            ctx,
-            raw::REDISMODULE_NOTIFY_GENERIC,
-            c"expire".as_ptr(),
-            key,
-        );
+        if expiry_moved {
+            notify(
+                ctx,
+                raw::REDISMODULE_NOTIFY_GENERIC,
+                c"expire".as_ptr(),
+                key,
+            );
+        }
     }
     Ok(())
 }
@@ -513,11 +516,13 @@ pub fn replicate_key_command(
 }
 
 /// Tells WATCH, client-side caching and keyspace-notification subscribers that a sorted set was
-/// written (and maybe trimmed) and given an expiry, as the replicated commands would.
+/// trimmed (`zremrangebyscore`, when it was), added to (`zadd`) and given a new expiry (`expire`,
+/// only when it moved), as the replicated commands would.
 pub fn signal_zset_write(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
     trimmed: bool,
+    expiry_moved: bool,
 ) -> Result<(), ErrorReply> {
     let signal = api!(RedisModule_SignalModifiedKey)?;
     let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
@@ -533,12 +538,14 @@ pub fn signal_zset_write(
             );
         }
         notify(ctx, raw::REDISMODULE_NOTIFY_ZSET, c"zadd".as_ptr(), key);
-        notify(
-            ctx,
-            raw::REDISMODULE_NOTIFY_GENERIC,
-            c"expire".as_ptr(),
-            key,
-        );
+        if expiry_moved {
+            notify(
+                ctx,
+                raw::REDISMODULE_NOTIFY_GENERIC,
+                c"expire".as_ptr(),
+                key,
+            );
+        }
     }
     Ok(())
 }
@@ -636,7 +643,7 @@ pub fn call_zrevrange_one(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
     rank: i64,
-    visit: &mut dyn FnMut(&[u8], f64) -> Result<(), ErrorReply>,
+    visit: &mut crate::pipeline::EntryVisitor<'_>,
 ) -> Result<bool, ErrorReply> {
     let call = api!(RedisModule_Call)?;
     // SAFETY: format "sllc": a key string, two long longs and a C string.

@@ -59,7 +59,7 @@ impl RedisKey {
             self.key.set_abs_expire(expire_at_ms)?;
         }
         api::replicate_set_pxat(self.ctx, self.name, value, expire_at_ms)?;
-        api::signal_string_write(self.ctx, self.name)
+        api::signal_string_write(self.ctx, self.name, expiry_moved)
     }
 
     fn append(&mut self, e: &Entries, expire_at_ms: i64) -> Result<(), ErrorReply> {
@@ -113,7 +113,7 @@ impl RedisKey {
         if expiry_moved {
             api::replicate_pexpireat(self.ctx, self.name, expire_at_ms)?;
         }
-        api::signal_zset_write(self.ctx, self.name, trim.is_some())
+        api::signal_zset_write(self.ctx, self.name, trim.is_some(), expiry_moved)
     }
 }
 

@@ -28,7 +28,7 @@ pub struct Params {
 pub trait Log {
     type Error;
     /// Number of entries.
-    fn len(&self) -> Result<i64, Self::Error>;
+    fn entries(&self) -> Result<i64, Self::Error>;
     /// Entries with a score above `score`.
     fn count_above(&self, score: f64) -> Result<i64, Self::Error>;
     /// Entries with exactly this score.
@@ -58,7 +58,7 @@ pub fn window_start(params: &Params, now_us: i64) -> f64 {
 /// Reads what every call needs: the newest entry first (the one entry every call checks), then
 /// the counts.
 pub fn view<L: Log>(params: &Params, now_us: i64, log: &L) -> Result<View, L::Error> {
-    let len = log.len()?;
+    let len = log.entries()?;
     if len == 0 {
         return Ok(View::default());
     }
@@ -182,7 +182,7 @@ mod tests {
 
     impl Log for Scores {
         type Error = ();
-        fn len(&self) -> Result<i64, ()> {
+        fn entries(&self) -> Result<i64, ()> {
             Ok(self.0.len() as i64)
         }
         fn count_above(&self, score: f64) -> Result<i64, ()> {
