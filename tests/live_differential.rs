@@ -7,7 +7,7 @@ mod harness;
 use std::cell::{Cell, RefCell};
 
 use harness::scenarios::{ALL_FIELDS, AllStep, Corruption, Step, all_sequence};
-use harness::scenarios::{LogCorruption, large_log_sequence, sliding_log_sequence};
+use harness::scenarios::{LogCorruption, LogStep, large_log_sequence, sliding_log_sequence};
 use harness::scenarios::{corrupted_value, legacy_pairs, token_bucket_sequence};
 use harness::scenarios::{gcra_sequence, throttle_sequence};
 use harness::zset_bytes;
@@ -350,8 +350,16 @@ fn corrupt_log(c: &mut Connection, key: &str, now: i64, corruption: &LogCorrupti
     let _ = r;
 }
 
-#[test]
-fn sliding_log_module_and_evalsha_agree_on_a_live_server() {
+/// Generated `RL.SLIDINGLOG` sequences through the module and its twin on one live server, on keys
+/// `<prefix>m:<case>` and `<prefix>l:<case>`: replies, entries and expiry compared after every
+/// call (a large log by its length and both ends, and in full at the end of the case). Returns the
+/// calls compared and the most entries a log held.
+fn live_log_differential(
+    strategy: impl Strategy<Value = Vec<LogStep>>,
+    cases: u32,
+    prefix: &str,
+    large: bool,
+) -> (usize, i64) {
     let server = Server::with_test_clock();
     let mut c = server.connect();
     let sha: String = redis::cmd("SCRIPT")
@@ -363,15 +371,16 @@ fn sliding_log_module_and_evalsha_agree_on_a_live_server() {
     // Far enough ahead of the real clock that no absolute expiry is ever in the real past.
     let start = now_us() + 86_400_000_000;
     let case = Cell::new(0usize);
-    let steps_run = Cell::new(0usize);
+    let (steps_run, largest) = (Cell::new(0usize), Cell::new(0i64));
     let mut runner = TestRunner::new(Config {
-        cases: 170,
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
-    let result = runner.run(&sliding_log_sequence(20..150), |steps| {
+    let result = runner.run(&strategy, |steps| {
         case.set(case.get() + 1);
-        let (ours, theirs) = (format!("m:{}", case.get()), format!("l:{}", case.get()));
+        let ours = format!("{prefix}m:{}", case.get());
+        let theirs = format!("{prefix}l:{}", case.get());
         let mut c = conn.borrow_mut();
         let c = &mut *c;
         let mut now = start;
@@ -390,12 +399,18 @@ fn sliding_log_module_and_evalsha_agree_on_a_live_server() {
             let a = call(c, &module_call);
             let b = call(c, &script_call);
             prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
-            prop_assert_eq!(
-                zset_bytes(c, &ours),
-                zset_bytes(c, &theirs),
-                "entries after step {}",
-                i
-            );
+            let ends = zset_ends(c, &ours);
+            largest.set(largest.get().max(ends.0));
+            if large {
+                prop_assert_eq!(&ends, &zset_ends(c, &theirs), "entries after step {}", i);
+            } else {
+                prop_assert_eq!(
+                    zset_bytes(c, &ours),
+                    zset_bytes(c, &theirs),
+                    "entries after step {}",
+                    i
+                );
+            }
             prop_assert_eq!(
                 pexpiretime(c, &ours),
                 pexpiretime(c, &theirs),
@@ -403,13 +418,24 @@ fn sliding_log_module_and_evalsha_agree_on_a_live_server() {
                 i
             );
         }
+        prop_assert_eq!(
+            zset_bytes(c, &ours),
+            zset_bytes(c, &theirs),
+            "entries at the end"
+        );
+        cmd(c, &["DEL", &ours, &theirs]).unwrap();
         steps_run.set(steps_run.get() + steps.len());
         Ok(())
     });
     if let Err(e) = result {
         panic!("RL.SLIDINGLOG and sliding_log.lua differ on a live server: {e}");
     }
-    let steps = steps_run.get();
+    (steps_run.get(), largest.get())
+}
+
+#[test]
+fn sliding_log_module_and_evalsha_agree_on_a_live_server() {
+    let (steps, _) = live_log_differential(sliding_log_sequence(20..150), 170, "", false);
     println!("sliding log: {steps} live calls compared");
     assert!(steps >= 10_000, "only {steps} calls compared");
 }
@@ -431,78 +457,8 @@ fn zset_ends(c: &mut Connection, key: &str) -> (i64, Vec<Vec<u8>>, Vec<Vec<u8>>)
 
 #[test]
 fn sliding_log_module_and_evalsha_agree_on_logs_of_100_000_entries() {
-    let server = Server::with_test_clock();
-    let mut c = server.connect();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(lua_script("sliding_log.lua"))
-        .query(&mut c)
-        .unwrap();
-    let conn = RefCell::new(c);
-    let start = now_us() + 86_400_000_000;
-    let case = Cell::new(0usize);
-    let (steps_run, largest) = (Cell::new(0usize), Cell::new(0i64));
-    let mut runner = TestRunner::new(Config {
-        cases: 5,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&large_log_sequence(15..30), |steps| {
-        case.set(case.get() + 1);
-        let (ours, theirs) = (format!("bm:{}", case.get()), format!("bl:{}", case.get()));
-        let mut c = conn.borrow_mut();
-        let c = &mut *c;
-        let mut now = start;
-        for (i, step) in steps.iter().enumerate() {
-            now = (now + step.dt_us).max(start);
-            set_clock(c, now);
-            if let Some(k) = &step.corrupt {
-                corrupt_log(c, &ours, now, k);
-                corrupt_log(c, &theirs, now, k);
-            }
-            let mut module_call: Vec<&[u8]> = vec![b"RL.SLIDINGLOG", ours.as_bytes()];
-            module_call.extend(step.args.iter().map(|a| a.as_bytes()));
-            let mut script_call: Vec<&[u8]> =
-                vec![b"EVALSHA", sha.as_bytes(), b"1", theirs.as_bytes()];
-            script_call.extend(step.args.iter().map(|a| a.as_bytes()));
-            let a = call(c, &module_call);
-            let b = call(c, &script_call);
-            prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
-            let ends = zset_ends(c, &ours);
-            largest.set(largest.get().max(ends.0));
-            prop_assert_eq!(&ends, &zset_ends(c, &theirs), "entries after step {}", i);
-            prop_assert_eq!(
-                pexpiretime(c, &ours),
-                pexpiretime(c, &theirs),
-                "expiry after step {}",
-                i
-            );
-        }
-        prop_assert_eq!(
-            zset_bytes(c, &ours),
-            zset_bytes(c, &theirs),
-            "entries at the end"
-        );
-        cmd(c, &["DEL", &ours, &theirs]).unwrap();
-        steps_run.set(steps_run.get() + steps.len());
-        Ok(())
-    });
-    if let Err(e) = result {
-        panic!("RL.SLIDINGLOG and sliding_log.lua differ on a large log: {e}");
-    }
-    println!(
-        "large sliding logs: {} live calls compared, up to {} entries",
-        steps_run.get(),
-        largest.get()
-    );
-    assert!(
-        steps_run.get() >= 75,
-        "only {} calls compared",
-        steps_run.get()
-    );
-    assert!(
-        largest.get() >= 90_000,
-        "the largest log held {} entries",
-        largest.get()
-    );
+    let (steps, largest) = live_log_differential(large_log_sequence(15..30), 5, "big", true);
+    println!("large sliding logs: {steps} live calls compared, up to {largest} entries");
+    assert!(steps >= 75, "only {steps} calls compared");
+    assert!(largest >= 90_000, "the largest log held {largest} entries");
 }
