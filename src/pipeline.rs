@@ -216,6 +216,24 @@ fn store_write<S: Store + ?Sized, const N: usize>(
     })
 }
 
+/// Opens the key of a call once its arguments have parsed (a call with bad arguments never
+/// touches its key).
+pub trait OpenStore {
+    fn open(&mut self) -> Result<&mut dyn Store, ErrorReply>;
+}
+
+/// One call of a limiter of numbers: the arguments after the key, then its key. Inlined where the
+/// registry names it, so that the key's type is known there again.
+#[inline(always)]
+pub fn run<L: FieldsLimiter<N>, const N: usize>(
+    args: &[&[u8]],
+    key: &mut dyn OpenStore,
+    now_us: i64,
+) -> Result<Reply, ErrorReply> {
+    let request = L::parse(args)?;
+    apply::<L, _, N>(key.open()?, &request, now_us)
+}
+
 /// Loads, decides and stores for one call whose arguments are already parsed.
 pub fn apply<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &mut S,

@@ -8,7 +8,7 @@ use crate::command::sliding_log::{self, SlidingLogRequest, check_entry};
 use crate::core::sliding_log::{Log, Outcome, View, decide, view};
 use crate::core::{Operation, Reply};
 use crate::error::{ErrorReply, WRONGTYPE};
-use crate::pipeline::{Effect, Entries, Limit, Slot, Store};
+use crate::pipeline::{Effect, Entries, Limit, OpenStore, Slot, Store};
 
 /// A stored sorted set seen as a sliding log: every entry it returns is checked.
 struct StoredLog<'a, S: Store + ?Sized>(&'a S);
@@ -85,6 +85,12 @@ pub fn apply<S: Store + ?Sized>(
     Ok(out.reply)
 }
 
+/// One `RL.SLIDINGLOG` call: the arguments after the key, then its key.
+pub fn run(args: &[&[u8]], key: &mut dyn OpenStore, now_us: i64) -> Result<Reply, ErrorReply> {
+    let request = sliding_log::parse(args)?;
+    apply(key.open()?, &request, now_us)
+}
+
 /// A sliding log inside `RL.ALL`.
 pub struct LogLimit {
     request: SlidingLogRequest,
@@ -138,4 +144,9 @@ impl Limit for LogLimit {
             None => Ok(()),
         }
     }
+}
+
+/// `RL.ALL`'s sliding-log limit, as `command::Runner` builds one.
+pub fn build_limit(params: &[&[u8]], cost: &[u8]) -> Result<Box<dyn Limit>, ErrorReply> {
+    Ok(Box::new(LogLimit::parse(params, cost)?))
 }

@@ -5,46 +5,62 @@ use std::ffi::c_int;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Answer, Command, Sent, api, clock, entry, key};
-use crate::command::all;
-use crate::command::fixed_window::FixedWindow;
-use crate::command::gcra::Gcra;
-use crate::command::leaky_bucket::LeakyBucket;
-use crate::command::sliding_log;
-use crate::command::sliding_window::SlidingWindow;
-use crate::command::token_bucket::TokenBucket;
+use super::{Answer, Command, INTERNAL_ERROR, Sent, api, clock, entry, key};
+use crate::command::{self, REGISTRY, Runner, all};
 use crate::core::Reply;
-use crate::pipeline::{AllReply, FieldsLimiter};
+use crate::pipeline::AllReply;
 
 // No limiter is `deny-oom`: under memory pressure Redis would then refuse every call, denials
 // and peeks included; instead the module refuses with the same OOM error only the calls that would
 // write (`api::check_memory`).
 
-/// A limiter whose state is a few numbers in one string (`crate::pipeline`).
-const fn fields_limiter<L: FieldsLimiter<N>, const N: usize>() -> Command {
-    Command {
-        descriptor: L::DESCRIPTOR,
-        handler: fields_command::<L, N>,
+type Handler =
+    unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
+
+/// The function Redis calls for the command at `I` in `crate::command::REGISTRY`.
+unsafe extern "C" fn handler<const I: usize>(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let Some(e) = (const { command::entry(I) }) else {
+        return api::reply_error(ctx, INTERNAL_ERROR);
+    };
+    match e.runner {
+        Runner::OneKey { .. } => entry(ctx, argv, argc, e.descriptor, key::run_one::<I>),
+        Runner::Throttle => entry(ctx, argv, argc, e.descriptor, key::run_throttle),
+        Runner::All => entry(ctx, argv, argc, e.descriptor, all_body),
     }
 }
 
-/// Every command of `crate::command::DESCRIPTORS`, in the same order, with its handler.
-pub const ALL: [Command; 8] = [
-    fields_limiter::<TokenBucket, 2>(),
-    fields_limiter::<LeakyBucket, 2>(),
-    fields_limiter::<FixedWindow, 2>(),
-    fields_limiter::<SlidingWindow, 3>(),
-    fields_limiter::<Gcra, 1>(),
-    Command {
-        descriptor: &sliding_log::DESCRIPTOR,
-        handler: sliding_log_command,
-    },
-    key::THROTTLE,
-    Command {
-        descriptor: &all::DESCRIPTOR,
-        handler: all_command,
-    },
+/// One handler per place in the registry (the registry may grow to this many commands).
+const HANDLERS: [Handler; 16] = [
+    handler::<0>,
+    handler::<1>,
+    handler::<2>,
+    handler::<3>,
+    handler::<4>,
+    handler::<5>,
+    handler::<6>,
+    handler::<7>,
+    handler::<8>,
+    handler::<9>,
+    handler::<10>,
+    handler::<11>,
+    handler::<12>,
+    handler::<13>,
+    handler::<14>,
+    handler::<15>,
 ];
+const _: () = assert!(REGISTRY.len() <= HANDLERS.len());
+
+/// Every command of the registry, in its order, with its handler.
+pub fn all_commands() -> impl Iterator<Item = Command> {
+    REGISTRY.iter().zip(HANDLERS).map(|(e, handler)| Command {
+        descriptor: e.descriptor,
+        handler,
+    })
+}
 
 pub const TEST_CLOCK: Command = Command {
     descriptor: &clock::DESCRIPTOR,
@@ -106,14 +122,6 @@ impl Answer for AllAnswer {
     }
 }
 
-unsafe extern "C" fn fields_command<L: FieldsLimiter<N>, const N: usize>(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    entry(ctx, argv, argc, L::DESCRIPTOR, key::run_fields::<L, N>)
-}
-
 unsafe extern "C" fn test_clock_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
@@ -124,38 +132,21 @@ unsafe extern "C" fn test_clock_command(
     })
 }
 
-unsafe extern "C" fn all_command(
+/// `RL.ALL`: a cluster's key-position request, or a decision.
+fn all_body(
     ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    entry(ctx, argv, argc, &all::DESCRIPTOR, |ctx, argv| {
-        if api::is_keys_position_request(ctx) {
-            return Ok(AllAnswer::KeyPositions(api::report_key_positions(
-                ctx,
-                all::key_positions(argv.len(), |i| {
-                    // SAFETY: argv strings live for the whole call.
-                    argv.get(i).map(|s| unsafe { api::string_bytes(*s) })
-                }),
-            )));
-        }
-        key::run_all(ctx, argv).map(AllAnswer::Decided)
-    })
-}
-
-/// `RL.SLIDINGLOG`: its state is a sorted set (`crate::zset_store`).
-unsafe extern "C" fn sliding_log_command(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    entry(
-        ctx,
-        argv,
-        argc,
-        &sliding_log::DESCRIPTOR,
-        key::run_sliding_log,
-    )
+    argv: &[*mut RedisModuleString],
+) -> Result<AllAnswer, crate::error::ErrorReply> {
+    if api::is_keys_position_request(ctx) {
+        return Ok(AllAnswer::KeyPositions(api::report_key_positions(
+            ctx,
+            all::key_positions(argv.len(), |i| {
+                // SAFETY: argv strings live for the whole call.
+                argv.get(i).map(|s| unsafe { api::string_bytes(*s) })
+            }),
+        )));
+    }
+    key::run_all(ctx, argv).map(AllAnswer::Decided)
 }
 
 #[cfg(test)]
@@ -164,8 +155,7 @@ mod tests {
 
     #[test]
     fn every_described_command_is_registered_once_in_order() {
-        let registered: Vec<&str> = ALL
-            .iter()
+        let registered: Vec<&str> = all_commands()
             .map(|c| c.descriptor.name.to_str().unwrap())
             .collect();
         let described: Vec<&str> = crate::command::DESCRIPTORS

@@ -8,7 +8,7 @@ use std::ffi::{CString, c_int};
 use redis_module::raw::RedisModuleInfoCtx;
 
 use super::api::api;
-use super::commands;
+use crate::command::DESCRIPTORS;
 
 pub fn register(ctx: *mut redis_module::raw::RedisModuleCtx) -> Result<(), &'static str> {
     let register = api!(RedisModule_RegisterInfoFunc).map_err(|e| e.message())?;
@@ -32,9 +32,9 @@ fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::error::Error
     // SAFETY: valid INFO context; every name is a NUL-terminated string that outlives the call.
     unsafe {
         section(ctx, c"limits".as_ptr());
-        for cmd in &commands::ALL {
-            let stats = cmd.descriptor.stats;
-            let Ok(name) = CString::new(cmd.descriptor.info_name()) else {
+        for descriptor in DESCRIPTORS {
+            let stats = descriptor.stats;
+            let Ok(name) = CString::new(descriptor.info_name()) else {
                 continue;
             };
             begin(ctx, name.as_ptr());

@@ -10,17 +10,15 @@ use std::sync::atomic::Ordering;
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::api::{self, KeyKind, OpenKey, TempString};
-use super::{Answer, Command, clock, entry};
+use super::{Answer, INTERNAL_ERROR, clock};
 use crate::command::throttle::{self, ThrottleReply};
-use crate::command::{all, sliding_log};
+use crate::command::{self, Entry, Runner, all};
 use crate::core::Reply;
 use crate::error::ErrorReply;
 use crate::number::{G17_MAX_LEN, format_g17};
 use crate::pipeline::{
-    self, AllReply, Effect, Entries, EntryVisitor, FieldName, FieldsLimiter, Slot, Store,
-    member_name,
+    self, AllReply, Effect, Entries, EntryVisitor, FieldName, OpenStore, Slot, Store, member_name,
 };
-use crate::zset_store;
 
 /// A sorted-set read walks at most this many entries from either end; past that it asks Redis
 /// (`ZCOUNT`, `ZREVRANGE`), which answers in O(log n) where a walk would be O(n).
@@ -303,27 +301,47 @@ fn key_and_args<const M: usize>(
     Ok((*name, raw_args, rest.len()))
 }
 
-/// Runs one call of a limiter whose state is a few numbers. `argv[0]` is the command name,
-/// `argv[1]` the key.
-pub fn run_fields<L: FieldsLimiter<N>, const N: usize>(
+/// A call's key, opened when the command asks for it.
+struct Opener {
     ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> Result<Reply, ErrorReply> {
-    let (name, raw_args, n) = key_and_args::<8>(argv, L::DESCRIPTOR.arity_error)?;
-    let args = L::parse(raw_args.get(..n).unwrap_or_default())?;
-    let mut store = RedisKey::open(ctx, name)?;
-    pipeline::apply::<L, _, N>(&mut store, &args, clock::now_us())
+    name: *mut RedisModuleString,
+    key: Option<RedisKey>,
 }
 
-/// Runs one `RL.SLIDINGLOG` call.
-pub fn run_sliding_log(
+impl OpenStore for Opener {
+    fn open(&mut self) -> Result<&mut dyn Store, ErrorReply> {
+        let key = match self.key.take() {
+            Some(key) => key,
+            None => RedisKey::open(self.ctx, self.name)?,
+        };
+        Ok(self.key.insert(key))
+    }
+}
+
+/// Runs one call of the one-key limiter at `I` in the registry. `argv[0]` is the command name,
+/// `argv[1]` the key.
+pub fn run_one<const I: usize>(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Reply, ErrorReply> {
-    let (name, raw_args, n) = key_and_args::<3>(argv, sliding_log::ARITY_ERROR)?;
-    let request = sliding_log::parse(raw_args.get(..n).unwrap_or_default())?;
-    let mut store = RedisKey::open(ctx, name)?;
-    zset_store::apply(&mut store, &request, clock::now_us())
+    let Some(Entry {
+        descriptor,
+        runner: Runner::OneKey { run, .. },
+    }) = (const { command::entry(I) })
+    else {
+        return Err(INTERNAL_ERROR);
+    };
+    let (name, raw_args, n) = key_and_args::<8>(argv, descriptor.arity_error)?;
+    let mut key = Opener {
+        ctx,
+        name,
+        key: None,
+    };
+    run(
+        raw_args.get(..n).unwrap_or_default(),
+        &mut key,
+        clock::now_us(),
+    )
 }
 
 /// Runs one `RL.ALL` call: every key opened once, all decided at one instant.
@@ -349,7 +367,7 @@ pub fn run_all(
 }
 
 /// Runs one `CL.THROTTLE` call.
-fn run_throttle(
+pub fn run_throttle(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<ThrottleReply, ErrorReply> {
@@ -358,19 +376,6 @@ fn run_throttle(
     let mut store = RedisKey::open(ctx, name)?;
     throttle::apply(&mut store, &args, clock::now_us())
 }
-
-unsafe extern "C" fn throttle_command(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    entry(ctx, argv, argc, &throttle::DESCRIPTOR, run_throttle)
-}
-
-pub const THROTTLE: Command = Command {
-    descriptor: &throttle::DESCRIPTOR,
-    handler: throttle_command,
-};
 
 /// `[limited, limit, remaining, retry_after_s, reset_after_s]`, redis-cell's reply.
 impl Answer for ThrottleReply {

@@ -156,8 +156,8 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
 
     // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category.
     let mut result = acl::add_category(ctx).and_then(|acl| {
-        commands::ALL.iter().try_for_each(|cmd| {
-            register(ctx.ctx, cmd).and_then(|()| acl.assign(ctx.ctx, cmd.descriptor))
+        commands::all_commands().try_for_each(|cmd| {
+            register(ctx.ctx, &cmd).and_then(|()| acl.assign(ctx.ctx, cmd.descriptor))
         })
     });
     if result.is_ok() {

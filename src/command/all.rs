@@ -9,22 +9,21 @@ use std::ffi::CStr;
 
 use crate::command::descriptor::ArgKind::{self, Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional, repeated};
-use crate::command::fixed_window::FixedWindow;
-use crate::command::gcra::Gcra;
-use crate::command::leaky_bucket::LeakyBucket;
-use crate::command::sliding_log;
-use crate::command::sliding_window::SlidingWindow;
-use crate::command::token_bucket::TokenBucket;
+use crate::command::{BuildLimit, Entry, REGISTRY, Runner};
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
-use crate::pipeline::{FieldsLimiter, Limit, LimitOf};
+use crate::pipeline::Limit;
 use crate::stats::CommandStats;
-use crate::zset_store::LogLimit;
 
 pub const NAME: &CStr = c"RL.ALL";
 pub static STATS: CommandStats = CommandStats::new();
 
 pub const ARITY: ErrorReply = ErrorReply(c"ERR wrong number of arguments for 'rl.all' command");
+
+pub const ENTRY: Entry = Entry {
+    descriptor: &DESCRIPTOR,
+    runner: Runner::All,
+};
 
 pub const DESCRIPTOR: Descriptor = Descriptor {
     name: NAME,
@@ -55,51 +54,15 @@ const UNKNOWN: ErrorReply = ErrorReply(
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 
-/// Builds one limit from its parameters and the call's cost.
-pub type BuildLimit = fn(&[&[u8]], &[u8]) -> Result<Box<dyn Limit>, ErrorReply>;
-
-/// An algorithm usable in `RL.ALL`: its command's descriptor (the keyword, and how many
-/// parameters follow it) and how to build one limit of it.
-pub struct Algorithm {
-    pub descriptor: &'static Descriptor,
-    pub build: BuildLimit,
-}
-
-impl Algorithm {
-    pub fn keyword(&self) -> &'static str {
-        self.descriptor.all_keyword.unwrap_or_default()
-    }
-}
-
-fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
-    params: &[&[u8]],
-    cost: &[u8],
-) -> Result<Box<dyn Limit>, ErrorReply> {
-    Ok(Box::new(LimitOf::<L, N>::parse(params, cost)?))
-}
-
-const fn algorithm<L: FieldsLimiter<N> + 'static, const N: usize>() -> Algorithm {
-    Algorithm {
-        descriptor: L::DESCRIPTOR,
-        build: build::<L, N>,
-    }
-}
-
-/// Every command whose descriptor has an `RL.ALL` keyword (a test checks that none is missing).
-pub const ALGORITHMS: &[Algorithm] = &[
-    algorithm::<TokenBucket, 2>(),
-    algorithm::<LeakyBucket, 2>(),
-    algorithm::<FixedWindow, 2>(),
-    algorithm::<SlidingWindow, 3>(),
-    algorithm::<Gcra, 1>(),
-    Algorithm {
-        descriptor: &sliding_log::DESCRIPTOR,
-        build: build_log,
-    },
-];
-
-fn build_log(params: &[&[u8]], cost: &[u8]) -> Result<Box<dyn Limit>, ErrorReply> {
-    Ok(Box::new(LogLimit::parse(params, cost)?))
+/// The limiters `RL.ALL` combines: every entry of the registry whose descriptor has a keyword,
+/// with how to build one limit of it.
+pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, BuildLimit)> {
+    REGISTRY
+        .iter()
+        .filter_map(|e| match (e.runner, e.descriptor.all_keyword) {
+            (Runner::OneKey { limit, .. }, Some(keyword)) => Some((e.descriptor, keyword, limit)),
+            _ => None,
+        })
 }
 
 /// Positions (in the full argument vector, command name at 0) of the keys of a call, for cluster
@@ -148,16 +111,15 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
     }
     let mut limits: Vec<Box<dyn Limit>> = Vec::with_capacity(n);
     while let Some((keyword, after)) = words.split_first() {
-        let algorithm = ALGORITHMS
-            .iter()
-            .find(|a| keyword.eq_ignore_ascii_case(a.keyword().as_bytes()))
+        let (descriptor, _, build) = algorithms()
+            .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
             .ok_or(UNKNOWN)?;
-        let params = algorithm.descriptor.all_params();
+        let params = descriptor.all_params();
         if after.len() < params {
             return Err(ARITY);
         }
         let (params, next) = after.split_at(params);
-        limits.push((algorithm.build)(params, cost)?);
+        limits.push(build(params, cost)?);
         words = next;
     }
     if limits.len() != n {
@@ -181,7 +143,7 @@ mod tests {
             .iter()
             .filter_map(|d| d.all_keyword)
             .collect();
-        let algorithms: Vec<&str> = ALGORITHMS.iter().map(Algorithm::keyword).collect();
+        let algorithms: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
         assert_eq!(algorithms, keywords);
         assert_eq!(
             UNKNOWN.message(),

@@ -13,14 +13,82 @@ pub mod token_bucket;
 
 use descriptor::Descriptor;
 
+use crate::core::Reply;
+use crate::error::ErrorReply;
+use crate::pipeline::{FieldsLimiter, Limit, LimitOf, OpenStore};
+
+/// Runs one call of a limiter on one key: parses the arguments after the key, opens the key
+/// (only once they parse) and decides at `now_us`.
+pub type RunOne = fn(&[&[u8]], &mut dyn OpenStore, i64) -> Result<Reply, ErrorReply>;
+
+/// Builds one limit of `RL.ALL` from its parameters (without the cost) and the call's cost.
+pub type BuildLimit = fn(&[&[u8]], &[u8]) -> Result<Box<dyn Limit>, ErrorReply>;
+
+/// How a command runs.
+#[derive(Clone, Copy)]
+pub enum Runner {
+    /// A limiter on one key with the five-integer reply; `RL.ALL` combines it when its
+    /// descriptor has a keyword.
+    OneKey { run: RunOne, limit: BuildLimit },
+    /// `CL.THROTTLE`: one key, redis-cell's reply.
+    Throttle,
+    /// `RL.ALL`.
+    All,
+}
+
+/// A command: what it is and how it runs. Registration, ACL, `COMMAND DOCS`, `INFO` and `RL.ALL`
+/// all read `REGISTRY`, so a command is added in one place.
+pub struct Entry {
+    pub descriptor: &'static Descriptor,
+    pub runner: Runner,
+}
+
+fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
+    params: &[&[u8]],
+    cost: &[u8],
+) -> Result<Box<dyn Limit>, ErrorReply> {
+    Ok(Box::new(LimitOf::<L, N>::parse(params, cost)?))
+}
+
+/// The entry of a limiter whose state is `N` numbers in one string.
+pub const fn fields_entry<L: FieldsLimiter<N> + 'static, const N: usize>() -> Entry {
+    Entry {
+        descriptor: L::DESCRIPTOR,
+        runner: Runner::OneKey {
+            run: crate::pipeline::run::<L, N>,
+            limit: build::<L, N>,
+        },
+    }
+}
+
 /// Every command the module registers (but the test clock's), in registration order.
-pub const DESCRIPTORS: [&Descriptor; 8] = [
-    &token_bucket::DESCRIPTOR,
-    &leaky_bucket::DESCRIPTOR,
-    &fixed_window::DESCRIPTOR,
-    &sliding_window::DESCRIPTOR,
-    &gcra::DESCRIPTOR,
-    &sliding_log::DESCRIPTOR,
-    &throttle::DESCRIPTOR,
-    &all::DESCRIPTOR,
+pub const REGISTRY: [Entry; 8] = [
+    fields_entry::<token_bucket::TokenBucket, 2>(),
+    fields_entry::<leaky_bucket::LeakyBucket, 2>(),
+    fields_entry::<fixed_window::FixedWindow, 2>(),
+    fields_entry::<sliding_window::SlidingWindow, 3>(),
+    fields_entry::<gcra::Gcra, 1>(),
+    sliding_log::ENTRY,
+    throttle::ENTRY,
+    all::ENTRY,
 ];
+
+/// The entry at `i` of the registry, for a place known when compiling (`const { entry(I) }`).
+pub const fn entry(i: usize) -> Option<&'static Entry> {
+    if i < REGISTRY.len() {
+        Some(&REGISTRY[i])
+    } else {
+        None
+    }
+}
+
+/// The descriptors of `REGISTRY`, in its order.
+pub const DESCRIPTORS: [&Descriptor; REGISTRY.len()] = {
+    let mut out = [REGISTRY[0].descriptor; REGISTRY.len()];
+    let mut i = 0;
+    while i < REGISTRY.len() {
+        out[i] = REGISTRY[i].descriptor;
+        i += 1;
+    }
+    out
+};

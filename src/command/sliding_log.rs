@@ -6,6 +6,7 @@ use std::ffi::CStr;
 use crate::args::{COST, IntegerArg};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
+use crate::command::{Entry, Runner};
 use crate::core::{Operation, lua_integer, sliding_log};
 use crate::error::ErrorReply;
 use crate::number::{parse_decimal, parse_integer};
@@ -27,6 +28,14 @@ pub static STATS: CommandStats = CommandStats::new();
 
 pub const ARITY_ERROR: ErrorReply =
     ErrorReply(c"ERR wrong number of arguments for 'rl.slidinglog' command");
+
+pub const ENTRY: Entry = Entry {
+    descriptor: &DESCRIPTOR,
+    runner: Runner::OneKey {
+        run: crate::zset_store::run,
+        limit: crate::zset_store::build_limit,
+    },
+};
 
 pub const DESCRIPTOR: Descriptor = Descriptor {
     name: NAME,

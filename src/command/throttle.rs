@@ -14,6 +14,7 @@ use crate::args::{IntegerArg, MAX_INTEGER_ARG};
 use crate::command::descriptor::ArgKind::{Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional};
 use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
+use crate::command::{Entry, Runner};
 use crate::core::gcra;
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::number::{G17_MAX_LEN, format_i64};
@@ -25,6 +26,11 @@ pub static STATS: CommandStats = CommandStats::new();
 
 pub const ARITY_ERROR: ErrorReply =
     ErrorReply(c"ERR wrong number of arguments for 'cl.throttle' command");
+
+pub const ENTRY: Entry = Entry {
+    descriptor: &DESCRIPTOR,
+    runner: Runner::Throttle,
+};
 
 pub const DESCRIPTOR: Descriptor = Descriptor {
     name: NAME,
