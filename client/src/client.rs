@@ -461,6 +461,9 @@ where
             }
             Ok(Err(e)) if !is_unavailable(&e) => {
                 self.inner.breaker.success();
+                if e.code() == Some("READONLY") {
+                    self.reconnect().await;
+                }
                 Err(Failure::Rejected(match (e.code(), e.detail()) {
                     (Some(code), Some(detail)) => format!("{code} {detail}"),
                     _ => e.to_string(),
@@ -471,6 +474,19 @@ where
                 Err(Failure::Unavailable)
             }
         }
+    }
+
+    /// The address answered as a replica (`READONLY`: a failover moved the master). Closes this
+    /// connection (`QUIT`), so that the next call connects anew to whatever the address names
+    /// then. `Client::connect`'s connection reconnects when a command finds it closed: the `PING`
+    /// after the `QUIT` is that command, so the next call waits for the new connection instead
+    /// of failing on the old one.
+    async fn reconnect(&self) {
+        let mut conn = self.conn.clone();
+        let (quit, ping) = (redis::cmd("QUIT"), redis::cmd("PING"));
+        let timeout = self.inner.options.timeout;
+        let _ = tokio::time::timeout(timeout, quit.query_async::<()>(&mut conn)).await;
+        let _ = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)).await;
     }
 
     fn degraded_one(&self, key: &str, algo: &Algorithm, cost: u64) -> (Decision, Degraded) {

@@ -256,6 +256,49 @@ fn module_mode() -> Options {
     }
 }
 
+fn connections_received(c: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn after_a_failover_readonly_is_an_error_and_the_client_reconnects() {
+    // The client's address stops being a master (REPLICAOF), then is one again (as a name that a
+    // failover points at the new master): the READONLY call is an error, not a fail-open, and
+    // the client connects anew, so the next call goes to whatever the address names now.
+    let a = Server::with_module();
+    let b = Server::with_module();
+    let mut admin = a.connect();
+    let l = Limiter::connect(&a.url(), bucket(), module_mode()).unwrap();
+    assert!(l.check("k").await.unwrap().decision.allowed);
+    let before = connections_received(&mut admin);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut admin)
+        .unwrap();
+    match l.check("k").await {
+        Err(ratelimit_client::Error::Rejected(m)) => assert!(m.starts_with("READONLY"), "{m}"),
+        other => panic!("READONLY: {other:?}"),
+    }
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut admin)
+        .unwrap();
+    let after = l.check("k2").await.unwrap();
+    assert!(
+        after.decision.allowed && after.degraded.is_none(),
+        "{after:?}"
+    );
+    assert!(!l.client().breaker_open());
+    // One new connection: the client's (the admin connection was counted before).
+    assert_eq!(connections_received(&mut admin), before + 1);
+}
+
 #[tokio::test]
 async fn acl_refusals_and_missing_auth_are_errors_not_fail_open() {
     let s = Server::with_module();
