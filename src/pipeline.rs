@@ -191,6 +191,7 @@ impl Encoded {
 }
 
 /// Reads a limiter's state from either layout: `None` for an empty key.
+#[inline(always)]
 fn load<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &S,
 ) -> Result<Option<L::State>, ErrorReply> {
@@ -235,6 +236,7 @@ pub fn run<L: FieldsLimiter<N>, const N: usize>(
 }
 
 /// Loads, decides and stores for one call whose arguments are already parsed.
+#[inline(always)]
 pub fn apply<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &mut S,
     request: &Request<L::Params>,
