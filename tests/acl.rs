@@ -1,36 +1,26 @@
-//! ACL categories: `+@ratelimit` grants exactly the limiter commands, which also carry Redis's own
-//! categories (@write, and @fast or @slow as their flags say). Redis 7.0 lacks the module API for
+//! ACL categories, for every command of the shared table (`harness::cases`): `+@ratelimit` grants
+//! exactly the limiter commands, which also carry Redis's own categories (@write, and @fast or
+//! @slow as their flags say). Redis 7.0 lacks the module API for
 //! categories: there the module loads without them.
 
 mod harness;
 
+use harness::cases::CASES;
 use harness::*;
 use redis::{Connection, Value};
 
-/// Every limiter command, with valid arguments; `rl:P:` in a key is replaced per caller.
-const LIMITERS: [(&str, &[&str]); 8] = [
-    ("RL.TOKENBUCKET", &["rl:P:tb", "10", "5"]),
-    ("RL.LEAKYBUCKET", &["rl:P:lb", "2", "0.5"]),
-    ("RL.FIXEDWINDOW", &["rl:P:fw", "2", "10"]),
-    ("RL.SLIDINGWINDOW", &["rl:P:sw", "2", "10"]),
-    ("RL.SLIDINGLOG", &["rl:P:sl", "3", "10"]),
-    ("RL.GCRA", &["rl:P:gcra", "4", "10", "1"]),
-    ("CL.THROTTLE", &["rl:P:cell", "15", "30", "60"]),
-    (
-        "RL.ALL",
-        &[
-            "2",
-            "rl:P:all1",
-            "rl:P:all2",
-            "TOKENBUCKET",
-            "3",
-            "1",
-            "TOKENBUCKET",
-            "5",
-            "1",
-        ],
-    ),
-];
+/// Every limiter command of the shared table, with arguments that admit; `rl:P:` in a key is
+/// replaced per caller.
+fn limiters() -> Vec<(&'static str, Vec<String>)> {
+    CASES
+        .iter()
+        .map(|case| {
+            let key = format!("rl:P:{}", case.command.to_ascii_lowercase());
+            let argv = case.argv(&key, case.ten, None);
+            (case.command, argv[1..].to_vec())
+        })
+        .collect()
+}
 
 const LOAD_NOTICE: &str = "ratelimit: this server has no module ACL categories";
 
@@ -42,7 +32,7 @@ fn has_category_api(c: &mut Connection) -> bool {
 }
 
 /// Calls a limiter with its keys under `rl:<prefix>:`.
-fn call_limiter(c: &mut Connection, name: &str, args: &[&str], prefix: &str) -> Reply {
+fn call_limiter(c: &mut Connection, name: &str, args: &[String], prefix: &str) -> Reply {
     let keyed: Vec<String> = args
         .iter()
         .map(|a| a.replace("rl:P:", &format!("rl:{prefix}:")))
@@ -110,9 +100,9 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 
 fn limiter_names_lower() -> Vec<String> {
     sorted(
-        LIMITERS
+        CASES
             .iter()
-            .map(|(name, _)| name.to_ascii_lowercase())
+            .map(|case| case.command.to_ascii_lowercase())
             .collect(),
     )
 }
@@ -142,9 +132,9 @@ fn app_connection(server: &Server, admin: &mut Connection) -> Connection {
 /// The app user gets the same reply as the default user on an identical fresh key (the test clock
 /// stands still), and it is an integer array that admits.
 fn assert_app_calls_every_limiter(app: &mut Connection, admin: &mut Connection, round: &str) {
-    for (name, args) in LIMITERS {
-        let got = call_limiter(app, name, args, &format!("app{round}"));
-        let reference = call_limiter(admin, name, args, &format!("ref{round}"));
+    for (name, args) in limiters() {
+        let got = call_limiter(app, name, &args, &format!("app{round}"));
+        let reference = call_limiter(admin, name, &args, &format!("ref{round}"));
         assert_eq!(got, reference, "{name} as app vs as default");
         // CL.THROTTLE answers `limited` (0 = admitted); the others `allowed` (1).
         let admitted = if name == "CL.THROTTLE" { 0 } else { 1 };
@@ -158,7 +148,8 @@ fn assert_app_calls_every_limiter(app: &mut Connection, admin: &mut Connection, 
 
 fn assert_limiter_categories(c: &mut Connection) {
     let mut fast = 0;
-    for (name, _) in LIMITERS {
+    for case in CASES {
+        let name = case.command;
         let (flags, categories) = flags_and_categories(c, name);
         assert!(flags.contains(&"write".to_string()), "{name}: {flags:?}");
         let speed = if flags.contains(&"fast".to_string()) {
@@ -201,8 +192,8 @@ fn ratelimit_category_grants_exactly_the_limiters() {
             acl_cat(&mut admin, "ratelimit"),
             Err("ERR Unknown category 'ratelimit'".to_string())
         );
-        for (limiter, args) in LIMITERS {
-            let reply = call_limiter(&mut admin, limiter, args, "v70");
+        for (limiter, args) in limiters() {
+            let reply = call_limiter(&mut admin, limiter, &args, "v70");
             let admitted = if limiter == "CL.THROTTLE" { 0 } else { 1 };
             assert_eq!(first_of_integer_array(limiter, &reply), admitted);
             let (flags, categories) = flags_and_categories(&mut admin, limiter);
@@ -302,14 +293,14 @@ fn module_reloads_into_its_category() {
         );
         assert_limiter_categories(&mut admin);
         // The user made before the reload gets the commands back.
-        for (name, args) in LIMITERS {
-            let reply = call_limiter(app, name, args, "reload");
+        for (name, args) in limiters() {
+            let reply = call_limiter(app, name, &args, "reload");
             let admitted = if name == "CL.THROTTLE" { 0 } else { 1 };
             assert_eq!(first_of_integer_array(name, &reply), admitted, "{name}");
         }
     } else {
-        for (name, args) in LIMITERS {
-            let reply = call_limiter(&mut admin, name, args, "reload");
+        for (name, args) in limiters() {
+            let reply = call_limiter(&mut admin, name, &args, "reload");
             let admitted = if name == "CL.THROTTLE" { 0 } else { 1 };
             assert_eq!(first_of_integer_array(name, &reply), admitted, "{name}");
         }

@@ -1,170 +1,23 @@
-//! What every command promises, checked for every command from one table, on whichever server
-//! the suite runs on: a denial and a peek write nothing; a key of another type gets `WRONGTYPE`
-//! and stored state that is not the module's gets the corrupt error, both leaving the key as it
-//! was; INFO counts admitted, denied and errors by kind exactly; `COMMAND INFO` and `COMMAND DOCS`
-//! say what the command's descriptor says; 200 racing clients on a fresh key admit exactly the
-//! limit. The files per command keep only what is particular to each.
+//! What every command promises, checked for every command of one table (`harness::cases`, which
+//! the ACL suite reads too), on whichever server the suite runs on: a denial and a peek write
+//! nothing; a key of another type gets `WRONGTYPE` and stored state that is not the module's gets
+//! the corrupt error, both leaving the key as it was; INFO counts admitted, denied and errors by
+//! kind exactly; `COMMAND INFO` and `COMMAND DOCS` say what the command's descriptor says; 200
+//! racing clients on a fresh key admit exactly the limit; keyspace events name the write, and the
+//! expiry only when it moved; a replica gets the effects, never the command, and ends with the
+//! same bytes and expiries. The files per command keep only what is particular to each.
 
 mod harness;
 
 use std::sync::{Arc, Barrier};
 
+use harness::cases::CASES;
 use harness::{Options, Server, Stored, cmd, info_field, pexpiretime, set_clock, stored};
 use redis::{Connection, Value};
 use redis_rate_limiter::command::DESCRIPTORS;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const T0: i64 = 1_900_000_000_000_000;
-
-struct Case {
-    command: &'static str,
-    /// Parameters under which a fresh key admits exactly 10 calls at one instant.
-    ten: &'static [&'static str],
-    /// Parameters under which a fresh key admits its first call and denies the second.
-    one: &'static [&'static str],
-    /// A parameter list with a bad number.
-    bad: &'static [&'static str],
-    /// What the key holds once written (`string`, `zset`).
-    kind: &'static str,
-    /// Commands that put a corrupt value in `key` (`{key}` stands for it), and the error a call
-    /// then gets.
-    corrupt: &'static [&'static str],
-    corrupt_error: &'static str,
-}
-
-const TOKENS_ERR: &str = "ERR corrupt rate limiter state: field 'tokens' is not a valid number";
-
-const CASES: &[Case] = &[
-    Case {
-        command: "RL.TOKENBUCKET",
-        ten: &["10", "0.001"],
-        one: &["1", "0.001"],
-        bad: &["x", "1"],
-        kind: "string",
-        corrupt: &["SET", "{key}", "1 2 3"],
-        corrupt_error: "ERR corrupt rate limiter state: field 'ts' is not a valid timestamp",
-    },
-    Case {
-        command: "RL.LEAKYBUCKET",
-        ten: &["10", "0.001"],
-        one: &["1", "0.001"],
-        bad: &["10", "nan"],
-        kind: "string",
-        corrupt: &["SET", "{key}", "-1 5"],
-        corrupt_error: "ERR corrupt rate limiter state: field 'level' is not a valid number",
-    },
-    Case {
-        command: "RL.FIXEDWINDOW",
-        ten: &["10", "1000"],
-        one: &["1", "1000"],
-        bad: &["0", "1000"],
-        kind: "string",
-        corrupt: &["SET", "{key}", "1"],
-        corrupt_error: "ERR corrupt rate limiter state: field 'start' is not a valid timestamp",
-    },
-    Case {
-        command: "RL.SLIDINGWINDOW",
-        ten: &["10", "1000"],
-        one: &["1", "1000"],
-        bad: &["10", "-1"],
-        kind: "string",
-        corrupt: &["SET", "{key}", "1 x 1"],
-        corrupt_error: "ERR corrupt rate limiter state: field 'cur' is not a valid number",
-    },
-    Case {
-        command: "RL.GCRA",
-        ten: &["9", "1", "1000"],
-        one: &["0", "1", "1000"],
-        bad: &["1", "0", "1"],
-        kind: "string",
-        corrupt: &["SET", "{key}", "1.5"],
-        corrupt_error: "ERR corrupt rate limiter state: field 'tat' is not a valid timestamp",
-    },
-    Case {
-        command: "RL.SLIDINGLOG",
-        ten: &["10", "1000"],
-        one: &["1", "1000"],
-        bad: &["100001", "1"],
-        kind: "zset",
-        corrupt: &["ZADD", "{key}", "1", "x"],
-        corrupt_error: "ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'",
-    },
-    Case {
-        command: "CL.THROTTLE",
-        ten: &["9", "1", "1000"],
-        one: &["0", "1", "1000"],
-        bad: &["-1", "1", "1"],
-        kind: "string",
-        corrupt: &["SET", "{key}", "abc"],
-        corrupt_error: "ERR corrupt rate limiter state: the value is not a timestamp in nanoseconds",
-    },
-    Case {
-        command: "RL.ALL",
-        ten: &["TOKENBUCKET", "10", "0.001"],
-        one: &["GCRA", "0", "1", "1000"],
-        bad: &["TOKENBUCKET", "10", "x"],
-        kind: "string",
-        corrupt: &["SET", "{key}", "x"],
-        corrupt_error: TOKENS_ERR,
-    },
-];
-
-impl Case {
-    /// The call on `key` with `params` and, if given, a cost.
-    fn argv(&self, key: &str, params: &[&str], cost: Option<&str>) -> Vec<String> {
-        let mut v: Vec<String> = vec![self.command.to_string()];
-        if self.command == "RL.ALL" {
-            v.extend(["1".to_string(), key.to_string()]);
-            v.extend(params.iter().map(|p| p.to_string()));
-            if let Some(cost) = cost {
-                v.extend(["COST".to_string(), cost.to_string()]);
-            }
-        } else {
-            v.push(key.to_string());
-            v.extend(params.iter().map(|p| p.to_string()));
-            v.extend(cost.map(str::to_string));
-        }
-        v
-    }
-
-    fn call(
-        &self,
-        c: &mut Connection,
-        key: &str,
-        params: &[&str],
-        cost: Option<&str>,
-    ) -> harness::Reply {
-        let argv = self.argv(key, params, cost);
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        cmd(c, &argv)
-    }
-
-    /// Whether a reply admitted: `RL.*` and `RL.ALL` start with `allowed`, `CL.THROTTLE` with
-    /// `limited`.
-    fn admitted(&self, reply: &harness::Reply) -> bool {
-        let first = match reply {
-            Ok(Value::Array(items)) => items.first(),
-            other => panic!("{}: not a decision: {other:?}", self.command),
-        };
-        let Some(Value::Int(first)) = first else {
-            panic!("{}: {reply:?}", self.command);
-        };
-        if self.command == "CL.THROTTLE" {
-            *first == 0
-        } else {
-            *first == 1
-        }
-    }
-
-    fn corrupt(&self, c: &mut Connection, key: &str) {
-        let argv: Vec<&str> = self
-            .corrupt
-            .iter()
-            .map(|a| if *a == "{key}" { key } else { a })
-            .collect();
-        cmd(c, &argv).expect("corrupting a key");
-    }
-}
 
 fn state(c: &mut Connection, key: &str) -> (Stored, i64) {
     (stored(c, key), pexpiretime(c, key))
@@ -445,4 +298,45 @@ fn keyspace_events_name_the_write_and_the_expiry_only_when_it_moved() {
         moved_and_not.0 > 0 && moved_and_not.1 > 0,
         "{moved_and_not:?}"
     );
+}
+
+#[test]
+fn every_command_reaches_a_replica_as_its_effects() {
+    let master = Server::with_test_clock();
+    let replica = Server::with_test_clock();
+    replica.replicate_from(&master);
+    let mut m = master.connect();
+    set_clock(&mut m, T0);
+    let mut keys = Vec::new();
+    for case in CASES {
+        let key = format!("{}:repl", case.command);
+        for _ in 0..3 {
+            assert!(case.admitted(&case.call(&mut m, &key, case.ten, None)));
+        }
+        case.call(&mut m, &key, case.ten, Some("0")).unwrap();
+        let full = format!("{}:repl-full", case.command);
+        assert!(case.admitted(&case.call(&mut m, &full, case.one, None)));
+        assert!(!case.admitted(&case.call(&mut m, &full, case.one, None)));
+        keys.extend([key, full]);
+    }
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut m).unwrap();
+    let mut r = replica.connect();
+    for key in &keys {
+        assert_eq!(
+            state(&mut r, key),
+            state(&mut m, key),
+            "{key} on the replica"
+        );
+    }
+    let all: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut r)
+        .unwrap();
+    for case in CASES {
+        let name = format!("cmdstat_{}:", case.command.to_ascii_lowercase());
+        assert!(
+            !all.contains(&name),
+            "{name} on the replica: effects, not commands"
+        );
+    }
 }

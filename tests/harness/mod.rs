@@ -503,6 +503,7 @@ pub fn now_us() -> i64 {
         .as_micros() as i64
 }
 
+pub mod cases;
 pub mod cluster;
 #[cfg(feature = "containers")]
 pub mod container;

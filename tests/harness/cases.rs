@@ -1,0 +1,158 @@
+//! The table of every command the module registers: for each, arguments that admit ten calls at
+//! one instant, arguments that admit one then deny, a bad argument list, what the key holds, and
+//! a way to corrupt it. The suites that check a promise for every command (conformance, ACL)
+//! read it, so a command added to the module is added here once.
+
+use redis::{Connection, Value};
+
+use super::cmd;
+
+pub struct Case {
+    pub command: &'static str,
+    /// Parameters under which a fresh key admits exactly 10 calls at one instant.
+    pub ten: &'static [&'static str],
+    /// Parameters under which a fresh key admits its first call and denies the second.
+    pub one: &'static [&'static str],
+    /// A parameter list with a bad number.
+    pub bad: &'static [&'static str],
+    /// What the key holds once written (`string`, `zset`).
+    pub kind: &'static str,
+    /// Commands that put a corrupt value in `key` (`{key}` stands for it), and the error a call
+    /// then gets.
+    pub corrupt: &'static [&'static str],
+    pub corrupt_error: &'static str,
+}
+
+const TOKENS_ERR: &str = "ERR corrupt rate limiter state: field 'tokens' is not a valid number";
+
+pub const CASES: &[Case] = &[
+    Case {
+        command: "RL.TOKENBUCKET",
+        ten: &["10", "0.001"],
+        one: &["1", "0.001"],
+        bad: &["x", "1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1 2 3"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'ts' is not a valid timestamp",
+    },
+    Case {
+        command: "RL.LEAKYBUCKET",
+        ten: &["10", "0.001"],
+        one: &["1", "0.001"],
+        bad: &["10", "nan"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "-1 5"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'level' is not a valid number",
+    },
+    Case {
+        command: "RL.FIXEDWINDOW",
+        ten: &["10", "1000"],
+        one: &["1", "1000"],
+        bad: &["0", "1000"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'start' is not a valid timestamp",
+    },
+    Case {
+        command: "RL.SLIDINGWINDOW",
+        ten: &["10", "1000"],
+        one: &["1", "1000"],
+        bad: &["10", "-1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1 x 1"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'cur' is not a valid number",
+    },
+    Case {
+        command: "RL.GCRA",
+        ten: &["9", "1", "1000"],
+        one: &["0", "1", "1000"],
+        bad: &["1", "0", "1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "1.5"],
+        corrupt_error: "ERR corrupt rate limiter state: field 'tat' is not a valid timestamp",
+    },
+    Case {
+        command: "RL.SLIDINGLOG",
+        ten: &["10", "1000"],
+        one: &["1", "1000"],
+        bad: &["100001", "1"],
+        kind: "zset",
+        corrupt: &["ZADD", "{key}", "1", "x"],
+        corrupt_error: "ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'",
+    },
+    Case {
+        command: "CL.THROTTLE",
+        ten: &["9", "1", "1000"],
+        one: &["0", "1", "1000"],
+        bad: &["-1", "1", "1"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "abc"],
+        corrupt_error: "ERR corrupt rate limiter state: the value is not a timestamp in nanoseconds",
+    },
+    Case {
+        command: "RL.ALL",
+        ten: &["TOKENBUCKET", "10", "0.001"],
+        one: &["GCRA", "0", "1", "1000"],
+        bad: &["TOKENBUCKET", "10", "x"],
+        kind: "string",
+        corrupt: &["SET", "{key}", "x"],
+        corrupt_error: TOKENS_ERR,
+    },
+];
+
+impl Case {
+    /// The call on `key` with `params` and, if given, a cost.
+    pub fn argv(&self, key: &str, params: &[&str], cost: Option<&str>) -> Vec<String> {
+        let mut v: Vec<String> = vec![self.command.to_string()];
+        if self.command == "RL.ALL" {
+            v.extend(["1".to_string(), key.to_string()]);
+            v.extend(params.iter().map(|p| p.to_string()));
+            if let Some(cost) = cost {
+                v.extend(["COST".to_string(), cost.to_string()]);
+            }
+        } else {
+            v.push(key.to_string());
+            v.extend(params.iter().map(|p| p.to_string()));
+            v.extend(cost.map(str::to_string));
+        }
+        v
+    }
+
+    pub fn call(
+        &self,
+        c: &mut Connection,
+        key: &str,
+        params: &[&str],
+        cost: Option<&str>,
+    ) -> super::Reply {
+        let argv = self.argv(key, params, cost);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        cmd(c, &argv)
+    }
+
+    /// Whether a reply admitted: `RL.*` and `RL.ALL` start with `allowed`, `CL.THROTTLE` with
+    /// `limited`.
+    pub fn admitted(&self, reply: &super::Reply) -> bool {
+        let first = match reply {
+            Ok(Value::Array(items)) => items.first(),
+            other => panic!("{}: not a decision: {other:?}", self.command),
+        };
+        let Some(Value::Int(first)) = first else {
+            panic!("{}: {reply:?}", self.command);
+        };
+        if self.command == "CL.THROTTLE" {
+            *first == 0
+        } else {
+            *first == 1
+        }
+    }
+
+    pub fn corrupt(&self, c: &mut Connection, key: &str) {
+        let argv: Vec<&str> = self
+            .corrupt
+            .iter()
+            .map(|a| if *a == "{key}" { key } else { a })
+            .collect();
+        cmd(c, &argv).expect("corrupting a key");
+    }
+}
