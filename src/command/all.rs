@@ -48,9 +48,20 @@ pub const MAX_LIMITS: usize = 16;
 /// Arguments after the command name in the shortest call; Redis checks it too (arity -6).
 pub const MIN_ARGS: usize = 5;
 const NUMKEYS: ErrorReply = ErrorReply(c"ERR numkeys must be an integer between 1 and 16");
-const UNKNOWN: ErrorReply = ErrorReply(
-    c"ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG",
-);
+/// `ERR unknown algorithm, expected one of: ...` with every keyword of the registry, made once.
+fn unknown() -> ErrorReply {
+    static TEXT: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    let text = TEXT.get_or_init(|| {
+        let keywords: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
+        let message = format!(
+            "ERR unknown algorithm, expected one of: {}",
+            keywords.join(" ")
+        );
+        std::ffi::CString::new(message).unwrap_or_default()
+    });
+    let text: &'static std::ffi::CStr = text.as_c_str();
+    ErrorReply(text)
+}
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 
@@ -113,7 +124,7 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
     while let Some((keyword, after)) = words.split_first() {
         let (descriptor, _, build) = algorithms()
             .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
-            .ok_or(UNKNOWN)?;
+            .ok_or_else(unknown)?;
         let params = descriptor.all_params();
         if after.len() < params {
             return Err(ARITY);
@@ -146,7 +157,7 @@ mod tests {
         let algorithms: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
         assert_eq!(algorithms, keywords);
         assert_eq!(
-            UNKNOWN.message(),
+            unknown().message(),
             format!(
                 "ERR unknown algorithm, expected one of: {}",
                 keywords.join(" ")
