@@ -12,7 +12,7 @@ DEMO_PORT ?= 8080
 DEMO_REDIS_PORT ?= 6390
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: deps servers build run test test-servers check-containers e2e demo soak fuzz fuzz-deps lint bench clean
+.PHONY: deps servers build run test test-servers check-containers e2e demo soak fuzz fuzz-deps lint bench dist clean
 
 deps:
 	@missing=""; \
@@ -131,6 +131,11 @@ bench: deps
 	python3 benches/server_bench.py --module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
 		--criterion-dir $(BENCH_TARGET)/criterion \
 		$(if $(REDIS_CELL_MODULE),--redis-cell $(REDIS_CELL_MODULE)) $(BENCH_ARGS)
+
+# A release tarball in target/dist: the module with its SHA-256, the Lua twins, a redis.conf
+# snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).
+dist: build
+	@bash dist/pack.sh $(MODULE) $(TARGET_DIR)/dist
 
 clean:
 	$(CARGO) clean
