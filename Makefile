@@ -3,16 +3,17 @@ PORT ?= 6379
 MODULE := target/release/libredis_rate_limiter.so
 CARGO ?= cargo
 
-# Debian packages: the server and CLI tools, libclang for redis-module's bindgen, and headless
-# Chromium with its WebDriver for the demo's browser test.
-APT_PACKAGES := redis-server redis-tools libclang-dev chromium chromium-driver
+# Debian packages: the server and CLI tools, libclang for redis-module's bindgen, headless
+# Chromium with its WebDriver for the demo's browser test, and Go with redigo for the Go example.
+APT_PACKAGES := redis-server redis-tools libclang-dev chromium chromium-driver golang-go \
+	golang-github-gomodule-redigo-dev
 
 # The demo: a redis-server with the module on DEMO_REDIS_PORT, the web page on DEMO_PORT.
 DEMO_PORT ?= 8080
 DEMO_REDIS_PORT ?= 6390
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: deps servers build run test test-servers check-containers e2e demo soak fuzz fuzz-deps lint bench dist clean
+.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench dist clean
 
 deps:
 	@missing=""; \
@@ -22,6 +23,8 @@ deps:
 	ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
+	command -v go >/dev/null 2>&1 || missing="$$missing golang-go"; \
+	[ -d /usr/share/gocode/src/github.com/gomodule/redigo ] || missing="$$missing redigo"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
@@ -50,13 +53,22 @@ run: build $(if $(SERVER),servers)
 
 # Every crate of the workspace on Redis 7.0: unit tests, the embedded-Lua differential suite, the
 # module's server suites, the client's and the demo in headless Chromium (client/tests/e2e.rs).
-# Then the module's server suites on every other server of the matrix, the client's on Redis 8.2,
-# and a short fuzzing run.
+# Then the examples in Python, Node.js and Go, the module's server suites on every other server
+# of the matrix, the client's on Redis 8.2, and a short fuzzing run.
 test: deps servers check-containers
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
+	$(MAKE) examples
 	$(MAKE) test-servers SERVERS="$(filter-out redis-7.0,$(MATRIX))"
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-8.2/server $(CARGO) test -p ratelimit-client --all-targets
 	$(MAKE) fuzz FUZZ_SECONDS=15
+
+# examples/: the seed scenario from Python (redis-py), Node.js (node-redis) and Go (redigo), with
+# the module and without it (the Lua path), each output checked exactly; on Redis 7.0 with the
+# debug build, and on Valkey 9.1.
+examples: deps servers
+	$(CARGO) build -p redis-rate-limiter
+	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server bash examples/run.sh $(TARGET_DIR)/debug/libredis_rate_limiter.so
+	RL_REDIS_SERVER=$(SERVERS_DIR)/valkey-9.1/server bash examples/run.sh $(TARGET_DIR)/debug/libredis_rate_limiter.so
 
 # The module's suites that run on a server (every tests/*.rs but the two that need none), on each
 # server of SERVERS in turn: `make test-servers SERVERS=valkey-9.1`.
