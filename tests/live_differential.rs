@@ -1,5 +1,6 @@
-//! Differential suite, part 2: on a live redis-server (test clock), the module command and
-//! `EVALSHA` of its Lua twin on twin keys, at identical instants. Every step must give the same
+//! Differential suite, part 2: on a live redis-server (test clock), the module command and its
+//! Lua twin (`EVALSHA` of its script, or `FCALL` of the `ratelimit` library, case by case) on twin
+//! keys, at identical instants. Every step must give the same
 //! reply and leave both keys byte-identical (fields, values and absolute expiry).
 
 mod harness;
@@ -16,6 +17,56 @@ use harness::{stored, string_bytes};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis::{Connection, Value};
+
+/// How the twin is called: `EVALSHA` of its script in even cases, `FCALL` of its function in the
+/// `ratelimit` library (`lua-reference/ratelimit.lua`) in odd ones, so that both Lua paths are
+/// compared with the module on every server.
+struct Twin {
+    sha: String,
+    function: String,
+}
+
+impl Twin {
+    fn load(c: &mut Connection, script: &str) -> Twin {
+        let source = lua_script(script);
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&source)
+            .query(c)
+            .unwrap();
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(lua_script("ratelimit.lua"))
+            .query(c)
+            .unwrap();
+        // `-- ..., the Lua twin of RL.X.` names the command; its function is `rl_x`.
+        let first = source.lines().next().unwrap();
+        let command = first.split("twin of ").nth(1).unwrap();
+        let command = command
+            .trim_start_matches("the module's ")
+            .trim_end_matches('.');
+        let function = command.to_ascii_lowercase().replace('.', "_");
+        Twin { sha, function }
+    }
+
+    /// Asserts that both paths were called on this server.
+    fn assert_both_ran(c: &mut Connection) {
+        let stats: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        for path in ["cmdstat_evalsha:", "cmdstat_fcall:"] {
+            assert!(stats.contains(path), "{path} not in {stats}");
+        }
+    }
+
+    /// The call up to the keys: `EVALSHA sha numkeys` or `FCALL function numkeys`.
+    fn head<'a>(&'a self, case: usize, numkeys: &'a [u8]) -> Vec<&'a [u8]> {
+        if case % 2 == 0 {
+            vec![b"EVALSHA", self.sha.as_bytes(), numkeys]
+        } else {
+            vec![b"FCALL", self.function.as_bytes(), numkeys]
+        }
+    }
+}
 
 /// `Corruption` on one key of a string-of-numbers limiter (or of its earlier hash layout) on the
 /// server; `fields` are the limiter's field names in stored order.
@@ -66,11 +117,7 @@ fn live_differential(
 ) -> usize {
     let server = Server::with_test_clock();
     let conn = RefCell::new(server.connect());
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(lua_script(script))
-        .query(&mut *conn.borrow_mut())
-        .unwrap();
+    let twin = Twin::load(&mut conn.borrow_mut(), script);
     // Far enough ahead of the real clock that no absolute expiry is ever in the real past.
     let start = now_us() + 86_400_000_000;
     let case = Cell::new(0usize);
@@ -95,8 +142,8 @@ fn live_differential(
             }
             let mut module_call: Vec<&[u8]> = vec![command.as_bytes(), ours.as_bytes()];
             module_call.extend(step.args.iter().map(|a| a.as_bytes()));
-            let mut script_call: Vec<&[u8]> =
-                vec![b"EVALSHA", sha.as_bytes(), b"1", theirs.as_bytes()];
+            let mut script_call = twin.head(case.get(), b"1");
+            script_call.push(theirs.as_bytes());
             script_call.extend(step.args.iter().map(|a| a.as_bytes()));
             let a = call(c, &module_call);
             let b = call(c, &script_call);
@@ -121,6 +168,7 @@ fn live_differential(
         panic!("{command} and {script} differ on a live server: {e}");
     }
     assert!(server.log().contains("TESTCLOCK is on"));
+    Twin::assert_both_ran(&mut conn.borrow_mut());
     steps_run.get()
 }
 
@@ -140,11 +188,7 @@ fn token_bucket_module_and_evalsha_agree_on_a_live_server() {
 fn all_limits_module_and_evalsha_agree_on_a_live_server() {
     let server = Server::with_test_clock();
     let mut c = server.connect();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(lua_script("all.lua"))
-        .query(&mut c)
-        .unwrap();
+    let twin = Twin::load(&mut c, "all.lua");
     let start = now_us() + 86_400_000_000;
     let conn = RefCell::new(c);
     let case = Cell::new(0usize);
@@ -176,7 +220,7 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
             let mut module_call: Vec<&[u8]> = vec![b"RL.ALL", numkeys.as_bytes()];
             module_call.extend(ours.iter().map(|k| k.as_bytes()));
             module_call.extend(step.words.iter().map(|w| w.as_bytes()));
-            let mut script_call: Vec<&[u8]> = vec![b"EVALSHA", sha.as_bytes(), numkeys.as_bytes()];
+            let mut script_call = twin.head(case.get(), numkeys.as_bytes());
             script_call.extend(theirs.iter().map(|k| k.as_bytes()));
             script_call.extend(step.words.iter().map(|w| w.as_bytes()));
             let a = call(c, &module_call);
@@ -265,11 +309,7 @@ fn corrupt_string(c: &mut Connection, key: &str, corruption: &Corruption) {
 fn throttle_module_and_evalsha_agree_on_a_live_server() {
     let server = Server::with_test_clock();
     let mut c = server.connect();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(lua_script("throttle.lua"))
-        .query(&mut c)
-        .unwrap();
+    let twin = Twin::load(&mut c, "throttle.lua");
     let start = now_us() + 86_400_000_000;
     let case = Cell::new(0usize);
     let steps_run = Cell::new(0usize);
@@ -295,8 +335,8 @@ fn throttle_module_and_evalsha_agree_on_a_live_server() {
             }
             let mut module_call: Vec<&[u8]> = vec![b"CL.THROTTLE", ours.as_bytes()];
             module_call.extend(step.args.iter().map(|a| a.as_bytes()));
-            let mut script_call: Vec<&[u8]> =
-                vec![b"EVALSHA", sha.as_bytes(), b"1", theirs.as_bytes()];
+            let mut script_call = twin.head(case.get(), b"1");
+            script_call.push(theirs.as_bytes());
             script_call.extend(step.args.iter().map(|a| a.as_bytes()));
             let a = call(c, &module_call);
             let b = call(c, &script_call);
@@ -362,11 +402,7 @@ fn live_log_differential(
 ) -> (usize, i64) {
     let server = Server::with_test_clock();
     let mut c = server.connect();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(lua_script("sliding_log.lua"))
-        .query(&mut c)
-        .unwrap();
+    let twin = Twin::load(&mut c, "sliding_log.lua");
     let conn = RefCell::new(c);
     // Far enough ahead of the real clock that no absolute expiry is ever in the real past.
     let start = now_us() + 86_400_000_000;
@@ -393,8 +429,8 @@ fn live_log_differential(
             }
             let mut module_call: Vec<&[u8]> = vec![b"RL.SLIDINGLOG", ours.as_bytes()];
             module_call.extend(step.args.iter().map(|a| a.as_bytes()));
-            let mut script_call: Vec<&[u8]> =
-                vec![b"EVALSHA", sha.as_bytes(), b"1", theirs.as_bytes()];
+            let mut script_call = twin.head(case.get(), b"1");
+            script_call.push(theirs.as_bytes());
             script_call.extend(step.args.iter().map(|a| a.as_bytes()));
             let a = call(c, &module_call);
             let b = call(c, &script_call);

@@ -1,6 +1,8 @@
 //! The Lua twins share code by copy: every script carries the same `@common` block, and
-//! `all.lua` carries a copy of each algorithm's `@limiter` block. This test fails when a copy has
-//! drifted from its source; `UPDATE_LUA=1 cargo test --test lua_blocks` rewrites the copies.
+//! `all.lua` carries a copy of each algorithm's `@limiter` block. `ratelimit.lua`, the Functions
+//! library, is generated from them: the common block, every limiter block, and each script's
+//! `@main` as the function of its command. These tests fail when a copy or the library has
+//! drifted from its sources; `UPDATE_LUA=1 cargo test --test lua_blocks` rewrites them.
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +31,102 @@ fn blocks(source: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The Functions library's file in `lua-reference/`.
+const LIBRARY: &str = "ratelimit.lua";
+
+/// The command a script is the twin of, from its first line (`-- ..., the Lua twin of RL.X.`).
+fn command_of(script: &str) -> String {
+    let first = script.lines().next().unwrap_or_default();
+    let (_, name) = first
+        .split_once("twin of ")
+        .expect("first line names the command");
+    name.trim_start_matches("the module's ")
+        .trim_end_matches('.')
+        .to_string()
+}
+
+/// The text after `-- @main`.
+fn main_block(script: &str) -> &str {
+    let at = script.find("\n-- @main\n").expect("@main") + "\n-- @main\n".len();
+    &script[at..]
+}
+
+/// `ratelimit.lua` as the scripts make it.
+fn library() -> String {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "lua") && !p.ends_with(LIBRARY))
+        .collect();
+    paths.sort();
+    let mut common = String::new();
+    let mut limiters = String::new();
+    let mut mains = String::new();
+    let mut registrations = String::new();
+    for path in &paths {
+        let text = std::fs::read_to_string(path).unwrap();
+        for (name, block) in blocks(&text) {
+            if name == "common" {
+                common = block;
+            } else if !path.ends_with("all.lua") {
+                limiters.push_str(&block);
+                limiters.push_str("\n\n");
+            }
+        }
+        let command = command_of(&text);
+        let function = command.to_ascii_lowercase().replace('.', "_");
+        let main = format!("{function}_main");
+        mains.push_str(&format!(
+            "-- {command}, as `lua-reference/{}`'s main.\nlocal function {main}(KEYS, ARGV)\n{}end\n\n",
+            path.file_name().unwrap().to_string_lossy(),
+            main_block(&text)
+        ));
+        registrations.push_str(&format!("redis.register_function('{function}', {main})\n"));
+    }
+    format!(
+        "#!lua name=ratelimit\n\
+-- The `ratelimit` Functions library (Redis 7+, Valkey): one function per command, named after it\n\
+-- in lower case with `_` for the dot (`FCALL rl_tokenbucket 1 key 10 5`), with the scripts'\n\
+-- arguments, replies, errors and stored bytes. Generated from the scripts in this directory by\n\
+-- tests/lua_blocks.rs (UPDATE_LUA=1 cargo test --test lua_blocks); edit the scripts, not this.\n\
+\n{common}\n\n{limiters}{mains}{registrations}"
+    )
+}
+
+#[test]
+fn the_functions_library_is_made_from_the_scripts() {
+    let wanted = library();
+    let path = dir().join(LIBRARY);
+    let found = std::fs::read_to_string(&path).unwrap_or_default();
+    if found != wanted && std::env::var("UPDATE_LUA").is_ok() {
+        std::fs::write(&path, &wanted).unwrap();
+        return;
+    }
+    assert!(
+        found == wanted,
+        "{LIBRARY} is stale (UPDATE_LUA=1 cargo test --test lua_blocks)"
+    );
+    // One function per registered command.
+    let mut functions: Vec<String> = wanted
+        .lines()
+        .filter_map(|l| l.strip_prefix("redis.register_function('"))
+        .map(|l| l.split('\'').next().unwrap().to_string())
+        .collect();
+    functions.sort();
+    let mut commands: Vec<String> = redis_rate_limiter::command::DESCRIPTORS
+        .iter()
+        .map(|d| {
+            d.name
+                .to_str()
+                .unwrap()
+                .to_ascii_lowercase()
+                .replace('.', "_")
+        })
+        .collect();
+    commands.sort();
+    assert_eq!(functions, commands);
+}
+
 #[test]
 fn shared_lua_blocks_are_identical_copies() {
     let update = std::env::var("UPDATE_LUA").is_ok();
@@ -37,7 +135,11 @@ fn shared_lua_blocks_are_identical_copies() {
     let mut scripts: Vec<PathBuf> = std::fs::read_dir(dir())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "lua") && !p.ends_with("all.lua"))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "lua")
+                && !p.ends_with("all.lua")
+                && !p.ends_with(LIBRARY)
+        })
         .collect();
     scripts.sort();
     assert!(!scripts.is_empty());
