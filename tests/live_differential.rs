@@ -60,7 +60,7 @@ impl Twin {
 
     /// The call up to the keys: `EVALSHA sha numkeys` or `FCALL function numkeys`.
     fn head<'a>(&'a self, case: usize, numkeys: &'a [u8]) -> Vec<&'a [u8]> {
-        if case % 2 == 0 {
+        if case.is_multiple_of(2) {
             vec![b"EVALSHA", self.sha.as_bytes(), numkeys]
         } else {
             vec![b"FCALL", self.function.as_bytes(), numkeys]
