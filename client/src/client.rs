@@ -30,17 +30,21 @@ pub enum Mode {
     Module,
     /// `EVALSHA` of the `lua-reference/` scripts (EVAL on `NOSCRIPT`).
     Script,
+    /// `FCALL` of the `ratelimit` Functions library (`lua-reference/ratelimit.lua`), loaded on
+    /// the server beforehand.
+    Function,
 }
 
 /// Which [`Mode`] to use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ModeChoice {
-    /// The module if `COMMAND INFO rl.all` knows it, else the scripts (detected on the first
-    /// call that reaches Redis).
+    /// The module if `COMMAND INFO rl.all` knows it, else the Functions library if
+    /// `FUNCTION LIST` has it, else the scripts (detected on the first call that reaches Redis).
     #[default]
     Auto,
     Module,
     Script,
+    Function,
 }
 
 /// What to answer when Redis cannot (timeout, connection error, breaker open).
@@ -139,9 +143,18 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// The Functions library's name (`#!lua name=ratelimit`).
+const LIBRARY: &str = "ratelimit";
+
+/// A command's function in the library: `RL.TOKENBUCKET` is `rl_tokenbucket`.
+fn function_name(command: &str) -> String {
+    command.to_ascii_lowercase().replace('.', "_")
+}
+
 const MODE_UNKNOWN: u8 = 0;
 const MODE_MODULE: u8 = 1;
 const MODE_SCRIPT: u8 = 2;
+const MODE_FUNCTION: u8 = 3;
 
 static ALL_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua-reference/all.lua")));
@@ -315,6 +328,7 @@ where
             ModeChoice::Auto => MODE_UNKNOWN,
             ModeChoice::Module => MODE_MODULE,
             ModeChoice::Script => MODE_SCRIPT,
+            ModeChoice::Function => MODE_FUNCTION,
         };
         Client {
             conn,
@@ -336,6 +350,7 @@ where
         match self.inner.mode.load(Ordering::Relaxed) {
             MODE_MODULE => Some(Mode::Module),
             MODE_SCRIPT => Some(Mode::Script),
+            MODE_FUNCTION => Some(Mode::Function),
             _ => None,
         }
     }
@@ -369,11 +384,31 @@ where
         };
         let (code, mode) = if loaded {
             (MODE_MODULE, Mode::Module)
+        } else if self.has_library(conn).await? {
+            (MODE_FUNCTION, Mode::Function)
         } else {
             (MODE_SCRIPT, Mode::Script)
         };
         self.inner.mode.store(code, Ordering::Relaxed);
         Ok(mode)
+    }
+
+    /// Whether the `ratelimit` Functions library is loaded. A server that refuses to say (an
+    /// error reply, such as `NOPERM` for `FUNCTION`) is taken to have none: the scripts decide
+    /// alike.
+    async fn has_library(&self, conn: &mut C) -> Result<bool, RedisError> {
+        let listed: Result<Value, RedisError> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(LIBRARY)
+            .query_async(conn)
+            .await;
+        match listed {
+            Ok(Value::Array(libraries)) => Ok(!libraries.is_empty()),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) if e.code().is_some() => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     async fn call_one(
@@ -399,6 +434,16 @@ where
                     .arg(algo.params())
                     .arg(cost)
                     .invoke_async(&mut conn)
+                    .await?
+            }
+            Mode::Function => {
+                redis::cmd("FCALL")
+                    .arg(function_name(algo.command()))
+                    .arg(1)
+                    .arg(key)
+                    .arg(algo.params())
+                    .arg(cost)
+                    .query_async(&mut conn)
                     .await?
             }
         };
@@ -438,6 +483,15 @@ where
                     inv.arg(a);
                 }
                 inv.invoke_async(&mut conn).await?
+            }
+            Mode::Function => {
+                redis::cmd("FCALL")
+                    .arg(function_name("RL.ALL"))
+                    .arg(keys.len())
+                    .arg(&keys)
+                    .arg(&args)
+                    .query_async(&mut conn)
+                    .await?
             }
         };
         Ok((

@@ -294,3 +294,70 @@ async fn bad_parameters_are_reported_not_degraded() {
     );
     assert!(!l.client().breaker_open());
 }
+
+fn load_library(c: &mut redis::Connection) {
+    let library = include_str!("../../lua-reference/ratelimit.lua");
+    let name: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library)
+        .query(c)
+        .unwrap();
+    assert_eq!(name, "ratelimit");
+}
+
+#[tokio::test]
+async fn the_functions_library_decides_as_the_module_and_is_detected_when_loaded() {
+    let server = Server::with_test_clock();
+    let mut admin = server.connect();
+    set_clock(&mut admin, 1_800_000_000_000_000);
+    load_library(&mut admin);
+    let module = Client::connect(&server.url(), Options::default()).unwrap();
+    let function = Client::connect(
+        &server.url(),
+        Options {
+            mode: ModeChoice::Function,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    for (n, algo) in algorithms().into_iter().enumerate() {
+        for (i, &(advance, cost)) in STEPS.iter().enumerate() {
+            advance_clock(&mut admin, advance);
+            let a = module.check(&format!("m:{n}"), &algo, cost).await.unwrap();
+            let b = function
+                .check(&format!("f:{n}"), &algo, cost)
+                .await
+                .unwrap();
+            assert_eq!((a.mode, b.mode), (Some(Mode::Module), Some(Mode::Function)));
+            assert_eq!((a.degraded, b.degraded), (None, None));
+            assert_eq!(a.decision, b.decision, "{algo:?} step {i}");
+        }
+    }
+    let limits = |p: &str| {
+        vec![
+            (format!("{{{p}}}:a"), algorithms()[0].clone()),
+            (format!("{{{p}}}:b"), algorithms()[4].clone()),
+        ]
+    };
+    for _ in 0..7 {
+        let a = module.check_all(&limits("m"), 1).await.unwrap();
+        let b = function.check_all(&limits("f"), 1).await.unwrap();
+        assert_eq!(b.mode, Some(Mode::Function));
+        assert_eq!(
+            (a.allowed, a.denied_by, &a.decisions),
+            (b.allowed, b.denied_by, &b.decisions)
+        );
+    }
+
+    // Without the module, `Auto` takes the library when it is loaded, else the scripts.
+    let bare = Server::without_module();
+    let plain = Client::connect(&bare.url(), Options::default()).unwrap();
+    assert_eq!(plain.detect().await, Some(Mode::Script));
+    let mut c = bare.connect();
+    load_library(&mut c);
+    let auto = Client::connect(&bare.url(), Options::default()).unwrap();
+    assert_eq!(auto.detect().await, Some(Mode::Function));
+    let o = auto.check("k", &algorithms()[0], 1).await.unwrap();
+    assert_eq!((o.mode, o.decision.allowed), (Some(Mode::Function), true));
+}
