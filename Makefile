@@ -63,12 +63,15 @@ test: deps servers check-containers
 	$(MAKE) fuzz FUZZ_SECONDS=15
 
 # examples/: the seed scenario from Python (redis-py), Node.js (node-redis) and Go (redigo), with
-# the module and without it (the Lua path), each output checked exactly; on Redis 7.0 with the
-# debug build, and on Valkey 9.1.
+# the module and without it (the Lua path), each output checked exactly, on every server of the
+# matrix (the debug build of the module).
 examples: deps servers
 	$(CARGO) build -p redis-rate-limiter
-	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server bash examples/run.sh $(TARGET_DIR)/debug/libredis_rate_limiter.so
-	RL_REDIS_SERVER=$(SERVERS_DIR)/valkey-9.1/server bash examples/run.sh $(TARGET_DIR)/debug/libredis_rate_limiter.so
+	@for s in $(MATRIX); do \
+		echo "== examples on $$s"; \
+		RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server bash examples/run.sh \
+			$(TARGET_DIR)/debug/libredis_rate_limiter.so || exit 1; \
+	done
 
 # The module's suites that run on a server (every tests/*.rs but the two that need none), on each
 # server of SERVERS in turn: `make test-servers SERVERS=valkey-9.1`.
