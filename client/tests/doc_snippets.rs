@@ -1,0 +1,92 @@
+//! The Rust snippets of `docs/client.md`, compiled: each ```rust block of the page must appear
+//! here word for word (indented by four spaces), inside a function that the compiler checks and a
+//! test runs against a real server.
+
+mod common;
+
+use common::Server;
+use ratelimit_client::Client;
+use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer};
+use ratelimit_client::{Algorithm, FailurePolicy, Limiter, Options};
+
+type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+// Kept as the page writes them, so not formatted.
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_client(url: &str) -> Result {
+    // --- docs/client.md, block 1 (its URL replaced by the test server's) ---
+    let limiter = Limiter::open(
+        url,
+        Algorithm::TokenBucket { capacity: 10, refill_per_sec: 5.0 },
+        Options { policy: FailurePolicy::Local { instances: 4 }, ..Options::default() },
+    ).await?;
+    let out = limiter.check("user:42").await?;   // cost 1; check_cost(key, n); peek(key) = cost 0
+    if !out.decision.allowed { /* wait out.decision.retry_after_ms */ }
+    if let Some(d) = out.degraded { /* Redis did not answer: FailOpen, FailClosed or Local */ }
+    // ---
+    assert!(out.decision.allowed && out.degraded.is_none());
+    Ok(())
+}
+
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_middleware(url: &str) -> Result {
+    // --- docs/client.md, block 2 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?;
+    let layer = RateLimitLayer::builder(client)
+        .key(KeySource::Header(http::HeaderName::from_static("x-api-key")))
+        .plan(|req| req.headers.get("x-plan").and_then(|v| v.to_str().ok()).unwrap_or("free").into())
+        .route_class(|req| if req.uri.path().starts_with("/login") { "login".into() } else { "api".into() })
+        .limits("free", "*", vec![Policy::new("per-minute", Algorithm::FixedWindow { limit: 60, window_sec: 60.0 })])
+        .limits("pro", "*", vec![
+            Policy::new("burst", Algorithm::TokenBucket { capacity: 20, refill_per_sec: 5.0 }),
+            Policy::new("hourly", Algorithm::SlidingWindow { limit: 10_000, window_sec: 3600.0 }),
+        ])
+        .limits("*", "login", vec![Policy::new("login", Algorithm::Gcra { max_burst: 2, count_per_period: 1, period_sec: 10.0 })])
+        .legacy_headers(true)
+        .build();
+    let metrics = layer.metrics();              // metrics.render_prometheus() for /metrics
+    let app: axum::Router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(layer);
+    // ---
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_snippets_of_the_client_page_are_these_and_they_run() {
+    let this = include_str!("doc_snippets.rs");
+    let page = include_str!("../../docs/client.md");
+    let blocks: Vec<&str> = page
+        .split("```rust\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert_eq!(blocks.len(), 2, "the page's Rust blocks");
+    for block in blocks {
+        // `use` lines are this file's imports; the rest is the body of a function.
+        let (uses, body): (Vec<&str>, Vec<&str>) =
+            block.lines().partition(|l| l.starts_with("use "));
+        for u in uses {
+            assert!(this.lines().any(|l| l == u), "not imported here: {u}");
+        }
+        let body = body.join("\n");
+        let indented: String = body
+            .trim_start_matches('\n')
+            .replace("\"redis://127.0.0.1:6379\"", "url")
+            .replace("    \"redis://127.0.0.1:6379\",\n", "    url,\n")
+            .lines()
+            .map(|l| {
+                if l.is_empty() {
+                    String::new()
+                } else {
+                    format!("    {l}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(this.contains(&indented), "not compiled here:\n{indented}");
+    }
+    let server = Server::with_module();
+    the_client(&server.url()).await.unwrap();
+    the_middleware(&server.url()).await.unwrap();
+}
