@@ -156,6 +156,7 @@ fn field_string(field: &'static FieldName) -> Result<*mut RedisModuleString, Err
 }
 
 impl Store for RedisKey {
+    #[inline(always)]
     fn read(&self) -> Result<Slot<'_>, ErrorReply> {
         Ok(match self.key.kind()? {
             KeyKind::Empty => Slot::Empty,
@@ -309,6 +310,7 @@ struct Opener {
 }
 
 impl OpenStore for Opener {
+    #[inline(always)]
     fn open(&mut self) -> Result<&mut dyn Store, ErrorReply> {
         let key = match self.key.take() {
             Some(key) => key,

@@ -73,6 +73,7 @@ impl FieldsLimiter<2> for FixedWindow {
         })
     }
 
+    #[inline(always)]
     fn decode([count, start]: [Option<&[u8]>; 2]) -> Result<fixed_window::State, ErrorReply> {
         let count = amount(count).ok_or(CORRUPT_COUNT)?;
         let start_us = timestamp(start).ok_or(CORRUPT_START)?;

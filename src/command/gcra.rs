@@ -127,6 +127,7 @@ impl FieldsLimiter<1> for Gcra {
         })
     }
 
+    #[inline(always)]
     fn decode([tat]: [Option<&[u8]>; 1]) -> Result<i128, ErrorReply> {
         let v = tat.and_then(parse_integer).ok_or(CORRUPT_TAT)?;
         if v >= 0.0 && v <= MAX_TAT_US {

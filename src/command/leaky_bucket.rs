@@ -74,6 +74,7 @@ impl FieldsLimiter<2> for LeakyBucket {
         })
     }
 
+    #[inline(always)]
     fn decode([level, ts]: [Option<&[u8]>; 2]) -> Result<leaky_bucket::State, ErrorReply> {
         let level = amount(level).ok_or(CORRUPT_LEVEL)?;
         let ts_us = timestamp(ts).ok_or(CORRUPT_TS)?;

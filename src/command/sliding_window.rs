@@ -89,6 +89,7 @@ impl FieldsLimiter<3> for SlidingWindow {
         })
     }
 
+    #[inline(always)]
     fn decode([start, cur, prev]: [Option<&[u8]>; 3]) -> Result<sliding_window::State, ErrorReply> {
         let start_us = timestamp(start).ok_or(CORRUPT_START)?;
         let cur = count(cur).ok_or(CORRUPT_CUR)?;

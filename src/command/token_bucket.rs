@@ -79,6 +79,7 @@ impl FieldsLimiter<2> for TokenBucket {
         })
     }
 
+    #[inline(always)]
     fn decode([tokens, ts]: [Option<&[u8]>; 2]) -> Result<token_bucket::State, ErrorReply> {
         let tokens = amount(tokens).ok_or(CORRUPT_TOKENS)?;
         let ts_us = timestamp(ts).ok_or(CORRUPT_TS)?;
