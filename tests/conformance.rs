@@ -301,42 +301,8 @@ fn keyspace_events_name_the_write_and_the_expiry_only_when_it_moved() {
 }
 
 #[test]
-fn every_command_reaches_a_replica_as_its_effects() {
-    let master = Server::with_test_clock();
-    let replica = Server::with_test_clock();
-    replica.replicate_from(&master);
-    let mut m = master.connect();
-    set_clock(&mut m, T0);
-    let mut keys = Vec::new();
+fn every_command_reaches_a_replica_as_its_effects_only() {
     for case in CASES {
-        let key = format!("{}:repl", case.command);
-        for _ in 0..3 {
-            assert!(case.admitted(&case.call(&mut m, &key, case.ten, None)));
-        }
-        case.call(&mut m, &key, case.ten, Some("0")).unwrap();
-        let full = format!("{}:repl-full", case.command);
-        assert!(case.admitted(&case.call(&mut m, &full, case.one, None)));
-        assert!(!case.admitted(&case.call(&mut m, &full, case.one, None)));
-        keys.extend([key, full]);
-    }
-    let _: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut m).unwrap();
-    let mut r = replica.connect();
-    for key in &keys {
-        assert_eq!(
-            state(&mut r, key),
-            state(&mut m, key),
-            "{key} on the replica"
-        );
-    }
-    let all: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut r)
-        .unwrap();
-    for case in CASES {
-        let name = format!("cmdstat_{}:", case.command.to_ascii_lowercase());
-        assert!(
-            !all.contains(&name),
-            "{name} on the replica: effects, not commands"
-        );
+        harness::replication::ReplicationCheck { case }.run();
     }
 }

@@ -202,21 +202,6 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
 }
 
 #[test]
-fn effects_are_replicated_not_the_command() {
-    replication::ReplicationCheck {
-        command: FW,
-        params: &["3", "0.7"],
-        cost: "1",
-        deny_params: &["1", "60"],
-        denied_flag: 0,
-        effects: &["set"],
-        state: string_bytes,
-        one_effect_per_write: Some("set"),
-    }
-    .run();
-}
-
-#[test]
 fn every_admitted_call_propagates_one_set_with_an_absolute_expiry() {
     // One `SET key value PXAT ms` per admitted call, nothing else: the replicas end with the
     // same value and the same absolute expiry, inside one window and across windows.

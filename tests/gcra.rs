@@ -251,18 +251,3 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     // The string layout: parts missing, extra or not numbers.
     assert_corrupt_values_reported(&mut c, GCRA, &["4", "10", "1"], values);
 }
-
-#[test]
-fn effects_are_replicated_not_the_command() {
-    replication::ReplicationCheck {
-        command: GCRA,
-        params: &["2", "3", "1"],
-        cost: "1",
-        deny_params: &["0", "1", "60"],
-        denied_flag: 0,
-        effects: &["set"],
-        state: string_bytes,
-        one_effect_per_write: Some("set"),
-    }
-    .run();
-}

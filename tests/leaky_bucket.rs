@@ -197,18 +197,3 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     // The string layout: parts missing, extra or not numbers.
     assert_corrupt_values_reported(&mut c, LB, &["10", "5"], values);
 }
-
-#[test]
-fn effects_are_replicated_not_the_command() {
-    replication::ReplicationCheck {
-        command: LB,
-        params: &["3", "2"],
-        cost: "1",
-        deny_params: &["1", "1"],
-        denied_flag: 0,
-        effects: &["set"],
-        state: string_bytes,
-        one_effect_per_write: Some("set"),
-    }
-    .run();
-}

@@ -294,21 +294,6 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
 }
 
 #[test]
-fn effects_are_replicated_not_the_command() {
-    replication::ReplicationCheck {
-        command: SL,
-        params: &["5", "0.5"],
-        cost: "2",
-        deny_params: &["1", "60"],
-        denied_flag: 0,
-        effects: &["zadd", "zremrangebyscore", "pexpireat"],
-        state: zset_bytes,
-        one_effect_per_write: None,
-    }
-    .run();
-}
-
-#[test]
 fn an_unmoved_expiry_is_propagated_once() {
     // Calls at one instant add entries but keep the expiry: ZADD each time, PEXPIREAT once.
     // A later call that trims every entry deletes the key with its expiry, which is then set

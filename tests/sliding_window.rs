@@ -231,18 +231,3 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     // The string layout: parts missing, extra or not numbers.
     assert_corrupt_values_reported(&mut c, SW, &["5", "10"], values);
 }
-
-#[test]
-fn effects_are_replicated_not_the_command() {
-    replication::ReplicationCheck {
-        command: SW,
-        params: &["3", "0.7"],
-        cost: "1",
-        deny_params: &["1", "60"],
-        denied_flag: 0,
-        effects: &["set"],
-        state: string_bytes,
-        one_effect_per_write: Some("set"),
-    }
-    .run();
-}

@@ -302,21 +302,6 @@ fn stored(c: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
 }
 
 #[test]
-fn effects_are_replicated_not_the_command() {
-    replication::ReplicationCheck {
-        command: CL,
-        params: &["2", "3", "1"],
-        cost: "1",
-        deny_params: &["0", "1", "60"],
-        denied_flag: 1,
-        effects: &["set"],
-        state: stored,
-        one_effect_per_write: Some("set"),
-    }
-    .run();
-}
-
-#[test]
 fn values_rewritten_in_place_reach_the_replica() {
     // A microsecond apart the value keeps its length and the expiry (whole ms) mostly stays:
     // rewritten in place, the expiry set only when it moves, and still the same on the replica.

@@ -356,21 +356,6 @@ fn command_metadata_for_cluster_and_acl() {
 }
 
 #[test]
-fn effects_are_replicated_not_the_command() {
-    replication::ReplicationCheck {
-        command: TB,
-        params: &["3", "2"],
-        cost: "1",
-        deny_params: &["1", "1"],
-        denied_flag: 0,
-        effects: &["set"],
-        state: string_bytes,
-        one_effect_per_write: Some("set"),
-    }
-    .run();
-}
-
-#[test]
 fn module_load_arguments_are_validated() {
     let s = Server::with(Options {
         without_module: true,

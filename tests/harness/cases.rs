@@ -21,6 +21,13 @@ pub struct Case {
     /// then gets.
     pub corrupt: &'static [&'static str],
     pub corrupt_error: &'static str,
+    /// Parameters and cost of a mixed workload (admitted and denied calls, every 123 ms over
+    /// five keys) for the replication check (`harness::replication`).
+    pub workload: (&'static [&'static str], &'static str),
+    /// The commands a replica runs for this command's writes (`INFO commandstats` names), and
+    /// the one it runs exactly once per admitted call, where there is one.
+    pub effects: &'static [&'static str],
+    pub one_effect_per_write: Option<&'static str>,
 }
 
 const TOKENS_ERR: &str = "ERR corrupt rate limiter state: field 'tokens' is not a valid number";
@@ -34,6 +41,9 @@ pub const CASES: &[Case] = &[
         kind: "string",
         corrupt: &["SET", "{key}", "1 2 3"],
         corrupt_error: "ERR corrupt rate limiter state: field 'ts' is not a valid timestamp",
+        workload: (&["3", "2"], "1"),
+        effects: &["set"],
+        one_effect_per_write: Some("set"),
     },
     Case {
         command: "RL.LEAKYBUCKET",
@@ -43,6 +53,9 @@ pub const CASES: &[Case] = &[
         kind: "string",
         corrupt: &["SET", "{key}", "-1 5"],
         corrupt_error: "ERR corrupt rate limiter state: field 'level' is not a valid number",
+        workload: (&["3", "2"], "1"),
+        effects: &["set"],
+        one_effect_per_write: Some("set"),
     },
     Case {
         command: "RL.FIXEDWINDOW",
@@ -52,6 +65,9 @@ pub const CASES: &[Case] = &[
         kind: "string",
         corrupt: &["SET", "{key}", "1"],
         corrupt_error: "ERR corrupt rate limiter state: field 'start' is not a valid timestamp",
+        workload: (&["3", "0.7"], "1"),
+        effects: &["set"],
+        one_effect_per_write: Some("set"),
     },
     Case {
         command: "RL.SLIDINGWINDOW",
@@ -61,6 +77,9 @@ pub const CASES: &[Case] = &[
         kind: "string",
         corrupt: &["SET", "{key}", "1 x 1"],
         corrupt_error: "ERR corrupt rate limiter state: field 'cur' is not a valid number",
+        workload: (&["3", "0.7"], "1"),
+        effects: &["set"],
+        one_effect_per_write: Some("set"),
     },
     Case {
         command: "RL.GCRA",
@@ -70,6 +89,9 @@ pub const CASES: &[Case] = &[
         kind: "string",
         corrupt: &["SET", "{key}", "1.5"],
         corrupt_error: "ERR corrupt rate limiter state: field 'tat' is not a valid timestamp",
+        workload: (&["2", "3", "1"], "1"),
+        effects: &["set"],
+        one_effect_per_write: Some("set"),
     },
     Case {
         command: "RL.SLIDINGLOG",
@@ -79,6 +101,9 @@ pub const CASES: &[Case] = &[
         kind: "zset",
         corrupt: &["ZADD", "{key}", "1", "x"],
         corrupt_error: "ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'",
+        workload: (&["5", "0.5"], "2"),
+        effects: &["zadd", "zremrangebyscore", "pexpireat"],
+        one_effect_per_write: None,
     },
     Case {
         command: "CL.THROTTLE",
@@ -88,6 +113,9 @@ pub const CASES: &[Case] = &[
         kind: "string",
         corrupt: &["SET", "{key}", "abc"],
         corrupt_error: "ERR corrupt rate limiter state: the value is not a timestamp in nanoseconds",
+        workload: (&["2", "3", "1"], "1"),
+        effects: &["set"],
+        one_effect_per_write: Some("set"),
     },
     Case {
         command: "RL.ALL",
@@ -97,6 +125,9 @@ pub const CASES: &[Case] = &[
         kind: "string",
         corrupt: &["SET", "{key}", "x"],
         corrupt_error: TOKENS_ERR,
+        workload: (&["TOKENBUCKET", "3", "2"], "1"),
+        effects: &["set"],
+        one_effect_per_write: Some("set"),
     },
 ];
 

@@ -1,38 +1,25 @@
-//! The replication check every limiter's suite runs: mixed calls (admitted, denied, peeks) on a
-//! master under the test clock; then the replica holds the same state and absolute expiry, ran
-//! only the propagated effects and never the limiter command, and a denial or a peek sent it
-//! nothing at all.
-
-use std::fmt::Debug;
+//! The replication check, run for every command of the table (`tests/conformance.rs`): mixed
+//! calls (admitted, denied, peeks) on a master under the test clock; then the replica holds the
+//! same state and absolute expiry, ran only the propagated effects and never the limiter command,
+//! and a denial or a peek sent it nothing at all.
 
 use redis::Connection;
 
-use super::{Server, advance_clock, calls_of, cmd, info_field, ints, pexpiretime, set_clock};
+use super::cases::Case;
+use super::{Server, advance_clock, calls_of, info_field, pexpiretime, set_clock, stored};
 
 /// 2030: ahead of the real clock, so no absolute expiry written here is already past.
 const START_US: i64 = 1_900_000_000_000_000;
 
-pub struct ReplicationCheck<'a, S> {
-    /// The limiter command.
-    pub command: &'a str,
-    /// Parameters of the mixed calls; every 7th call appends cost 0 (a peek), the others `cost`.
-    pub params: &'a [&'a str],
-    pub cost: &'a str,
-    /// Parameters under which a key's first call is admitted and the next one denied.
-    pub deny_params: &'a [&'a str],
-    /// The first element of a denial's reply (0 for `RL.*`, 1 for `CL.THROTTLE`).
-    pub denied_flag: i64,
-    /// The commands the replica must have run, as named by `INFO commandstats`.
-    pub effects: &'a [&'a str],
-    /// A key's stored state; the default value means "not written".
-    pub state: fn(&mut Connection, &str) -> S,
-    /// When set, the one command the replica runs, exactly once per admitted call that
-    /// consumes (limiters whose state is one string: `set`).
-    pub one_effect_per_write: Option<&'a str>,
+/// The check for one command of the table.
+pub struct ReplicationCheck<'a> {
+    pub case: &'a Case,
 }
 
-impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
+impl ReplicationCheck<'_> {
     pub fn run(&self) {
+        let case = self.case;
+        let (params, cost) = case.workload;
         let master = Server::with_test_clock();
         let replica = Server::start();
         replica.replicate_from(&master);
@@ -42,9 +29,9 @@ impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
         let mut writes: u64 = 0;
         for i in 0..50 {
             let key = format!("k{}", i % 5);
-            let cost = if i % 7 == 0 { "0" } else { self.cost };
-            let reply = self.call(&mut m, &key, self.params, Some(cost));
-            if cost != "0" && reply.first() != Some(&self.denied_flag) {
+            let cost = if i % 7 == 0 { "0" } else { cost };
+            let reply = case.call(&mut m, &key, params, Some(cost));
+            if cost != "0" && case.admitted(&reply) {
                 writes += 1;
             }
             advance_clock(&mut m, 123_457);
@@ -53,34 +40,48 @@ impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
         writes += 1;
 
         let offset = info_field(&mut m, "replication", "master_repl_offset");
-        let admitted = self.call(&mut m, "spent", self.deny_params, None);
-        assert_ne!(admitted.first(), Some(&self.denied_flag), "{admitted:?}");
+        let admitted = case.call(&mut m, "spent", case.one, None);
+        assert!(case.admitted(&admitted), "{}: {admitted:?}", case.command);
         let after_write = info_field(&mut m, "replication", "master_repl_offset");
-        assert_ne!(offset, after_write, "a write is propagated");
-        let denied = self.call(&mut m, "spent", self.deny_params, None);
-        assert_eq!(denied.first(), Some(&self.denied_flag), "{denied:?}");
-        self.call(&mut m, "spent", self.deny_params, Some("0"));
+        assert_ne!(
+            offset, after_write,
+            "{}: a write is propagated",
+            case.command
+        );
+        let denied = case.call(&mut m, "spent", case.one, None);
+        assert!(!case.admitted(&denied), "{}: {denied:?}", case.command);
+        case.call(&mut m, "spent", case.one, Some("0")).unwrap();
         assert_eq!(
             info_field(&mut m, "replication", "master_repl_offset"),
             after_write,
-            "a denial and a peek propagate nothing"
+            "{}: a denial and a peek propagate nothing",
+            case.command
         );
 
         let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
         for key in ["k0", "k1", "k2", "k3", "k4", "spent"] {
-            let on_master = (self.state)(&mut m, key);
-            assert_ne!(on_master, S::default(), "{key} was written");
-            assert_eq!((self.state)(&mut r, key), on_master, "{key}");
+            let on_master = stored(&mut m, key);
+            assert_eq!(
+                on_master.0, case.kind,
+                "{}: {key} was written",
+                case.command
+            );
+            assert_eq!(stored(&mut r, key), on_master, "{}: {key}", case.command);
             assert_eq!(pexpiretime(&mut r, key), pexpiretime(&mut m, key), "{key}");
         }
-        for effect in self.effects {
-            assert!(calls_of(&mut r, effect) > 0, "the replica ran no {effect}");
+        for effect in case.effects {
+            assert!(
+                calls_of(&mut r, effect) > 0,
+                "{}: the replica ran no {effect}",
+                case.command
+            );
         }
-        if let Some(effect) = self.one_effect_per_write {
+        if let Some(effect) = case.one_effect_per_write {
             assert_eq!(
                 calls_of(&mut r, effect),
                 writes,
-                "one {effect} per admitted call"
+                "{}: one {effect} per admitted call",
+                case.command
             );
             let commands = info_field_lines(&mut r, "commandstats");
             let others: Vec<&String> = commands
@@ -90,19 +91,13 @@ impl<S: PartialEq + Debug + Default> ReplicationCheck<'_, S> {
                 .collect();
             assert!(
                 others.is_empty(),
-                "the replica wrote more than {effect}: {others:?}"
+                "{}: the replica wrote more than {effect}: {others:?}",
+                case.command
             );
             assert!(is_write_command(&mut r, &format!("cmdstat_{effect}:")));
         }
-        let own = self.command.to_lowercase();
+        let own = case.command.to_lowercase();
         assert_eq!(calls_of(&mut r, &own), 0, "the replica ran {own} itself");
-    }
-
-    fn call(&self, c: &mut Connection, key: &str, params: &[&str], cost: Option<&str>) -> Vec<i64> {
-        let mut args = vec![self.command, key];
-        args.extend_from_slice(params);
-        args.extend(cost);
-        ints(&cmd(c, &args))
     }
 }
 
