@@ -122,25 +122,18 @@ fn score_string(ctx: *mut RedisModuleCtx, score: f64) -> Result<TempString, Erro
     TempString::new(ctx, buf.get(..len).unwrap_or_default())
 }
 
-/// A score bound as `ZCOUNT` reads it: `(x` when exclusive.
+/// A score bound as `ZCOUNT` reads it: `(x` when exclusive. `%.17g` spells infinity `inf`,
+/// which Redis reads as such.
 fn bound(score: f64, exclusive: bool, out: &mut [u8; G17_MAX_LEN + 1]) -> &[u8] {
-    let (prefix, rest) = out.split_at_mut(1);
     let mut digits = [0u8; G17_MAX_LEN];
-    let len = if score == f64::INFINITY {
-        digits[..4].copy_from_slice(b"+inf");
-        4
-    } else {
-        format_g17(score, &mut digits)
-    };
-    if let (Some(dest), Some(src)) = (rest.get_mut(..len), digits.get(..len)) {
+    let len = format_g17(score, &mut digits);
+    if let Some(open) = out.first_mut() {
+        *open = b'(';
+    }
+    if let (Some(dest), Some(src)) = (out.get_mut(1..=len), digits.get(..len)) {
         dest.copy_from_slice(src);
     }
-    if exclusive {
-        prefix[0] = b'(';
-        out.get(..len + 1).unwrap_or_default()
-    } else {
-        out.get(1..len + 1).unwrap_or_default()
-    }
+    out.get(usize::from(!exclusive)..=len).unwrap_or_default()
 }
 
 /// A field name of the earlier layout as a Redis string, created on first use and kept for the
