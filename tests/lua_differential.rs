@@ -303,8 +303,10 @@ fn all_limits_match_their_lua_twin() {
     );
     let (log_admitted, log_denied) = (log_admitted.into_inner(), log_denied.into_inner());
     println!("RL.ALL with a sliding log: {log_admitted} admitted, {log_denied} denied by it");
+    // Over 500 sequences these run at about 5% and 1% of the calls (4 runs: 640 to 1,192 denials
+    // of about 75,000); the bounds only say the generator reaches both, with room for chance.
     assert!(
-        log_admitted > steps / 50 && log_denied > steps / 100,
+        log_admitted > steps / 100 && log_denied > steps / 300,
         "{log_admitted} admitted with a sliding log, {log_denied} denied by one"
     );
 }
