@@ -1,11 +1,12 @@
 -- Several limits at once, the Lua twin of RL.ALL.
 --
---   EVALSHA <sha> <numkeys> <key> [key ...] <ALGORITHM> <params...> [...] [COST <cost>]
+--   EVALSHA <sha> <numkeys> <key> [key ...] <ALGORITHM> <params...> [...] [LEASE <id>] [COST <cost>]
 --
 -- The n-th limit applies to the n-th key. Admitted only if every limit admits, consuming from all
 -- or none. Reply: {allowed, denied_by, {reply of limit 1}, {reply of limit 2}, ...}, where
 -- denied_by is the 1-based position of the first limit that denied (0 when admitted); a limit
--- that would admit while another denies reports its unconsumed state (as with cost 0).
+-- that would admit while another denies reports its unconsumed state (as with cost 0). A
+-- CONCURRENCY limit takes its lease for the call's LEASE id.
 --
 -- The @common and @limiter blocks below are copies of the per-algorithm scripts' blocks;
 -- tests/lua_blocks.rs checks that they are identical (UPDATE_LUA=1 cargo test --test lua_blocks
@@ -680,6 +681,158 @@ function sliding_log.store(key, w)
 end
 -- @end
 
+-- @limiter concurrency
+local concurrency = {
+  ARITY = "ERR wrong number of arguments for 'rl.acquire' command",
+  -- Every lease is one sorted-set member: this bounds a key's memory.
+  MAX_LIMIT = 100000,
+  MAX_LEASE_SECONDS = 1e7,
+  MAX_ID_LEN = 128,
+}
+
+-- A lease id: 1 to 128 bytes, any bytes; nil and the error otherwise.
+function concurrency.id_arg(id)
+  if not id then return nil, 'ERR a CONCURRENCY limit needs LEASE lease_id' end
+  if #id < 1 or #id > concurrency.MAX_ID_LEN then
+    return nil, 'ERR lease_id must be 1 to 128 bytes'
+  end
+  return id
+end
+
+-- {limit, lease_sec, lease_id, cost}: RL.ACQUIRE gives the first three, RL.ALL all four (its
+-- LEASE id, or nil, and its COST). A lease is one slot whatever the cost; a cost of 0 is a peek.
+function concurrency.parse(argv)
+  local limit, cost, id, err
+  limit, err = integer_arg(argv[1], 1, concurrency.MAX_LIMIT,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+  if not limit then return nil, err end
+  if not is_decimal(argv[2]) then return nil, 'ERR lease_sec must be a number' end
+  local lease_sec = tonumber(argv[2])
+  if not (lease_sec > 0 and lease_sec <= concurrency.MAX_LEASE_SECONDS) then
+    return nil, 'ERR lease_sec must be greater than 0 and at most 10000000'
+  end
+  -- Millisecond resolution, rounded half up.
+  local lease_ms = math.floor(lease_sec * 1000 + 0.5)
+  if lease_ms < 1 then return nil, 'ERR lease_sec must be at least 1 millisecond' end
+  cost = 1
+  if argv[4] then
+    cost, err = cost_arg(argv[4])
+    if not cost then return nil, err end
+  end
+  id, err = concurrency.id_arg(argv[3])
+  if not id then return nil, err end
+  return {limit = limit, lease_ms = lease_ms, lease_us = lease_ms * 1000, id = id, cost = cost}
+end
+
+-- The entry `rank` places before the newest (0 is the newest), checked: an integer expiry in
+-- [0, 2^53] and an id of 1 to 128 bytes. False past the oldest, or nil and an error.
+local function concurrency_entry(key, rank, id)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local expiry = stored_timestamp(entry[2])
+  if not expiry then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+  end
+  if #entry[1] < 1 or #entry[1] > concurrency.MAX_ID_LEN then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes')
+  end
+  return {expiry = expiry, own = entry[1] == id}
+end
+
+-- What a call needs to know of the leases, each in O(log n), in the order of
+-- src/core/concurrency.rs: the size, the newest entry (and the one before it when the newest is
+-- the call's own), the live count and the call's own lease. False for a new key, or nil and an
+-- error reply.
+function concurrency.load(key, a, now)
+  local len = redis.pcall('ZCARD', key)
+  if type(len) == 'table' then return nil, len end
+  if len == 0 then return false end
+  local newest, err = concurrency_entry(key, 0, a.id)
+  if newest == nil then return nil, err end
+  local latest_other
+  if newest and newest.own then
+    local before
+    before, err = concurrency_entry(key, 1, a.id)
+    if before == nil then return nil, err end
+    if before then latest_other = before.expiry end
+  elseif newest then
+    latest_other = newest.expiry
+  end
+  local live = redis.call('ZCOUNT', key, string.format('(%.17g', now), '+inf')
+  local own = redis.call('ZSCORE', key, a.id)
+  if own then
+    own = stored_timestamp(own)
+    if not own then
+      return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+    end
+  end
+  return {len = len, live = live, own = own, latest_other = latest_other,
+          latest = newest and newest.expiry}
+end
+
+-- Whole milliseconds from now until `at`, rounded up, never negative.
+local function concurrency_ms_until(at, now)
+  local ms = math.ceil((at - now) / 1000)
+  if ms < 0 then return 0 end
+  return ms
+end
+
+-- The reply, and what to store (nil when nothing is written); or nil and an error reply when
+-- the entry a denial reads is corrupt.
+function concurrency.decide(a, view, now, key)
+  view = view or {len = 0, live = 0}
+  local limit = a.limit
+  local renews = view.own and view.own > now
+  local allowed = renews or view.live < limit
+  local admits = allowed and a.cost > 0
+  local live_after = view.live
+  if admits and not renews then live_after = live_after + 1 end
+  local remaining = limit - live_after
+  if remaining < 0 then remaining = 0 end
+  local expiry = now + a.lease_us
+  local retry_after = 0
+  if not allowed then
+    -- A slot is free once the lease `limit - 1` places before the newest has expired.
+    local entry, err = concurrency_entry(key, limit - 1, a.id)
+    if entry == nil then return nil, err end
+    if entry then retry_after = concurrency_ms_until(entry.expiry, now) else retry_after = -1 end
+  end
+  local latest_after = view.latest
+  if admits then
+    latest_after = expiry
+    if view.latest_other and view.latest_other > expiry then latest_after = view.latest_other end
+  end
+  local reset_after = 0
+  if latest_after then reset_after = concurrency_ms_until(latest_after, now) end
+  local write
+  if admits then
+    local trim
+    if view.len > view.live then trim = now end
+    write = {trim = trim, id = a.id, expiry = expiry, expire_at = math.ceil(latest_after / 1000)}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function concurrency.store(key, w)
+  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', w.trim)) end
+  redis.call('ZADD', key, string.format('%.17g', w.expiry), w.id)
+  redis.call('PEXPIREAT', key, string.format('%.17g', w.expire_at))
+end
+
+-- Frees the call's lease if it is live (the expired ones go too): 1, else 0 and no write.
+function concurrency.release(key, view, now, id)
+  if not (view and view.own and view.own > now) then return 0 end
+  if view.len > view.live then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
+  end
+  redis.call('ZREM', key, id)
+  if view.latest_other and view.latest_other > now then
+    redis.call('PEXPIREAT', key, string.format('%.17g', math.ceil(view.latest_other / 1000)))
+  end
+  return 1
+end
+-- @end
+
 -- @main
 local ALGORITHMS = {
   {keyword = 'TOKENBUCKET', params = 2, limiter = token_bucket},
@@ -688,6 +841,7 @@ local ALGORITHMS = {
   {keyword = 'SLIDINGWINDOW', params = 2, limiter = sliding_window},
   {keyword = 'GCRA', params = 3, limiter = gcra},
   {keyword = 'SLIDINGLOG', params = 2, limiter = sliding_log},
+  {keyword = 'CONCURRENCY', params = 2, limiter = concurrency, lease = true},
 }
 local ARITY = "ERR wrong number of arguments for 'rl.all' command"
 local n = #KEYS
@@ -699,14 +853,24 @@ end
 
 local words = {}
 for i = 1, #ARGV do words[i] = ARGV[i] end
-local cost = '1'
-if #words >= 2 and string.upper(words[#words - 1]) == 'COST' then
-  cost = words[#words]
+-- COST and LEASE at the end, in either order, each at most once.
+local cost, lease = '1', nil
+local cost_seen = false
+for _ = 1, 2 do
+  local option = #words >= 2 and string.upper(words[#words - 1])
+  if option == 'COST' and not cost_seen then
+    cost, cost_seen = words[#words], true
+  elseif option == 'LEASE' and not lease then
+    lease = words[#words]
+  else
+    break
+  end
   words[#words] = nil
   words[#words] = nil
 end
 
 local limits = {}
+local leases = false
 local i = 1
 while i <= #words do
   local algorithm
@@ -715,15 +879,22 @@ while i <= #words do
     if a.keyword == keyword then algorithm = a end
   end
   if not algorithm then
-    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG')
+    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG CONCURRENCY')
   end
   if #words - i < algorithm.params then return redis.error_reply(ARITY) end
   local params = {}
   for j = 1, algorithm.params do params[j] = words[i + j] end
-  params[algorithm.params + 1] = '0'
+  -- The cost follows the parameters, and the call's lease id comes before it.
+  local at = algorithm.params + 1
+  if algorithm.lease then
+    leases = true
+    params[at] = lease
+    at = at + 1
+  end
+  params[at] = '0'
   local peek_args, err = algorithm.limiter.parse(params)
   if not peek_args then return redis.error_reply(err) end
-  params[algorithm.params + 1] = cost
+  params[at] = cost
   local args
   args, err = algorithm.limiter.parse(params)
   if not args then return redis.error_reply(err) end
@@ -732,6 +903,9 @@ while i <= #words do
 end
 if #limits ~= n then
   return redis.error_reply('ERR the number of limits must equal numkeys')
+end
+if lease and not leases then
+  return redis.error_reply('ERR LEASE is given only with a CONCURRENCY limit')
 end
 for a = 1, n do
   for b = a + 1, n do

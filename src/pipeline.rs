@@ -70,6 +70,16 @@ pub enum Effect<'a> {
     /// Entries leave and join a sorted set: `ZREMRANGEBYSCORE key -inf trim` (when some left),
     /// `ZADD key score member ...`, and `PEXPIREAT key ms` when the expiry moves.
     Append { entries: Entries, expire_at_ms: i64 },
+    /// One lease of a sorted set is added, moved or removed, after the expired ones leave:
+    /// `ZREMRANGEBYSCORE key -inf trim` (when some expired), `ZADD key expiry id` (or `ZREM key
+    /// id` when `expiry` is `None`), and `PEXPIREAT key ms` when the expiry moves. No expiry is
+    /// set when the set is left empty (the key is then gone).
+    Lease {
+        trim_up_to: Option<f64>,
+        id: &'a [u8],
+        expiry: Option<f64>,
+        expire_at_ms: Option<i64>,
+    },
 }
 
 /// Called with an entry's member and score; an error stops the read.
@@ -91,6 +101,8 @@ pub trait Store {
     /// Visits the entry `rank` places before the last one in Redis order (score, then member
     /// bytes): 0 is the last. `false` when there is no such entry.
     fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply>;
+    /// The score of a member of a sorted set (`None` when absent, or for any other key).
+    fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply>;
     /// Applies the effect and propagates exactly it; refuses (changing nothing) when the
     /// server is out of memory.
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply>;

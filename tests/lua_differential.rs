@@ -14,6 +14,7 @@ use harness::memory::{
     Data, Entry, Keyspace, LuaTwin, MemoryKey, NumberForm, ScriptReply, SharedKey,
 };
 use harness::scenarios::{ALL_FIELDS, AllStep, Corruption, Step, all_sequence};
+use harness::scenarios::{LeaseStep, lease_sequence};
 use harness::scenarios::{LogCorruption, LogStep, large_log_sequence, sliding_log_sequence};
 use harness::scenarios::{corrupted_value, legacy_pairs, token_bucket_sequence};
 use harness::scenarios::{gcra_sequence, throttle_sequence};
@@ -36,10 +37,22 @@ struct FormsUsed([AtomicUsize; 2]);
 
 impl FormsUsed {
     fn twin(&self, source: &str) -> LuaTwin {
+        LuaTwin::with_form(source, self.next())
+    }
+
+    /// Two scripts on one keyspace, in one form.
+    fn twins(&self, first: &str, second: &str) -> (LuaTwin, LuaTwin) {
+        let form = self.next();
+        let a = LuaTwin::with_form(first, form);
+        let b = a.beside(second, form);
+        (a, b)
+    }
+
+    fn next(&self) -> NumberForm {
         let case: usize = self.0.iter().map(|n| n.load(Ordering::Relaxed)).sum();
         let i = case % 2;
         self.0[i].fetch_add(1, Ordering::Relaxed);
-        LuaTwin::with_form(source, NumberForm::BOTH[i])
+        NumberForm::BOTH[i]
     }
 
     fn assert_both(&self) {
@@ -601,4 +614,100 @@ fn sliding_log_matches_its_lua_twin_on_logs_of_100_000_entries() {
     println!("large sliding logs: {steps} generated calls compared, up to {largest} entries");
     assert!(steps >= 48, "only {steps} calls compared");
     assert!(largest >= 90_000, "the largest log held {largest} entries");
+}
+
+/// One `RL.ACQUIRE` or `RL.RELEASE` call through the module's lease pipeline, on the in-memory
+/// keyspace.
+fn lease_call(space: &mut Keyspace, step: &LeaseStep) -> ScriptReply {
+    let raw: Vec<&[u8]> = step.args.iter().map(|a| a.as_bytes()).collect();
+    let now = space.now_us;
+    let mut key = MemoryKey {
+        space,
+        key: KEY.to_vec(),
+    };
+    let message = |e: redis_rate_limiter::error::ErrorReply| e.message().to_string();
+    if step.release {
+        let id = redis_rate_limiter::command::release::parse(&raw).map_err(message)?;
+        redis_rate_limiter::zset_store::release(&mut key, id, now)
+            .map(|released| vec![i64::from(released)])
+            .map_err(message)
+    } else {
+        let request = redis_rate_limiter::command::acquire::parse(&raw).map_err(message)?;
+        redis_rate_limiter::zset_store::acquire(&mut key, &request, now)
+            .map(|r| r.to_array().to_vec())
+            .map_err(message)
+    }
+}
+
+#[test]
+fn leases_match_their_lua_twins() {
+    let (acquire, release) = (lua_script("acquire.lua"), lua_script("release.lua"));
+    let steps_run = AtomicUsize::new(0);
+    let forms = FormsUsed::default();
+    // Outcomes seen: admitted, denied, released, released nothing, bad args, bad state.
+    let seen: [AtomicUsize; 6] = Default::default();
+    let mut runner = TestRunner::new(Config {
+        cases: harness::scaled(800),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&lease_sequence(50..250), |steps| {
+        let (acquiring, releasing) = forms.twins(&acquire, &release);
+        let space = &acquiring.space;
+        let mut model = Keyspace {
+            now_us: START_US,
+            ..Keyspace::default()
+        };
+        space.borrow_mut().now_us = START_US;
+        for (i, step) in steps.iter().enumerate() {
+            let now = (model.now_us + step.dt_us).clamp(0, 8_000_000_000_000_000);
+            model.now_us = now;
+            space.borrow_mut().now_us = now;
+            model.expire_due();
+            space.borrow_mut().expire_due();
+            if let Some(c) = &step.corrupt {
+                corrupt_log(&mut model, c);
+                corrupt_log(&mut space.borrow_mut(), c);
+            }
+            let ours = lease_call(&mut model, step);
+            let args: Vec<Vec<u8>> = step.args.iter().map(|a| a.as_bytes().to_vec()).collect();
+            let twin = if step.release { &releasing } else { &acquiring };
+            let theirs = twin.eval(KEY, &args);
+            prop_assert_eq!(&ours, &theirs, "step {} {:?} at {}", i, step, now);
+            let kind = match (&ours, step.release) {
+                (Ok(r), false) if r[0] == 1 => 0,
+                (Ok(_), false) => 1,
+                (Ok(r), true) if r[0] == 1 => 2,
+                (Ok(_), true) => 3,
+                (Err(e), _) if e.contains("corrupt") || e.starts_with("WRONGTYPE") => 5,
+                (Err(_), _) => 4,
+            };
+            seen[kind].fetch_add(1, Ordering::Relaxed);
+            model.expire_due();
+            space.borrow_mut().expire_due();
+            prop_assert_eq!(
+                &model.keys,
+                &space.borrow().keys,
+                "stored state after step {}",
+                i
+            );
+        }
+        steps_run.fetch_add(steps.len(), Ordering::Relaxed);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("acquire.lua / release.lua: module and Lua twins differ: {e}");
+    }
+    let seen = seen.map(AtomicUsize::into_inner);
+    println!(
+        "leases [admitted, denied, released, released nothing, bad args, bad state]: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|&n| n > 100),
+        "every outcome is exercised: {seen:?}"
+    );
+    forms.assert_both();
+    let steps = steps_run.into_inner();
+    println!("leases: {steps} generated calls compared");
+    assert!(steps >= 100_000, "only {steps} calls compared");
 }

@@ -8,7 +8,7 @@ use redis_rate_limiter::command::gcra::Gcra;
 use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
 use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
-use redis_rate_limiter::command::{all, sliding_log, throttle};
+use redis_rate_limiter::command::{acquire, all, release, sliding_log, throttle};
 use redis_rate_limiter::pipeline::FieldsLimiter;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,6 +19,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = SlidingWindow::parse(&args);
     let _ = Gcra::parse(&args);
     let _ = sliding_log::parse(&args);
+    let _ = acquire::parse(&args);
+    let _ = release::parse(&args);
     let _ = throttle::parse(&args);
     let _ = throttle::decode(data);
     if let Ok(call) = all::parse(&args) {

@@ -65,6 +65,10 @@ impl Store for Key {
         Ok(false)
     }
 
+    fn zset_score(&self, _: &[u8]) -> Result<Option<f64>, ErrorReply> {
+        Ok(None)
+    }
+
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
         match effect {
             Effect::Set {
@@ -75,7 +79,9 @@ impl Store for Key {
                 self.expire_at_ms = *expire_at_ms;
                 Ok(())
             }
-            Effect::Append { .. } => panic!("a limiter of numbers appended to a sorted set"),
+            Effect::Append { .. } | Effect::Lease { .. } => {
+                panic!("a limiter of numbers wrote a sorted set")
+            }
         }
     }
 }

@@ -57,6 +57,10 @@ impl Store for Key {
         }
     }
 
+    fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply> {
+        Ok(self.entries.iter().find(|(_, m)| m == member).map(|(s, _)| *s))
+    }
+
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
         let Effect::Append { entries, expire_at_ms } = effect else {
             panic!("the sliding log set a string");

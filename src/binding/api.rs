@@ -484,6 +484,15 @@ impl OpenKey {
         }
     }
 
+    /// The score of `member`, `None` when it is not in the set.
+    pub fn zset_score(&self, member: *mut RedisModuleString) -> Result<Option<f64>, ErrorReply> {
+        let score_of = api!(RedisModule_ZsetScore)?;
+        let mut score = 0.0f64;
+        // SAFETY: the key is open and holds a sorted set.
+        let found = unsafe { score_of(self.key.as_ptr(), member, &mut score) };
+        Ok((found == raw::REDISMODULE_OK as c_int).then_some(score))
+    }
+
     pub fn zset_rem(&self, member: *mut RedisModuleString) -> Result<(), ErrorReply> {
         let rem = api!(RedisModule_ZsetRem)?;
         let mut deleted: c_int = 0;
@@ -515,21 +524,31 @@ pub fn replicate_key_command(
     Ok(())
 }
 
-/// Tells WATCH, client-side caching and keyspace-notification subscribers that a sorted set was
-/// trimmed (`zremrangebyscore`, when it was), added to (`zadd`) and given a new expiry (`expire`,
-/// only when it moved), as the replicated commands would.
+/// What a write did to a sorted set, for its keyspace events.
+pub struct ZsetWrite {
+    /// Entries were trimmed (`zremrangebyscore`).
+    pub trimmed: bool,
+    /// The entry event: `zadd` or `zrem`.
+    pub event: &'static std::ffi::CStr,
+    /// The set was left empty, so the key is gone (`del`).
+    pub deleted: bool,
+    /// The expiry moved (`expire`).
+    pub expiry_moved: bool,
+}
+
+/// Tells WATCH, client-side caching and keyspace-notification subscribers what a write did to a
+/// sorted set, as the replicated commands would.
 pub fn signal_zset_write(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
-    trimmed: bool,
-    expiry_moved: bool,
+    w: &ZsetWrite,
 ) -> Result<(), ErrorReply> {
     let signal = api!(RedisModule_SignalModifiedKey)?;
     let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
     // SAFETY: valid context and key name; the event names are NUL-terminated.
     unsafe {
         signal(ctx, key);
-        if trimmed {
+        if w.trimmed {
             notify(
                 ctx,
                 raw::REDISMODULE_NOTIFY_ZSET,
@@ -537,8 +556,11 @@ pub fn signal_zset_write(
                 key,
             );
         }
-        notify(ctx, raw::REDISMODULE_NOTIFY_ZSET, c"zadd".as_ptr(), key);
-        if expiry_moved {
+        notify(ctx, raw::REDISMODULE_NOTIFY_ZSET, w.event.as_ptr(), key);
+        if w.deleted {
+            notify(ctx, raw::REDISMODULE_NOTIFY_GENERIC, c"del".as_ptr(), key);
+        }
+        if w.expiry_moved {
             notify(
                 ctx,
                 raw::REDISMODULE_NOTIFY_GENERIC,

@@ -29,6 +29,7 @@ unsafe extern "C" fn handler<const I: usize>(
     match e.runner {
         Runner::OneKey { .. } => entry(ctx, argv, argc, e.descriptor, key::run_one::<I>),
         Runner::Throttle => entry(ctx, argv, argc, e.descriptor, key::run_throttle),
+        Runner::Release => entry(ctx, argv, argc, e.descriptor, key::run_release),
         Runner::All => entry(ctx, argv, argc, e.descriptor, all_body),
     }
 }

@@ -9,16 +9,17 @@ use std::sync::atomic::Ordering;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::api::{self, KeyKind, OpenKey, TempString};
+use super::api::{self, KeyKind, OpenKey, TempString, ZsetWrite};
 use super::{Answer, INTERNAL_ERROR, clock};
 use crate::command::throttle::{self, ThrottleReply};
-use crate::command::{self, Entry, Runner, all};
+use crate::command::{self, Entry, Runner, all, release};
 use crate::core::Reply;
 use crate::error::ErrorReply;
 use crate::number::{G17_MAX_LEN, format_g17};
 use crate::pipeline::{
     self, AllReply, Effect, Entries, EntryVisitor, FieldName, OpenStore, Slot, Store, member_name,
 };
+use crate::zset_store;
 
 /// A sorted-set read walks at most this many entries from either end; past that it asks Redis
 /// (`ZCOUNT`, `ZREVRANGE`), which answers in O(log n) where a walk would be O(n).
@@ -66,14 +67,7 @@ impl RedisKey {
         // one a replica or the Lua twin ends up with too.
         let trim = match e.trim_up_to {
             Some(up_to) => {
-                let mut old = Vec::new();
-                self.key.zset_range(f64::NEG_INFINITY, up_to, &mut |m, _| {
-                    old.push(m);
-                    Ok(())
-                })?;
-                for m in &old {
-                    self.key.zset_rem(m.as_ptr())?;
-                }
+                self.trim(up_to)?;
                 Some(score_string(self.ctx, up_to)?)
             }
             None => None,
@@ -111,7 +105,96 @@ impl RedisKey {
         if expiry_moved {
             api::replicate_pexpireat(self.ctx, self.name, expire_at_ms)?;
         }
-        api::signal_zset_write(self.ctx, self.name, trim.is_some(), expiry_moved)
+        api::signal_zset_write(
+            self.ctx,
+            self.name,
+            &ZsetWrite {
+                trimmed: trim.is_some(),
+                event: c"zadd",
+                deleted: false,
+                expiry_moved,
+            },
+        )
+    }
+
+    /// Removes the expired leases, then adds, moves or removes one.
+    fn lease(
+        &mut self,
+        trim_up_to: Option<f64>,
+        id: &[u8],
+        expiry: Option<f64>,
+        expire_at_ms: Option<i64>,
+    ) -> Result<(), ErrorReply> {
+        let trim = match trim_up_to {
+            Some(up_to) => Some((self.trim(up_to)?, score_string(self.ctx, up_to)?)),
+            None => None,
+        };
+        let member = TempString::new(self.ctx, id)?;
+        let score = match expiry {
+            Some(e) => {
+                self.key.zset_add(e, member.as_ptr())?;
+                Some(score_string(self.ctx, e)?)
+            }
+            None => {
+                self.key.zset_rem(member.as_ptr())?;
+                None
+            }
+        };
+        let deleted = self.key.kind()? == KeyKind::Empty;
+        let expiry_moved = match expire_at_ms {
+            Some(at) if !deleted => {
+                let moved = self.key.abs_expire()? != Some(at);
+                if moved {
+                    self.key.set_abs_expire(at)?;
+                }
+                moved
+            }
+            _ => false,
+        };
+        if let Some((_, up_to)) = &trim {
+            let low = TempString::new(self.ctx, b"-inf")?;
+            api::replicate_key_command(
+                self.ctx,
+                c"ZREMRANGEBYSCORE",
+                self.name,
+                &[low.as_ptr(), up_to.as_ptr()],
+            )?;
+        }
+        match &score {
+            Some(s) => api::replicate_key_command(
+                self.ctx,
+                c"ZADD",
+                self.name,
+                &[s.as_ptr(), member.as_ptr()],
+            )?,
+            None => api::replicate_key_command(self.ctx, c"ZREM", self.name, &[member.as_ptr()])?,
+        }
+        if let (true, Some(at)) = (expiry_moved, expire_at_ms) {
+            api::replicate_pexpireat(self.ctx, self.name, at)?;
+        }
+        api::signal_zset_write(
+            self.ctx,
+            self.name,
+            &ZsetWrite {
+                trimmed: trim.is_some(),
+                event: if score.is_some() { c"zadd" } else { c"zrem" },
+                deleted,
+                expiry_moved,
+            },
+        )
+    }
+
+    /// Removes the entries with a score up to and including `up_to`; how many went.
+    fn trim(&mut self, up_to: f64) -> Result<usize, ErrorReply> {
+        let mut old = Vec::new();
+        self.key.zset_range(f64::NEG_INFINITY, up_to, &mut |m, _| {
+            old.push(m);
+            Ok(())
+        })?;
+        for m in &old {
+            self.key.zset_rem(m.as_ptr())?;
+        }
+        Ok(old.len())
     }
 }
 
@@ -261,6 +344,14 @@ impl Store for RedisKey {
         Ok(found)
     }
 
+    fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply> {
+        if self.key.kind()? != KeyKind::Zset {
+            return Ok(None);
+        }
+        let member = TempString::new(self.ctx, member)?;
+        self.key.zset_score(member.as_ptr())
+    }
+
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
         api::check_memory(self.ctx)?;
         match effect {
@@ -272,6 +363,12 @@ impl Store for RedisKey {
                 entries,
                 expire_at_ms,
             } => self.append(entries, *expire_at_ms),
+            Effect::Lease {
+                trim_up_to,
+                id,
+                expiry,
+                expire_at_ms,
+            } => self.lease(*trim_up_to, id, *expiry, *expire_at_ms),
         }
     }
 }
@@ -359,6 +456,30 @@ pub fn run_all(
     }
     let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
     pipeline::apply_all(&mut call.limits, &mut stores, clock::now_us())
+}
+
+/// Runs one `RL.RELEASE` call.
+pub fn run_release(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Released, ErrorReply> {
+    let (name, raw_args, n) = key_and_args::<1>(argv, release::ARITY_ERROR)?;
+    let id = release::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut store = RedisKey::open(ctx, name)?;
+    zset_store::release(&mut store, id, clock::now_us()).map(Released)
+}
+
+/// `RL.RELEASE`'s reply: 1 when a live lease was released. INFO counts a release as admitted,
+/// a call that found no live lease as denied.
+pub struct Released(bool);
+
+impl Answer for Released {
+    fn decision(&self) -> Option<bool> {
+        Some(self.0)
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        api::reply_integer(ctx, i64::from(self.0))
+    }
 }
 
 /// Runs one `CL.THROTTLE` call.

@@ -34,6 +34,7 @@ pub fn required() -> Vec<(&'static str, bool)> {
         RedisModule_SetAbsExpire,
         RedisModule_ZsetAdd,
         RedisModule_ZsetRem,
+        RedisModule_ZsetScore,
         RedisModule_ZsetFirstInScoreRange,
         RedisModule_ZsetLastInScoreRange,
         RedisModule_ZsetRangePrev,

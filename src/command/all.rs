@@ -1,15 +1,16 @@
-//! `RL.ALL numkeys key [key ...] ALGORITHM params... [ALGORITHM params...] [COST cost]`
+//! `RL.ALL numkeys key [key ...] ALGORITHM params... [ALGORITHM params...] [LEASE id] [COST cost]`
 //!
 //! Several limits checked in one call, the n-th limit on the n-th key: admitted only if every
 //! limit admits, consuming from all or none. Each limit is an algorithm keyword followed by that
 //! algorithm's parameters (its command's arguments without the key and the cost); one `COST`
-//! applies to every limit (default 1).
+//! applies to every limit (default 1), and one `LEASE id` to every concurrency limit (the lease
+//! id of `RL.ACQUIRE`). The two may come in either order, after the limits.
 
 use std::ffi::CStr;
 
 use crate::command::descriptor::ArgKind::{self, Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional, repeated};
-use crate::command::{BuildLimit, Entry, REGISTRY, Runner};
+use crate::command::{BuildLimit, Entry, PerCall, REGISTRY, Runner};
 use crate::error::ErrorReply;
 use crate::number::parse_integer;
 use crate::pipeline::Limit;
@@ -38,6 +39,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
         arg(c"numkeys", Integer),
         repeated(c"key", Key),
         repeated(c"limit", ArgKind::String),
+        optional(c"lease", ArgKind::String),
         optional(c"cost", Integer),
     ],
     arity_error: ARITY,
@@ -63,6 +65,7 @@ fn unknown() -> ErrorReply {
     ErrorReply(text)
 }
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
+const LEASE_UNUSED: ErrorReply = ErrorReply(c"ERR LEASE is given only with a CONCURRENCY limit");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 
 /// The limiters `RL.ALL` combines: every entry of the registry whose descriptor has a keyword,
@@ -113,28 +116,48 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
         return Err(ARITY);
     }
     let (keys, mut words) = rest.split_at(n);
-    let mut cost: &[u8] = b"1";
-    if let [head @ .., keyword, value] = words
-        && keyword.eq_ignore_ascii_case(b"COST")
-    {
-        cost = value;
-        words = head;
+    let mut call = PerCall {
+        cost: b"1",
+        lease: None,
+    };
+    // `COST n` and `LEASE id` at the end, in either order, each at most once.
+    let mut cost_seen = false;
+    for _ in 0..2 {
+        match words {
+            [head @ .., keyword, value] if !cost_seen && keyword.eq_ignore_ascii_case(b"COST") => {
+                call.cost = value;
+                cost_seen = true;
+                words = head;
+            }
+            [head @ .., keyword, value]
+                if call.lease.is_none() && keyword.eq_ignore_ascii_case(b"LEASE") =>
+            {
+                call.lease = Some(value);
+                words = head;
+            }
+            _ => break,
+        }
     }
     let mut limits: Vec<Box<dyn Limit>> = Vec::with_capacity(n);
+    let mut leases = false;
     while let Some((keyword, after)) = words.split_first() {
         let (descriptor, _, build) = algorithms()
             .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
             .ok_or_else(unknown)?;
+        leases |= descriptor.args.iter().any(|a| a.per_call);
         let params = descriptor.all_params();
         if after.len() < params {
             return Err(ARITY);
         }
         let (params, next) = after.split_at(params);
-        limits.push(build(params, cost)?);
+        limits.push(build(params, &call)?);
         words = next;
     }
     if limits.len() != n {
         return Err(COUNT);
+    }
+    if call.lease.is_some() && !leases {
+        return Err(LEASE_UNUSED);
     }
     for (i, key) in keys.iter().enumerate() {
         if keys.iter().skip(i + 1).any(|other| other == key) {
@@ -217,7 +240,7 @@ mod tests {
         assert_eq!(
             parse_str(&["1", "a", "BUCKET", "1", "1"]),
             Err(
-                "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG"
+                "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG CONCURRENCY"
             )
         );
         assert_eq!(
@@ -253,6 +276,36 @@ mod tests {
         assert_eq!(
             parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "COST", "-1"]),
             Err("ERR cost must be between 0 and 1000000000000000")
+        );
+        let lease = |v: &[&str]| parse_str(&[&["2", "a", "b"], v].concat());
+        let tb = ["TOKENBUCKET", "10", "5"];
+        let cc = ["CONCURRENCY", "3", "30"];
+        assert_eq!(lease(&[&tb[..], &cc, &["LEASE", "j1"]].concat()), Ok(2));
+        assert_eq!(
+            lease(&[&tb[..], &cc, &["LEASE", "j1", "COST", "0"]].concat()),
+            Ok(2)
+        );
+        assert_eq!(
+            lease(&[&tb[..], &cc, &["cost", "2", "lease", "j1"]].concat()),
+            Ok(2)
+        );
+        assert_eq!(
+            lease(&[&tb[..], &cc].concat()),
+            Err("ERR a CONCURRENCY limit needs LEASE lease_id")
+        );
+        assert_eq!(
+            lease(&[&tb[..], &cc, &["LEASE", ""]].concat()),
+            Err("ERR lease_id must be 1 to 128 bytes")
+        );
+        assert_eq!(
+            lease(&[&tb[..], &tb, &["LEASE", "j1"]].concat()),
+            Err("ERR LEASE is given only with a CONCURRENCY limit")
+        );
+        assert_eq!(
+            lease(&[&tb[..], &cc, &["LEASE", "j1", "LEASE", "j2"]].concat()),
+            Err(
+                "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG CONCURRENCY"
+            )
         );
     }
 }

@@ -16,6 +16,8 @@ pub struct Arg {
     pub optional: bool,
     /// Repeats (`limit [limit ...]`).
     pub multiple: bool,
+    /// Given once per call inside `RL.ALL` (as `LEASE id`), not among the limit's parameters.
+    pub per_call: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,18 @@ pub const fn arg(name: &'static CStr, kind: ArgKind) -> Arg {
         kind,
         optional: false,
         multiple: false,
+        per_call: false,
+    }
+}
+
+/// A required argument that `RL.ALL` takes once per call rather than per limit.
+pub const fn per_call(name: &'static CStr, kind: ArgKind) -> Arg {
+    Arg {
+        name,
+        kind,
+        optional: false,
+        multiple: false,
+        per_call: true,
     }
 }
 
@@ -52,6 +66,7 @@ pub const fn optional(name: &'static CStr, kind: ArgKind) -> Arg {
         kind,
         optional: true,
         multiple: false,
+        per_call: false,
     }
 }
 
@@ -61,6 +76,7 @@ pub const fn repeated(name: &'static CStr, kind: ArgKind) -> Arg {
         kind,
         optional: false,
         multiple: true,
+        per_call: false,
     }
 }
 
@@ -101,11 +117,11 @@ impl Descriptor {
     }
 
     /// How many parameters follow the keyword inside `RL.ALL`: the required arguments after
-    /// the key.
+    /// the key, but those given once per call.
     pub fn all_params(&self) -> usize {
         self.args
             .iter()
-            .filter(|a| !a.optional && a.kind != ArgKind::Key)
+            .filter(|a| !a.optional && !a.per_call && a.kind != ArgKind::Key)
             .count()
     }
 
@@ -165,9 +181,11 @@ mod tests {
             }
             assert!(d.has_flag("write"), "{name}");
             if let Some(keyword) = d.all_keyword {
-                assert_eq!(
-                    format!("RL.{keyword}"),
-                    name,
+                // The command's own name, but where the name is a verb (RL.ACQUIRE's limit is a
+                // CONCURRENCY limit).
+                assert!(
+                    format!("RL.{keyword}") == name
+                        || (name == "RL.ACQUIRE" && keyword == "CONCURRENCY"),
                     "the RL.ALL keyword of {name}"
                 );
                 assert!(d.all_params() >= 2, "{name}");

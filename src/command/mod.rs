@@ -1,11 +1,13 @@
 //! One file per command: its descriptor (`descriptor`), its arguments, its stored fields and how
 //! they feed its pure core. No I/O and no limiter math here.
 
+pub mod acquire;
 pub mod all;
 pub mod descriptor;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
+pub mod release;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod throttle;
@@ -21,8 +23,16 @@ use crate::pipeline::{FieldsLimiter, Limit, LimitOf, OpenStore};
 /// (only once they parse) and decides at `now_us`.
 pub type RunOne = fn(&[&[u8]], &mut dyn OpenStore, i64) -> Result<Reply, ErrorReply>;
 
-/// Builds one limit of `RL.ALL` from its parameters (without the cost) and the call's cost.
-pub type BuildLimit = fn(&[&[u8]], &[u8]) -> Result<Box<dyn Limit>, ErrorReply>;
+/// What `RL.ALL` gives every limit of a call once: the cost (`COST n`, default 1) and the lease
+/// id (`LEASE id`) a concurrency limit takes its lease for.
+#[derive(Debug, Clone, Copy)]
+pub struct PerCall<'a> {
+    pub cost: &'a [u8],
+    pub lease: Option<&'a [u8]>,
+}
+
+/// Builds one limit of `RL.ALL` from its parameters (without the per-call arguments).
+pub type BuildLimit = fn(&[&[u8]], &PerCall<'_>) -> Result<Box<dyn Limit>, ErrorReply>;
 
 /// How a command runs.
 #[derive(Clone, Copy)]
@@ -32,6 +42,8 @@ pub enum Runner {
     OneKey { run: RunOne, limit: BuildLimit },
     /// `CL.THROTTLE`: one key, redis-cell's reply.
     Throttle,
+    /// `RL.RELEASE`: one key, an integer reply.
+    Release,
     /// `RL.ALL`.
     All,
 }
@@ -45,9 +57,9 @@ pub struct Entry {
 
 fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
     params: &[&[u8]],
-    cost: &[u8],
+    call: &PerCall<'_>,
 ) -> Result<Box<dyn Limit>, ErrorReply> {
-    Ok(Box::new(LimitOf::<L, N>::parse(params, cost)?))
+    Ok(Box::new(LimitOf::<L, N>::parse(params, call.cost)?))
 }
 
 /// The entry of a limiter whose state is `N` numbers in one string.
@@ -62,13 +74,15 @@ pub const fn fields_entry<L: FieldsLimiter<N> + 'static, const N: usize>() -> En
 }
 
 /// Every command the module registers (but the test clock's), in registration order.
-pub const REGISTRY: [Entry; 8] = [
+pub const REGISTRY: [Entry; 10] = [
     fields_entry::<token_bucket::TokenBucket, 2>(),
     fields_entry::<leaky_bucket::LeakyBucket, 2>(),
     fields_entry::<fixed_window::FixedWindow, 2>(),
     fields_entry::<sliding_window::SlidingWindow, 3>(),
     fields_entry::<gcra::Gcra, 1>(),
     sliding_log::ENTRY,
+    acquire::ENTRY,
+    release::ENTRY,
     throttle::ENTRY,
     all::ENTRY,
 ];

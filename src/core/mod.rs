@@ -2,6 +2,7 @@
 //! Nothing here knows about Redis. Arithmetic is done in doubles, in the same order as the Lua
 //! twins, so that both paths produce bit-identical results.
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;

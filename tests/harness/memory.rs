@@ -172,7 +172,7 @@ impl Keyspace {
                 );
                 Reply::Status("OK".into())
             }
-            "ZADD" | "ZRANGE" | "ZREMRANGEBYSCORE" | "ZCARD" | "ZCOUNT" => {
+            "ZADD" | "ZRANGE" | "ZREMRANGEBYSCORE" | "ZCARD" | "ZCOUNT" | "ZSCORE" | "ZREM" => {
                 self.zset_command(&name, argv)
             }
             other => Reply::Error(format!("ERR unknown command '{other}' in the test shim")),
@@ -356,8 +356,20 @@ impl LuaTwin {
     }
 
     pub fn with_form(script_source: &str, form: NumberForm) -> LuaTwin {
+        Self::with_space(
+            script_source,
+            form,
+            Rc::new(RefCell::new(Keyspace::default())),
+        )
+    }
+
+    /// Another script on the same keyspace and number form (two twins that share keys).
+    pub fn beside(&self, script_source: &str, form: NumberForm) -> LuaTwin {
+        Self::with_space(script_source, form, Rc::clone(&self.space))
+    }
+
+    fn with_space(script_source: &str, form: NumberForm, space: Rc<RefCell<Keyspace>>) -> LuaTwin {
         let lua = Lua::new();
-        let space = Rc::new(RefCell::new(Keyspace::default()));
         let backend_space = Rc::clone(&space);
         let backend = lua
             .create_function(move |lua, args: Table| {
@@ -412,6 +424,9 @@ impl LuaTwin {
                     })
                     .collect())
             }
+            // An integer reply (RL.RELEASE's).
+            Ok(LuaValue::Integer(i)) => Ok(vec![i]),
+            Ok(LuaValue::Number(n)) => Ok(vec![n as i64]),
             Ok(other) => panic!("script returned {other:?}"),
             Err(e) => Err(format!("script raised: {e}")),
         }
@@ -479,6 +494,10 @@ impl Store for SharedKey<'_> {
         from_last(zset_of(self.opened.as_ref()), rank, visit)
     }
 
+    fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply> {
+        Ok(score_of(zset_of(self.opened.as_ref()), member))
+    }
+
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
         MemoryKey {
             space: &mut self.space.borrow_mut(),
@@ -511,6 +530,10 @@ fn count_in(z: &[(f64, Vec<u8>)], min: f64, min_inclusive: bool, max: f64) -> i6
     let from = z.partition_point(|(s, _)| if min_inclusive { *s < min } else { *s <= min });
     let to = z.partition_point(|(s, _)| *s <= max);
     to.saturating_sub(from) as i64
+}
+
+fn score_of(z: &[(f64, Vec<u8>)], member: &[u8]) -> Option<f64> {
+    z.iter().find(|(_, m)| m == member).map(|(s, _)| *s)
 }
 
 fn from_last(
@@ -608,6 +631,46 @@ impl MemoryKey<'_> {
     }
 }
 
+impl MemoryKey<'_> {
+    /// Trims, then `ZADD key expiry id` or `ZREM key id`, then sets the expiry (as the replicated
+    /// commands do).
+    fn lease(
+        &mut self,
+        trim_up_to: Option<f64>,
+        id: &[u8],
+        expiry: Option<f64>,
+        expire_at_ms: Option<i64>,
+    ) -> Result<(), ErrorReply> {
+        let run = |space: &mut Keyspace, argv: Vec<Vec<u8>>| match space.command(&argv) {
+            Reply::Error(_) => Err(WRONGTYPE),
+            _ => Ok(()),
+        };
+        if let Some(up_to) = trim_up_to {
+            let argv = vec![
+                b"ZREMRANGEBYSCORE".to_vec(),
+                self.key.clone(),
+                b"-inf".to_vec(),
+                g17_string(up_to).into_bytes(),
+            ];
+            run(self.space, argv)?;
+        }
+        let argv = match expiry {
+            Some(e) => vec![
+                b"ZADD".to_vec(),
+                self.key.clone(),
+                g17_string(e).into_bytes(),
+                id.to_vec(),
+            ],
+            None => vec![b"ZREM".to_vec(), self.key.clone(), id.to_vec()],
+        };
+        run(self.space, argv)?;
+        if let (Some(at), Some(entry)) = (expire_at_ms, self.space.keys.get_mut(&self.key)) {
+            entry.expire_at_ms = Some(at);
+        }
+        Ok(())
+    }
+}
+
 impl Store for MemoryKey<'_> {
     fn read(&self) -> Result<Slot<'_>, ErrorReply> {
         Ok(slot(self.live()))
@@ -634,6 +697,10 @@ impl Store for MemoryKey<'_> {
         from_last(zset_of(self.live()), rank, visit)
     }
 
+    fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply> {
+        Ok(score_of(zset_of(self.live()), member))
+    }
+
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
         match effect {
             Effect::Set {
@@ -653,6 +720,12 @@ impl Store for MemoryKey<'_> {
                 entries,
                 expire_at_ms,
             } => self.append(entries, *expire_at_ms),
+            Effect::Lease {
+                trim_up_to,
+                id,
+                expiry,
+                expire_at_ms,
+            } => self.lease(*trim_up_to, id, *expiry, *expire_at_ms),
         }
     }
 }
@@ -749,6 +822,28 @@ impl Keyspace {
                     z.sort_by(zset_order);
                 }
                 Reply::Int((z.len() - before) as i64)
+            }
+            "ZSCORE" => match self.zset_mut(&key) {
+                Err(e) => e,
+                Ok(z) => match z.and_then(|z| score_of(z, argv.get(2).map_or(&b""[..], |m| m))) {
+                    Some(s) => Reply::Bulk(g17_string(s).into_bytes()),
+                    None => Reply::Nil,
+                },
+            },
+            "ZREM" => {
+                let members = argv.get(2..).unwrap_or_default();
+                let z = match self.zset_mut(&key) {
+                    Err(e) => return e,
+                    Ok(None) => return Reply::Int(0),
+                    Ok(Some(z)) => z,
+                };
+                let before = z.len();
+                z.retain(|(_, m)| !members.contains(m));
+                let removed = (before - z.len()) as i64;
+                if z.is_empty() {
+                    self.keys.remove(&key);
+                }
+                Reply::Int(removed)
             }
             "ZCARD" => match self.zset_mut(&key) {
                 Err(e) => e,

@@ -535,3 +535,65 @@ pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = 
         })
     })
 }
+
+/// One call on a key of concurrency leases: `RL.ACQUIRE key args...` or `RL.RELEASE key args...`.
+#[derive(Debug, Clone)]
+pub struct LeaseStep {
+    pub dt_us: i64,
+    pub release: bool,
+    pub args: Vec<String>,
+    pub corrupt: Option<LogCorruption>,
+}
+
+/// A lease length in seconds as text: mostly comparable to the time steps (so leases expire
+/// between calls, and at the very microsecond of a call), with rounding edges and junk.
+fn lease_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => prop::sample::select(vec![
+            "1", "0.001", "0.0005", "0.0004", "0.0015", "2.5e-1", "10", "10000000", "10000000.001",
+        ])
+        .prop_map(String::from),
+        4 => (1u32..5_000).prop_map(|n| (f64::from(n) / 1000.0).to_string()),
+        2 => (1e-4f64..20.0).prop_map(|f| f.to_string()),
+        1 => junk(),
+    ]
+}
+
+/// `RL.ACQUIRE` and `RL.RELEASE` on one key: one limit and lease length per sequence (sometimes
+/// another), a few lease ids that come back (renewals, releases of held, expired and unknown
+/// leases), ids of bad lengths, junk, and now and then a corruption (including other holders'
+/// well-formed leases).
+pub fn lease_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<LeaseStep>> {
+    let limit = prop_oneof![
+        12 => (1u64..6).prop_map(|n| n.to_string()),
+        2 => count_text(),
+        1 => prop::sample::select(vec!["100000", "100001", "0"]).prop_map(String::from),
+    ];
+    (limit, lease_text()).prop_flat_map(move |(limit, lease)| {
+        let id = prop_oneof![
+            12 => prop::sample::select(vec!["a", "b", "c", "d", "e", "f", "g"]).prop_map(String::from),
+            1 => prop::sample::select(vec![0usize, 128, 129]).prop_map(|n| "x".repeat(n)),
+            1 => Just("1700000000000000:0".to_string()),
+        ];
+        let (l, w) = (limit.clone(), lease.clone());
+        let call = prop_oneof![
+            10 => id.clone().prop_map(move |id| (false, vec![l.clone(), w.clone(), id])),
+            1 => (count_text(), lease_text(), id.clone()).prop_map(|(l, w, id)| (false, vec![l, w, id])),
+            5 => id.prop_map(|id| (true, vec![id])),
+            1 => prop::collection::vec(junk(), 0..5).prop_map(|j| (false, j)),
+            1 => prop::collection::vec(junk(), 0..3).prop_map(|j| (true, j)),
+        ];
+        let step = (
+            time_step(),
+            call,
+            prop::option::weighted(0.04, log_corruption()),
+        )
+            .prop_map(|(dt_us, (release, args), corrupt)| LeaseStep {
+                dt_us,
+                release,
+                args,
+                corrupt,
+            });
+        prop::collection::vec(step, len.clone())
+    })
+}
