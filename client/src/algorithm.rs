@@ -1,5 +1,20 @@
 //! The algorithms of the module and their parameters.
 
+/// A concurrency limit: at most `limit` leases held at once on a key, each for `lease_sec`
+/// seconds unless renewed or released first (`RL.ACQUIRE key limit lease_sec lease_id`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Concurrency {
+    pub limit: u64,
+    pub lease_sec: f64,
+}
+
+impl Concurrency {
+    /// The parameters after the key, without the lease id.
+    pub fn params(&self) -> Vec<String> {
+        vec![self.limit.to_string(), num(self.lease_sec)]
+    }
+}
+
 /// One algorithm with its parameters, as the matching `RL.*` command takes them.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Algorithm {
@@ -19,6 +34,16 @@ pub enum Algorithm {
         count_per_period: u64,
         period_sec: f64,
     },
+    /// `RL.ACQUIRE key limit lease_sec lease_id`: slots held by leases rather than units spent
+    /// (taken with [`Client::acquire`](crate::Client::acquire); `CONCURRENCY` inside `RL.ALL`,
+    /// where it takes one slot whatever the cost).
+    Concurrency(Concurrency),
+}
+
+impl From<Concurrency> for Algorithm {
+    fn from(c: Concurrency) -> Self {
+        Algorithm::Concurrency(c)
+    }
 }
 
 /// Plain decimal, as the module accepts (Rust's `Display` for `f64` never uses an exponent).
@@ -36,12 +61,24 @@ impl Algorithm {
             Algorithm::SlidingWindow { .. } => "RL.SLIDINGWINDOW",
             Algorithm::SlidingLog { .. } => "RL.SLIDINGLOG",
             Algorithm::Gcra { .. } => "RL.GCRA",
+            Algorithm::Concurrency(_) => "RL.ACQUIRE",
         }
     }
 
-    /// The keyword inside `RL.ALL` (`TOKENBUCKET`).
+    /// The keyword inside `RL.ALL` (`TOKENBUCKET`, `CONCURRENCY`).
     pub fn keyword(&self) -> &'static str {
-        &self.command()[3..]
+        match self {
+            Algorithm::Concurrency(_) => "CONCURRENCY",
+            _ => &self.command()[3..],
+        }
+    }
+
+    /// The concurrency limit, if this is one.
+    pub fn concurrency(&self) -> Option<&Concurrency> {
+        match self {
+            Algorithm::Concurrency(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// The Lua twin in `lua-reference/`.
@@ -55,6 +92,7 @@ impl Algorithm {
             }
             Algorithm::SlidingLog { .. } => include_str!("../../lua-reference/sliding_log.lua"),
             Algorithm::Gcra { .. } => include_str!("../../lua-reference/gcra.lua"),
+            Algorithm::Concurrency(_) => include_str!("../../lua-reference/acquire.lua"),
         }
     }
 
@@ -83,6 +121,7 @@ impl Algorithm {
                 count_per_period.to_string(),
                 num(period_sec),
             ],
+            Algorithm::Concurrency(c) => c.params(),
         }
     }
 
@@ -96,10 +135,12 @@ impl Algorithm {
             | Algorithm::SlidingWindow { limit, .. }
             | Algorithm::SlidingLog { limit, .. } => limit,
             Algorithm::Gcra { max_burst, .. } => max_burst.saturating_add(1),
+            Algorithm::Concurrency(c) => c.limit,
         }
     }
 
-    /// The sustained rate in units per second.
+    /// The sustained rate in units per second (for a concurrency limit: every slot taken once
+    /// per lease).
     pub fn rate_per_sec(&self) -> f64 {
         match *self {
             Algorithm::TokenBucket { refill_per_sec, .. } => refill_per_sec,
@@ -112,16 +153,19 @@ impl Algorithm {
                 period_sec,
                 ..
             } => count_per_period as f64 / period_sec,
+            Algorithm::Concurrency(c) => c.limit as f64 / c.lease_sec,
         }
     }
 
     /// The window of the policy in whole seconds (rounded up, at least 1): the window for the
-    /// window algorithms, the time to go from empty to full for the others.
+    /// window algorithms, the lease for a concurrency limit, the time to go from empty to full
+    /// for the others.
     pub fn window_secs(&self) -> u64 {
         let w = match *self {
             Algorithm::FixedWindow { window_sec, .. }
             | Algorithm::SlidingWindow { window_sec, .. }
             | Algorithm::SlidingLog { window_sec, .. } => window_sec,
+            Algorithm::Concurrency(c) => c.lease_sec,
             _ => self.limit() as f64 / self.rate_per_sec(),
         };
         (w.ceil() as u64).max(1)
@@ -154,5 +198,25 @@ mod tests {
         };
         assert_eq!(w.window_secs(), 1);
         assert_eq!(w.rate_per_sec(), 6.0);
+        let c = Algorithm::from(Concurrency {
+            limit: 3,
+            lease_sec: 2.5,
+        });
+        assert_eq!(
+            (
+                c.command(),
+                c.keyword(),
+                c.params(),
+                c.limit(),
+                c.window_secs()
+            ),
+            (
+                "RL.ACQUIRE",
+                "CONCURRENCY",
+                vec!["3".to_string(), "2.5".to_string()],
+                3,
+                3
+            )
+        );
     }
 }

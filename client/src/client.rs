@@ -1,16 +1,19 @@
 //! The connection side: module detection, the Lua fallback, timeouts, the failure policy and the
 //! circuit breaker.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Concurrency};
 use crate::breaker::{Breaker, BreakerConfig};
-use crate::local::LocalLimiter;
+use crate::lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
+use crate::local::{LocalLeases, LocalLimiter};
 
 /// One limit's answer: the five fields every `RL.*` command replies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +58,8 @@ pub enum FailurePolicy {
     /// Deny everything.
     FailClosed,
     /// An in-process token bucket per key, with the limit and the rate divided by the expected
-    /// number of instances sharing the limit.
+    /// number of instances sharing the limit; for a concurrency limit, an in-process counting
+    /// semaphore per key with the limit divided alike and the same lease expiry.
     Local { instances: u32 },
 }
 
@@ -158,6 +162,8 @@ const MODE_FUNCTION: u8 = 3;
 
 static ALL_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua-reference/all.lua")));
+static RELEASE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua-reference/release.lua")));
 static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
     [
         Algorithm::TokenBucket {
@@ -185,6 +191,10 @@ static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
             count_per_period: 1,
             period_sec: 1.0,
         },
+        Algorithm::Concurrency(Concurrency {
+            limit: 1,
+            lease_sec: 1.0,
+        }),
     ]
     .iter()
     .map(|a| (a.command(), Script::new(a.script())))
@@ -205,6 +215,24 @@ struct Inner {
     mode: AtomicU8,
     breaker: Breaker,
     local: LocalLimiter,
+    leases: LocalLeases,
+}
+
+/// A lease id unique to this call: a random per-process prefix (seeded by the standard
+/// library's hasher keys, the time and the process id), then a counter.
+pub(crate) fn new_lease_id() -> String {
+    static PREFIX: LazyLock<u64> = LazyLock::new(|| {
+        let mut h = RandomState::new().build_hasher();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.finish()
+    });
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}-{:x}-{n:x}", *PREFIX, std::process::id())
 }
 
 /// A connection to Redis (or Redis Cluster) that decides with the module or the scripts.
@@ -337,6 +365,7 @@ where
                 mode: AtomicU8::new(mode),
                 breaker: Breaker::new(options.breaker),
                 local: LocalLimiter::default(),
+                leases: LocalLeases::default(),
             }),
         }
     }
@@ -411,28 +440,34 @@ where
         }
     }
 
+    /// One limit's command: the parameters, then the cost, or for a concurrency limit the
+    /// lease id (`RL.ACQUIRE` takes no cost).
     async fn call_one(
         &self,
         key: &str,
         algo: &Algorithm,
         cost: u64,
+        lease: Option<&str>,
     ) -> Result<(Decision, Mode), RedisError> {
         let mut conn = self.conn.clone();
         let mode = self.resolve_mode(&mut conn).await?;
+        let mut args = algo.params();
+        match (algo, lease) {
+            (Algorithm::Concurrency(_), Some(id)) => args.push(id.to_string()),
+            _ => args.push(cost.to_string()),
+        }
         let reply: Value = match mode {
             Mode::Module => {
                 redis::cmd(algo.command())
                     .arg(key)
-                    .arg(algo.params())
-                    .arg(cost)
+                    .arg(&args)
                     .query_async(&mut conn)
                     .await?
             }
             Mode::Script => {
                 script_for(algo)
                     .key(key)
-                    .arg(algo.params())
-                    .arg(cost)
+                    .arg(&args)
                     .invoke_async(&mut conn)
                     .await?
             }
@@ -441,8 +476,7 @@ where
                     .arg(function_name(algo.command()))
                     .arg(1)
                     .arg(key)
-                    .arg(algo.params())
-                    .arg(cost)
+                    .arg(&args)
                     .query_async(&mut conn)
                     .await?
             }
@@ -450,10 +484,43 @@ where
         Ok((decision(&reply).ok_or_else(|| unexpected(&reply))?, mode))
     }
 
+    /// `RL.RELEASE key lease_id` (or its twins): 1 if a live lease was released.
+    async fn call_release(&self, key: &str, id: &str) -> Result<i64, RedisError> {
+        let mut conn = self.conn.clone();
+        let mode = self.resolve_mode(&mut conn).await?;
+        let reply: Value = match mode {
+            Mode::Module => {
+                redis::cmd("RL.RELEASE")
+                    .arg(key)
+                    .arg(id)
+                    .query_async(&mut conn)
+                    .await?
+            }
+            Mode::Script => {
+                RELEASE_SCRIPT
+                    .key(key)
+                    .arg(id)
+                    .invoke_async(&mut conn)
+                    .await?
+            }
+            Mode::Function => {
+                redis::cmd("FCALL")
+                    .arg(function_name("RL.RELEASE"))
+                    .arg(1)
+                    .arg(key)
+                    .arg(id)
+                    .query_async(&mut conn)
+                    .await?
+            }
+        };
+        int(&reply).ok_or_else(|| unexpected(&reply))
+    }
+
     async fn call_all(
         &self,
         limits: &[(String, Algorithm)],
         cost: u64,
+        lease: Option<&str>,
     ) -> Result<((bool, usize, Vec<Decision>), Mode), RedisError> {
         let mut conn = self.conn.clone();
         let mode = self.resolve_mode(&mut conn).await?;
@@ -461,6 +528,10 @@ where
         for (_, algo) in limits {
             args.push(algo.keyword().to_string());
             args.extend(algo.params());
+        }
+        if let Some(id) = lease {
+            args.push("LEASE".into());
+            args.push(id.to_string());
         }
         args.push("COST".into());
         args.push(cost.to_string());
@@ -543,7 +614,13 @@ where
         let _ = tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)).await;
     }
 
-    fn degraded_one(&self, key: &str, algo: &Algorithm, cost: u64) -> (Decision, Degraded) {
+    fn degraded_one(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        cost: u64,
+        lease: Option<&str>,
+    ) -> (Decision, Degraded) {
         let o = &self.inner.options;
         match o.policy {
             FailurePolicy::FailOpen => (
@@ -566,16 +643,52 @@ where
                 },
                 Degraded::FailClosed,
             ),
-            FailurePolicy::Local { instances } => (
-                self.inner.local.check(key, algo, instances, cost),
-                Degraded::Local,
-            ),
+            FailurePolicy::Local { instances } => match algo {
+                Algorithm::Concurrency(c) => (
+                    self.inner.leases.acquire(
+                        key,
+                        lease.unwrap_or_default(),
+                        c,
+                        instances,
+                        cost > 0,
+                    ),
+                    Degraded::Local,
+                ),
+                _ => (
+                    self.inner.local.check(key, algo, instances, cost),
+                    Degraded::Local,
+                ),
+            },
         }
     }
 
-    /// Checks (and on admission consumes) `cost` units of `algo` on `key`.
+    /// Checks (and on admission consumes) `cost` units of `algo` on `key`. A concurrency limit is
+    /// only peeked at here (cost 0, through `RL.ALL`); its slots are taken with
+    /// [`Client::acquire`] (`Error::Unsupported` for a cost above 0).
     pub async fn check(&self, key: &str, algo: &Algorithm, cost: u64) -> Result<Outcome, Error> {
-        match self.guarded(self.call_one(key, algo, cost)).await {
+        if algo.concurrency().is_none() {
+            return self.decide_one(key, algo, cost, None).await;
+        }
+        let o = self
+            .check_all(&[(key.to_string(), algo.clone())], cost)
+            .await?;
+        Ok(Outcome {
+            decision: o.decisions[0],
+            degraded: o.degraded,
+            mode: o.mode,
+        })
+    }
+
+    /// One limit: Redis, or the failure policy when Redis cannot answer. `lease` is the lease id
+    /// of a concurrency limit.
+    pub(crate) async fn decide_one(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        cost: u64,
+        lease: Option<&str>,
+    ) -> Result<Outcome, Error> {
+        match self.guarded(self.call_one(key, algo, cost, lease)).await {
             Ok((decision, mode)) => Ok(Outcome {
                 decision,
                 degraded: None,
@@ -583,7 +696,7 @@ where
             }),
             Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
             Err(Failure::Unavailable) => {
-                let (decision, degraded) = self.degraded_one(key, algo, cost);
+                let (decision, degraded) = self.degraded_one(key, algo, cost, lease);
                 Ok(Outcome {
                     decision,
                     degraded: Some(degraded),
@@ -595,13 +708,36 @@ where
 
     /// Checks several limits at once: admitted only if every limit admits, and then `cost` is
     /// consumed from all of them (`RL.ALL`, or `all.lua`). One limit alone uses its own command.
+    /// Concurrency limits are only peeked at here (cost 0); their slots are taken with
+    /// [`Client::acquire_all`] (`Error::Unsupported` for a cost above 0).
     pub async fn check_all(
         &self,
         limits: &[(String, Algorithm)],
         cost: u64,
     ) -> Result<MultiOutcome, Error> {
-        if let [(key, algo)] = limits {
-            let o = self.check(key, algo, cost).await?;
+        if !limits.iter().any(|(_, a)| a.concurrency().is_some()) {
+            return self.decide_all(limits, cost, None).await;
+        }
+        if cost > 0 {
+            return Err(Error::Unsupported(
+                "concurrency limits take a lease: Client::acquire_all",
+            ));
+        }
+        self.decide_all(limits, 0, Some(&new_lease_id())).await
+    }
+
+    /// Several limits in one call (one alone with its own command, except a concurrency limit
+    /// peeked at with cost 0, which only `RL.ALL` can do).
+    async fn decide_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+        lease: Option<&str>,
+    ) -> Result<MultiOutcome, Error> {
+        if let [(key, algo)] = limits
+            && (cost > 0 || algo.concurrency().is_none())
+        {
+            let o = self.decide_one(key, algo, cost, lease).await?;
             return Ok(MultiOutcome {
                 allowed: o.decision.allowed,
                 denied_by: usize::from(!o.decision.allowed),
@@ -613,7 +749,7 @@ where
         if limits.is_empty() || limits.len() > 16 {
             return Err(Error::Unsupported("between 1 and 16 limits per call"));
         }
-        match self.guarded(self.call_all(limits, cost)).await {
+        match self.guarded(self.call_all(limits, cost, lease)).await {
             Ok(((allowed, denied_by, decisions), mode)) => Ok(MultiOutcome {
                 allowed,
                 denied_by,
@@ -622,34 +758,43 @@ where
                 mode: Some(mode),
             }),
             Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
-            Err(Failure::Unavailable) => Ok(self.degraded_all(limits, cost)),
+            Err(Failure::Unavailable) => Ok(self.degraded_all(limits, cost, lease)),
         }
     }
 
-    fn degraded_all(&self, limits: &[(String, Algorithm)], cost: u64) -> MultiOutcome {
+    fn degraded_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+        lease: Option<&str>,
+    ) -> MultiOutcome {
         let mut degraded = Degraded::FailOpen;
         // Peek first so that a denial consumes from none of the limits.
         let peeks: Vec<Decision> = limits
             .iter()
             .map(|(k, a)| {
-                let (d, g) = self.degraded_one(k, a, 0);
+                let (d, g) = self.degraded_one(k, a, 0, lease);
                 degraded = g;
                 d
             })
             .collect();
-        let denier = peeks.iter().position(|d| match degraded {
-            Degraded::FailClosed => true,
-            _ => d.remaining < cost,
+        let denier = peeks.iter().zip(limits).position(|(d, (_, a))| {
+            match (degraded, a) {
+                (Degraded::FailClosed, _) => true,
+                // One slot whatever the cost; none taken by a peek.
+                (_, Algorithm::Concurrency(_)) => cost > 0 && !d.allowed,
+                _ => d.remaining < cost,
+            }
         });
         let decisions = match denier {
             Some(i) => {
                 let mut ds = peeks;
-                ds[i] = self.degraded_one(&limits[i].0, &limits[i].1, cost).0;
+                ds[i] = self.degraded_one(&limits[i].0, &limits[i].1, cost, lease).0;
                 ds
             }
             None => limits
                 .iter()
-                .map(|(k, a)| self.degraded_one(k, a, cost).0)
+                .map(|(k, a)| self.degraded_one(k, a, cost, lease).0)
                 .collect(),
         };
         MultiOutcome {
@@ -659,6 +804,80 @@ where
             degraded: Some(degraded),
             mode: None,
         }
+    }
+
+    /// Takes one of `limit.limit` slots of `key` for a new lease (`RL.ACQUIRE` with a fresh
+    /// lease id). Admitted: the outcome and the [`Lease`], which gives the slot back when
+    /// dropped or [released](Lease::release), and can be [renewed](Lease::renew). Denied: the
+    /// outcome alone, `retry_after_ms` until a lease expires. When Redis cannot answer the
+    /// failure policy decides: `FailOpen` admits with a lease that holds nothing, `FailClosed`
+    /// denies, `Local` takes a slot of an in-process semaphore.
+    pub async fn acquire(&self, key: &str, limit: &Concurrency) -> Result<LeaseOutcome<C>, Error> {
+        self.acquire_as(key, limit, &new_lease_id()).await
+    }
+
+    /// [`Client::acquire`] with the caller's lease id (1 to 128 bytes, unique to the holder,
+    /// such as a job id): a live lease of that id is renewed instead of taking a second slot.
+    pub async fn acquire_as(
+        &self,
+        key: &str,
+        limit: &Concurrency,
+        id: &str,
+    ) -> Result<LeaseOutcome<C>, Error> {
+        let outcome = self
+            .decide_one(key, &Algorithm::Concurrency(*limit), 1, Some(id))
+            .await?;
+        let lease = outcome.decision.allowed.then(|| {
+            Lease::new(
+                self.clone(),
+                id.to_string(),
+                vec![(key.to_string(), *limit)],
+                outcome.degraded,
+            )
+        });
+        Ok(LeaseOutcome { outcome, lease })
+    }
+
+    /// Several limits at once, concurrency limits among them (`RL.ALL ... LEASE id COST
+    /// cost`): admitted only if every limit admits; then `cost` is consumed from the others and
+    /// one slot of each concurrency limit is held by the returned lease (`None` if there is no
+    /// concurrency limit). Cost 0 peeks and takes no slot.
+    pub async fn acquire_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+    ) -> Result<MultiLeaseOutcome<C>, Error> {
+        let held: Vec<(String, Concurrency)> = limits
+            .iter()
+            .filter_map(|(k, a)| a.concurrency().map(|c| (k.clone(), *c)))
+            .collect();
+        if held.is_empty() {
+            let outcome = self.decide_all(limits, cost, None).await?;
+            return Ok(MultiLeaseOutcome {
+                outcome,
+                lease: None,
+            });
+        }
+        let id = new_lease_id();
+        let outcome = self.decide_all(limits, cost, Some(&id)).await?;
+        let lease = (outcome.allowed && cost > 0)
+            .then(|| Lease::new(self.clone(), id, held, outcome.degraded));
+        Ok(MultiLeaseOutcome { outcome, lease })
+    }
+
+    /// Gives back `id`'s slot of `key` (`RL.RELEASE`): whether a live lease was released. `false`
+    /// too when Redis cannot answer (the lease then expires by itself). Idempotent.
+    pub async fn release(&self, key: &str, id: &str) -> Result<bool, Error> {
+        match self.guarded(self.call_release(key, id)).await {
+            Ok(n) => Ok(n == 1),
+            Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
+            Err(Failure::Unavailable) => Ok(false),
+        }
+    }
+
+    /// Frees `id`'s slot of `key` in the in-process semaphore of the `Local` policy.
+    pub(crate) fn release_local(&self, key: &str, id: &str) -> bool {
+        self.inner.leases.release(key, id)
     }
 }
 
@@ -709,5 +928,14 @@ where
     /// The current state, consuming nothing (cost 0).
     pub async fn peek(&self, key: &str) -> Result<Outcome, Error> {
         self.client.check(key, &self.algorithm, 0).await
+    }
+
+    /// A slot of the limiter's concurrency limit (see [`Client::acquire`]); `Error::Unsupported`
+    /// for the other algorithms.
+    pub async fn acquire(&self, key: &str) -> Result<LeaseOutcome<C>, Error> {
+        match self.algorithm.concurrency() {
+            Some(c) => self.client.acquire(key, c).await,
+            None => Err(Error::Unsupported("acquire takes a concurrency limit")),
+        }
     }
 }

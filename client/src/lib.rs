@@ -4,18 +4,22 @@
 //! - [`Client`]: one connection (single node or cluster), module detection, per-call timeout,
 //!   failure policy and circuit breaker.
 //! - [`Limiter`]: a [`Client`] bound to one [`Algorithm`] and its parameters.
+//! - [`Client::acquire`]: a slot of a [`Concurrency`] limit, held by a [`Lease`] until it is
+//!   dropped, released or expires.
 //! - [`middleware`]: HTTP rate limiting with the standard response headers.
 
 mod algorithm;
 mod breaker;
 mod client;
+mod lease;
 mod local;
 pub mod metrics;
 pub mod middleware;
 
-pub use algorithm::Algorithm;
+pub use algorithm::{Algorithm, Concurrency};
 pub use breaker::BreakerConfig;
 pub use client::{
     Client, Decision, Degraded, Error, FailurePolicy, Limiter, Mode, ModeChoice, MultiOutcome,
     Options, Outcome,
 };
+pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};

@@ -1,11 +1,12 @@
-//! The in-process fallback: a token bucket per key with the limit and rate divided by the
-//! expected number of instances, used while Redis is unreachable.
+//! The in-process fallback, used while Redis is unreachable: a token bucket per key with the
+//! limit and rate divided by the expected number of instances, and for concurrency limits a
+//! counting semaphore per key (the limit divided alike) whose leases expire as on Redis.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Concurrency};
 use crate::client::Decision;
 
 const MAX_KEYS: usize = 100_000;
@@ -57,5 +58,126 @@ impl LocalLimiter {
             reset_after_ms: ((cap - left) * 1000.0 / rate).ceil() as u64,
             limit: capacity,
         }
+    }
+}
+
+/// Whole milliseconds from `now` to `t` (rounded up, 0 if past).
+fn ms_until(t: Instant, now: Instant) -> u64 {
+    let us = t.saturating_duration_since(now).as_micros();
+    u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+/// Live leases per key: lease id -> expiry.
+#[derive(Debug, Default)]
+pub(crate) struct LocalLeases {
+    keys: Mutex<HashMap<String, HashMap<String, Instant>>>,
+}
+
+impl LocalLeases {
+    /// The local share of `limit` for `instances` instances.
+    pub(crate) fn share(limit: &Concurrency, instances: u32) -> u64 {
+        (limit.limit / u64::from(instances.max(1))).max(1)
+    }
+
+    /// Takes (or renews) a slot of `key` for `id`; with `take` false only says whether it would.
+    pub(crate) fn acquire(
+        &self,
+        key: &str,
+        id: &str,
+        limit: &Concurrency,
+        instances: u32,
+        take: bool,
+    ) -> Decision {
+        let share = Self::share(limit, instances);
+        let lease = Duration::try_from_secs_f64(limit.lease_sec).unwrap_or(Duration::ZERO);
+        let now = Instant::now();
+        let mut map = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_KEYS && !map.contains_key(key) {
+            map.retain(|_, leases| leases.values().any(|&t| t > now));
+        }
+        let leases = map.entry(key.to_string()).or_default();
+        leases.retain(|_, t| *t > now);
+        let held = leases.contains_key(id);
+        let allowed = held || (leases.len() as u64) < share;
+        if allowed && take {
+            leases.insert(id.to_string(), now + lease);
+        }
+        let mut expiries: Vec<Instant> = leases.values().copied().collect();
+        expiries.sort();
+        let live = expiries.len() as u64;
+        let retry_after_ms = if allowed {
+            0
+        } else {
+            // The slot frees when live - share + 1 leases have expired.
+            let i = usize::try_from(live - share).unwrap_or(usize::MAX);
+            expiries.get(i).map_or(0, |&t| ms_until(t, now)) as i64
+        };
+        let decision = Decision {
+            allowed,
+            remaining: share.saturating_sub(live),
+            retry_after_ms,
+            reset_after_ms: expiries.last().map_or(0, |&t| ms_until(t, now)),
+            limit: share,
+        };
+        if leases.is_empty() {
+            map.remove(key);
+        }
+        decision
+    }
+
+    /// Frees `id`'s slot of `key`; whether it held a live one.
+    pub(crate) fn release(&self, key: &str, id: &str) -> bool {
+        let now = Instant::now();
+        let mut map = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(leases) = map.get_mut(key) else {
+            return false;
+        };
+        let live = leases.remove(id).is_some_and(|t| t > now);
+        leases.retain(|_, t| *t > now);
+        if leases.is_empty() {
+            map.remove(key);
+        }
+        live
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_take_renew_release_and_expire() {
+        let l = LocalLeases::default();
+        let c = Concurrency {
+            limit: 4,
+            lease_sec: 0.2,
+        };
+        // Two instances: two slots here.
+        let a = l.acquire("k", "a", &c, 2, true);
+        assert_eq!(
+            (a.allowed, a.remaining, a.retry_after_ms, a.limit),
+            (true, 1, 0, 2)
+        );
+        assert!(a.reset_after_ms > 150 && a.reset_after_ms <= 200, "{a:?}");
+        assert!(l.acquire("k", "b", &c, 2, true).allowed);
+        let full = l.acquire("k", "c", &c, 2, true);
+        assert_eq!((full.allowed, full.remaining), (false, 0));
+        assert!(
+            full.retry_after_ms > 150 && full.retry_after_ms <= 200,
+            "{full:?}"
+        );
+        // A peek takes nothing; a holder renews without a second slot.
+        assert!(!l.acquire("k", "c", &c, 2, false).allowed);
+        let renewed = l.acquire("k", "a", &c, 2, true);
+        assert_eq!((renewed.allowed, renewed.remaining), (true, 0));
+        assert!(l.release("k", "a"));
+        assert!(!l.release("k", "a"), "released once");
+        assert_eq!(l.acquire("k", "c", &c, 2, true).remaining, 0);
+        assert!(l.acquire("other", "a", &c, 2, false).allowed);
+        std::thread::sleep(Duration::from_millis(210));
+        let d = l.acquire("k", "d", &c, 2, false);
+        assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, 2, 0));
+        assert!(!l.release("k", "b"), "expired");
+        assert!(l.keys.lock().unwrap().is_empty());
     }
 }

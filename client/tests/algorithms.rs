@@ -1,7 +1,7 @@
 //! The client's list of algorithms against the module's command descriptors: the same commands,
 //! the same `RL.ALL` keywords and parameter counts, so the two cannot drift apart.
 
-use ratelimit_client::Algorithm;
+use ratelimit_client::{Algorithm, Concurrency};
 use redis_rate_limiter::command::DESCRIPTORS;
 
 /// One of each algorithm the client knows.
@@ -32,6 +32,10 @@ fn every_algorithm() -> Vec<Algorithm> {
             count_per_period: 1,
             period_sec: 1.0,
         },
+        Algorithm::Concurrency(Concurrency {
+            limit: 10,
+            lease_sec: 1.0,
+        }),
     ]
 }
 
@@ -39,11 +43,12 @@ fn every_algorithm() -> Vec<Algorithm> {
 fn the_client_knows_every_limiter_the_module_registers() {
     let mut ours: Vec<&str> = every_algorithm().iter().map(Algorithm::command).collect();
     ours.sort();
-    // RL.ALL combines the others; CL.THROTTLE is redis-cell's interface, for its own clients.
+    // RL.ALL combines the others; CL.THROTTLE is redis-cell's interface, for its own clients;
+    // RL.RELEASE gives back what RL.ACQUIRE took (Client::release).
     let mut theirs: Vec<&str> = DESCRIPTORS
         .iter()
         .map(|d| d.name.to_str().unwrap())
-        .filter(|n| *n != "RL.ALL" && *n != "CL.THROTTLE")
+        .filter(|n| !["RL.ALL", "CL.THROTTLE", "RL.RELEASE"].contains(n))
         .collect();
     theirs.sort();
     assert_eq!(ours, theirs);

@@ -1,0 +1,269 @@
+//! Concurrency leases: the guard that holds a slot, renews it and gives it back.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use tokio::task::JoinHandle;
+
+use crate::algorithm::{Algorithm, Concurrency};
+use crate::client::{Client, Degraded, Error, MultiOutcome, Outcome};
+
+/// The answer to [`Client::acquire`]: the outcome, and the lease when admitted.
+pub struct LeaseOutcome<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub outcome: Outcome,
+    /// `Some` exactly when admitted.
+    pub lease: Option<Lease<C>>,
+}
+
+/// The answer to [`Client::acquire_all`]: the outcome of every limit, and the lease holding the
+/// concurrency limits' slots when admitted.
+pub struct MultiLeaseOutcome<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub outcome: MultiOutcome,
+    /// `Some` when admitted with a cost above 0 and at least one concurrency limit.
+    pub lease: Option<Lease<C>>,
+}
+
+/// Where the slots are held: on Redis, in the in-process semaphore (`FailurePolicy::Local`), or
+/// nowhere (admitted by `FailOpen`); a renewal may add a place.
+#[derive(Debug, Default)]
+struct Held {
+    redis: bool,
+    local: bool,
+    released: bool,
+    last_renewal: Option<Outcome>,
+}
+
+struct Shared<C> {
+    client: Client<C>,
+    id: String,
+    limits: Vec<(String, Concurrency)>,
+    held: Mutex<Held>,
+}
+
+impl<C> Shared<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the lease released; where it was held.
+    fn take(&self) -> (bool, bool) {
+        let mut h = self.held();
+        let places = (h.redis && !h.released, h.local && !h.released);
+        h.released = true;
+        places
+    }
+
+    fn release_local(&self) -> bool {
+        let mut freed = false;
+        for (key, _) in &self.limits {
+            freed |= self.client.release_local(key, &self.id);
+        }
+        freed
+    }
+
+    async fn release_redis(&self) -> Result<bool, Error> {
+        let (mut freed, mut error) = (false, None);
+        for (key, _) in &self.limits {
+            match self.client.release(key, &self.id).await {
+                Ok(f) => freed |= f,
+                Err(e) => error = error.or(Some(e)),
+            }
+        }
+        error.map_or(Ok(freed), Err)
+    }
+
+    async fn renew(&self) -> Result<Outcome, Error> {
+        let mut answer: Option<Outcome> = None;
+        for (key, limit) in &self.limits {
+            let o = self
+                .client
+                .decide_one(key, &Algorithm::Concurrency(*limit), 1, Some(&self.id))
+                .await?;
+            if o.decision.allowed {
+                let mut h = self.held();
+                match o.degraded {
+                    None => h.redis = true,
+                    Some(Degraded::Local) => h.local = true,
+                    Some(_) => {}
+                }
+            }
+            answer = Some(match answer {
+                Some(a) if !a.decision.allowed => a,
+                Some(a) if o.decision.allowed && a.decision.remaining <= o.decision.remaining => a,
+                _ => o,
+            });
+        }
+        let o = answer.expect("a lease holds at least one limit");
+        self.held().last_renewal = Some(o);
+        Ok(o)
+    }
+}
+
+/// A slot held on one key (or one on each concurrency limit of [`Client::acquire_all`]) under
+/// one lease id, until the lease expires or the guard gives it back: dropped (`RL.RELEASE` sent
+/// from a task on the current tokio runtime) or [`Lease::release`]d.
+pub struct Lease<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    shared: Arc<Shared<C>>,
+    keep_alive: Option<JoinHandle<()>>,
+}
+
+impl<C> std::fmt::Debug for LeaseOutcome<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseOutcome")
+            .field("outcome", &self.outcome)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl<C> std::fmt::Debug for MultiLeaseOutcome<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiLeaseOutcome")
+            .field("outcome", &self.outcome)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl<C> std::fmt::Debug for Lease<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("id", &self.shared.id)
+            .field("limits", &self.shared.limits)
+            .field("held", &*self.shared.held())
+            .finish()
+    }
+}
+
+impl<C> Lease<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub(crate) fn new(
+        client: Client<C>,
+        id: String,
+        limits: Vec<(String, Concurrency)>,
+        degraded: Option<Degraded>,
+    ) -> Self {
+        let held = Held {
+            redis: degraded.is_none(),
+            local: degraded == Some(Degraded::Local),
+            ..Held::default()
+        };
+        Lease {
+            shared: Arc::new(Shared {
+                client,
+                id,
+                limits,
+                held: Mutex::new(held),
+            }),
+            keep_alive: None,
+        }
+    }
+
+    /// The lease id (the sorted set's member).
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// The key the slot is held on (the first, for a lease over several keys).
+    pub fn key(&self) -> &str {
+        &self.shared.limits[0].0
+    }
+
+    /// Whether any slot is held anywhere (`false` for a lease admitted by `FailOpen` and not
+    /// renewed on Redis since).
+    pub fn holds_slot(&self) -> bool {
+        let h = self.shared.held();
+        (h.redis || h.local) && !h.released
+    }
+
+    /// Extends the lease to now + `lease_sec` by sending `RL.ACQUIRE` again with the same id.
+    /// A lease that had expired meanwhile takes a slot again if one is free; denied means the
+    /// slot is lost (others hold every slot). Over several keys: the first denial, else the key
+    /// with the fewest free slots. The failure policy answers as for [`Client::acquire`].
+    pub async fn renew(&self) -> Result<Outcome, Error> {
+        self.shared.renew().await
+    }
+
+    /// Renews every `every` from a task on the current tokio runtime until the lease is released
+    /// or dropped (choose `every` well below `lease_sec`). Calling it again replaces the timer.
+    pub fn keep_alive(&mut self, every: Duration) {
+        if let Some(t) = self.keep_alive.take() {
+            t.abort();
+        }
+        let shared = self.shared.clone();
+        self.keep_alive = Some(tokio::spawn(async move {
+            let mut timer = tokio::time::interval(every);
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            timer.tick().await;
+            loop {
+                timer.tick().await;
+                let _ = shared.renew().await;
+            }
+        }));
+    }
+
+    /// The outcome of the latest renewal ([`Lease::renew`] or [`Lease::keep_alive`]).
+    pub fn last_renewal(&self) -> Option<Outcome> {
+        self.shared.held().last_renewal
+    }
+
+    /// Gives the slot back now: whether a live lease was released (`false` if it had expired,
+    /// was admitted by `FailOpen`, or Redis could not answer: it then expires by itself).
+    pub async fn release(mut self) -> Result<bool, Error> {
+        if let Some(t) = self.keep_alive.take() {
+            t.abort();
+        }
+        let (redis, local) = self.shared.take();
+        let mut freed = local && self.shared.release_local();
+        if redis {
+            freed |= self.shared.release_redis().await?;
+        }
+        Ok(freed)
+    }
+}
+
+impl<C> Drop for Lease<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(t) = self.keep_alive.take() {
+            t.abort();
+        }
+        let (redis, local) = self.shared.take();
+        if local {
+            self.shared.release_local();
+        }
+        // Outside a runtime nothing can be sent: the lease expires by itself.
+        if redis && let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let shared = self.shared.clone();
+            rt.spawn(async move {
+                let _ = shared.release_redis().await;
+            });
+        }
+    }
+}
