@@ -2,6 +2,10 @@
 //! `RateLimit` response fields (draft-ietf-httpapi-ratelimit-headers-11), optionally the older
 //! `RateLimit-Limit` / `-Remaining` / `-Reset`, 429 with `Retry-After` and a problem+json body,
 //! `RateLimit-Degraded` when Redis could not decide, and counters per limit.
+//!
+//! A concurrency limit ([`Algorithm::Concurrency`]) counts requests in flight: its slot is taken
+//! before the handler runs and given back when the response body has been sent or dropped (the
+//! client went away); the lease's expiry frees it if the process dies first.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -9,17 +13,20 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::ConnectInfo;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
 use redis::aio::ConnectionLike;
 use tower::{Layer, Service};
 
 use crate::algorithm::Algorithm;
 use crate::client::{Client, Decision, MultiOutcome};
+use crate::lease::{Lease, MultiLeaseOutcome};
 use crate::metrics::Metrics;
 
 /// A named limit.
@@ -110,6 +117,7 @@ pub struct Config {
     limits_fn: Option<LimitsFn>,
     legacy_headers: bool,
     prefix: String,
+    keep_alive: Option<Duration>,
 }
 
 impl Config {
@@ -185,6 +193,13 @@ where
         self
     }
 
+    /// Renew the concurrency leases of requests still in flight every `every` (default: never;
+    /// a response that outlasts `lease_sec` then loses its slot to the next request).
+    pub fn lease_keep_alive(mut self, every: Duration) -> Self {
+        self.config.keep_alive = Some(every);
+        self
+    }
+
     /// Share counters with another layer or an exporter.
     pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
@@ -238,6 +253,7 @@ where
                 limits_fn: None,
                 legacy_headers: false,
                 prefix: "rl".to_string(),
+                keep_alive: None,
             },
             metrics: Arc::new(Metrics::default()),
         }
@@ -294,7 +310,8 @@ fn sf_string(name: &str) -> String {
         .collect()
 }
 
-/// The response fields for these policies and decisions.
+/// The response fields for these policies and decisions. A concurrency limit's policy has the
+/// quota unit `qu="concurrent-requests"` and no window.
 pub fn rate_limit_headers(
     policies: &[Policy],
     outcome: &MultiOutcome,
@@ -304,13 +321,18 @@ pub fn rate_limit_headers(
     let policy = policies
         .iter()
         .zip(&outcome.decisions)
-        .map(|(p, d)| {
-            format!(
+        .map(|(p, d)| match p.algorithm {
+            Algorithm::Concurrency(_) => format!(
+                "\"{}\";q={};qu=\"concurrent-requests\"",
+                sf_string(&p.name),
+                d.limit
+            ),
+            _ => format!(
                 "\"{}\";q={};w={}",
                 sf_string(&p.name),
                 d.limit,
                 p.algorithm.window_secs()
-            )
+            ),
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -386,6 +408,44 @@ fn too_many(policies: &[Policy], outcome: &MultiOutcome) -> Response<Body> {
     r
 }
 
+/// A response body that holds the request's lease until it has been sent to the end (or failed),
+/// or is dropped: the connection closed before.
+struct LeasedBody<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    inner: Body,
+    lease: Option<Lease<C>>,
+}
+
+impl<C> HttpBody for LeasedBody<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(None | Some(Err(_))) = frame {
+            this.lease = None;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl<S, C, B> Service<Request<B>> for RateLimit<S, C>
 where
     S: Service<Request<B>, Response = Response<Body>> + Clone + Send + 'static,
@@ -429,8 +489,20 @@ where
                     )
                 })
                 .collect();
-            let outcome = match shared.client.check_all(&limits, 1).await {
-                Ok(o) => o,
+            let decided = if policies.iter().any(|p| p.algorithm.concurrency().is_some()) {
+                shared.client.acquire_all(&limits, 1).await
+            } else {
+                shared
+                    .client
+                    .check_all(&limits, 1)
+                    .await
+                    .map(|outcome| MultiLeaseOutcome {
+                        outcome,
+                        lease: None,
+                    })
+            };
+            let (outcome, mut lease) = match decided {
+                Ok(o) => (o.outcome, o.lease),
                 Err(e) => {
                     return Ok(problem(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -451,8 +523,21 @@ where
                         .record(&p.name, outcome.allowed, outcome.degraded.is_some());
                 }
             }
+            if let (Some(every), Some(l)) = (cfg.keep_alive, lease.as_mut()) {
+                l.keep_alive(every);
+            }
             let mut resp = if outcome.allowed {
-                inner.call(req).await?
+                // Should the handler fail or the request be cancelled, the lease is dropped here.
+                let resp = inner.call(req).await?;
+                match lease {
+                    Some(lease) => resp.map(|inner| {
+                        Body::new(LeasedBody {
+                            inner,
+                            lease: Some(lease),
+                        })
+                    }),
+                    None => resp,
+                }
             } else {
                 too_many(&policies, &outcome)
             };

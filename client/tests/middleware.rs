@@ -4,6 +4,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -12,8 +13,9 @@ use axum::routing::get;
 use common::{Server, advance_clock, free_port, set_clock};
 use http::{Request, StatusCode};
 use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer};
-use ratelimit_client::{Algorithm, Client, FailurePolicy, Options};
+use ratelimit_client::{Algorithm, Client, Concurrency, FailurePolicy, Options};
 use redis::aio::ConnectionManager;
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 fn per_minute() -> Policy {
@@ -414,4 +416,316 @@ async fn routes_without_limits_pass_untouched() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header("ratelimit"), None);
     assert_eq!(r.header("ratelimit-policy"), None);
+}
+
+/// A body that never ends: a line every 20 ms until the connection drops it.
+struct Drip(tokio::time::Interval);
+
+impl http_body::Body for Drip {
+    type Data = axum::body::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.0.poll_tick(cx).map(|_| {
+            Some(Ok(http_body::Frame::data(axum::body::Bytes::from_static(
+                b"tick\n",
+            ))))
+        })
+    }
+}
+
+/// Requests in flight, counted by a concurrency limit of 3 per API key.
+fn inflight_layer(client: Client<ConnectionManager>) -> RateLimitLayer<ConnectionManager> {
+    RateLimitLayer::builder(client)
+        .key(KeySource::Header(http::HeaderName::from_static(
+            "x-api-key",
+        )))
+        .limits(
+            "*",
+            "*",
+            vec![Policy::new(
+                "inflight",
+                Algorithm::Concurrency(Concurrency {
+                    limit: 3,
+                    lease_sec: 30.0,
+                }),
+            )],
+        )
+        .build()
+}
+
+async fn zcard(server: &Server, key: &str) -> usize {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query(&mut server.connect())
+        .unwrap()
+}
+
+/// Waits (at most 5 s) until `key` holds `n` leases: the release is sent from a task.
+async fn wait_leases(server: &Server, key: &str, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while zcard(server, key).await != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{key}: {} leases, not {n}",
+            zcard(server, key).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_counts_requests_in_flight() {
+    let (server, client) = started();
+    let layer = inflight_layer(client);
+    // `/work` with `x-wait` waits for a permit of `gate` (after adding one to `entered`);
+    // `/stream` never ends.
+    let entered = Arc::new(Semaphore::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let (e, g) = (entered.clone(), gate.clone());
+    let router = Router::new()
+        .route(
+            "/work",
+            get(move |headers: http::HeaderMap| {
+                let (e, g) = (e.clone(), g.clone());
+                async move {
+                    if headers.contains_key("x-wait") {
+                        e.add_permits(1);
+                        g.acquire().await.unwrap().forget();
+                    }
+                    "done"
+                }
+            }),
+        )
+        .route(
+            "/stream",
+            get(|| async {
+                let every = tokio::time::interval(std::time::Duration::from_millis(20));
+                axum::response::Response::new(Body::new(Drip(every)))
+            }),
+        )
+        .layer(layer.clone());
+    let key = "rl:{alice}:default:inflight";
+    let waiting = || {
+        Request::get("/work")
+            .header("x-api-key", "alice")
+            .header("x-wait", "1")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..3 {
+        let (r, tx) = (router.clone(), done_tx.clone());
+        tokio::spawn(async move { tx.send(send(&r, waiting()).await).unwrap() });
+    }
+    entered.acquire_many(3).await.unwrap().forget();
+    assert_eq!(zcard(&server, key).await, 3);
+
+    // The fourth is refused while three are in flight.
+    let r = send(&router, get_req("/work", "alice", None)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        r.limit_headers(),
+        vec![
+            (
+                "ratelimit-policy",
+                "\"inflight\";q=3;qu=\"concurrent-requests\""
+            ),
+            ("ratelimit", "\"inflight\";r=0;t=30"),
+            ("retry-after", "30"),
+            ("content-type", "application/problem+json"),
+        ]
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&r.body).unwrap(),
+        serde_json::json!({
+            "type": "about:blank",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": "rate limit 'inflight' exceeded; retry in 30 s",
+            "limit": "inflight",
+            "retry_after": 30,
+        })
+    );
+    // Another key has its own slots.
+    let r = send(&router, get_req("/work", "bob", None)).await;
+    assert_eq!(r.header("ratelimit"), Some("\"inflight\";r=2;t=30"));
+
+    // One response finishes: its slot comes back, and the next request is admitted.
+    gate.add_permits(1);
+    let finished = done.recv().await.unwrap();
+    assert_eq!(
+        (finished.status, finished.body.as_str()),
+        (StatusCode::OK, "done")
+    );
+    wait_leases(&server, key, 2).await;
+    let r = send(&router, get_req("/work", "alice", None)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.limit_headers(),
+        vec![
+            (
+                "ratelimit-policy",
+                "\"inflight\";q=3;qu=\"concurrent-requests\""
+            ),
+            ("ratelimit", "\"inflight\";r=0;t=30"),
+            ("content-type", "text/plain; charset=utf-8"),
+        ]
+    );
+    wait_leases(&server, key, 2).await;
+
+    // A response body dropped before its end (the client went away) gives the slot back.
+    let resp = router
+        .clone()
+        .oneshot(get_req("/stream", "alice", None))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(zcard(&server, key).await, 3);
+    drop(resp);
+    wait_leases(&server, key, 2).await;
+
+    // The same over a real connection that the client closes mid-response.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(axum::serve(listener, router.clone()).into_future());
+    let head = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            s,
+            "GET /stream HTTP/1.1\r\nHost: {addr}\r\nx-api-key: alice\r\n\r\n"
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains("tick") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "closed early");
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).to_ascii_lowercase()
+        // The connection closes here, mid-response.
+    })
+    .await
+    .unwrap();
+    assert!(head.starts_with("http/1.1 200 ok\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nratelimit: \"inflight\";r=0;t=30\r\n"),
+        "{head}"
+    );
+    wait_leases(&server, key, 2).await;
+    let r = send(&router, get_req("/work", "alice", None)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit"), Some("\"inflight\";r=0;t=30"));
+    serving.abort();
+
+    // The last two finish; the key goes with its last lease.
+    gate.add_permits(2);
+    for _ in 0..2 {
+        assert_eq!(done.recv().await.unwrap().status, StatusCode::OK);
+    }
+    wait_leases(&server, key, 0).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query(&mut server.connect())
+        .unwrap();
+    assert_eq!(exists, 0);
+    let c = layer.metrics().counts("inflight");
+    assert_eq!((c.allowed, c.denied, c.degraded), (8, 1, 0));
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_and_a_rate_limit_in_one_call() {
+    let (server, client) = started();
+    let layer = RateLimitLayer::builder(client)
+        .key(KeySource::Header(http::HeaderName::from_static(
+            "x-api-key",
+        )))
+        .limits(
+            "*",
+            "*",
+            vec![
+                Policy::new(
+                    "inflight",
+                    Algorithm::Concurrency(Concurrency {
+                        limit: 2,
+                        lease_sec: 10.0,
+                    }),
+                ),
+                per_minute(),
+            ],
+        )
+        .build();
+    let router = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = send(&router, get_req("/", "frank", None)).await;
+        // Each response is over before the next request: its slot is given back meanwhile.
+        wait_leases(&server, "rl:{frank}:default:inflight", 0).await;
+        let headers: Vec<(String, String)> = r
+            .limit_headers()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        seen.push((r.status.as_u16(), headers));
+    }
+    let policy = (
+        "ratelimit-policy",
+        "\"inflight\";q=2;qu=\"concurrent-requests\", \"per-minute\";q=2;w=60",
+    );
+    let owned = |v: Vec<(&str, &str)>| -> Vec<(String, String)> {
+        v.into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        seen,
+        vec![
+            (
+                200,
+                owned(vec![
+                    policy,
+                    (
+                        "ratelimit",
+                        "\"inflight\";r=1;t=10, \"per-minute\";r=1;t=60"
+                    ),
+                    ("content-type", "text/plain; charset=utf-8"),
+                ])
+            ),
+            (
+                200,
+                owned(vec![
+                    policy,
+                    (
+                        "ratelimit",
+                        "\"inflight\";r=1;t=10, \"per-minute\";r=0;t=60"
+                    ),
+                    ("content-type", "text/plain; charset=utf-8"),
+                ])
+            ),
+            (
+                429,
+                owned(vec![
+                    policy,
+                    ("ratelimit", "\"inflight\";r=2;t=0, \"per-minute\";r=0;t=60"),
+                    ("retry-after", "60"),
+                    ("content-type", "application/problem+json"),
+                ])
+            ),
+        ]
+    );
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connect())
+        .unwrap();
+    assert!(info.contains("cmdstat_rl.all:calls=3,"), "{info}");
+    assert!(info.contains("cmdstat_rl.release:calls=2,"), "{info}");
 }
