@@ -6,6 +6,7 @@ mod common;
 
 use common::Server;
 use ratelimit_client::Client;
+use ratelimit_client::Concurrency;
 use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer};
 use ratelimit_client::{Algorithm, FailurePolicy, Limiter, Options};
 
@@ -31,8 +32,26 @@ async fn the_client(url: &str) -> Result {
 
 #[rustfmt::skip]
 #[allow(unused_variables)]
-async fn the_middleware(url: &str) -> Result {
+async fn the_leases(url: &str) -> Result {
     // --- docs/client.md, block 2 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?;
+    let exports = Concurrency { limit: 3, lease_sec: 30.0 };
+    let out = client.acquire("exports:acme", &exports).await?;
+    let Some(mut lease) = out.lease else {
+        return Ok(()); // full: a slot frees in out.outcome.decision.retry_after_ms
+    };
+    lease.keep_alive(std::time::Duration::from_secs(10)); // renews while the work runs
+    /* the work */
+    lease.release().await?; // or drop it
+    // ---
+    assert_eq!(out.outcome.decision.remaining, 2);
+    Ok(())
+}
+
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_middleware(url: &str) -> Result {
+    // --- docs/client.md, block 3 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     let layer = RateLimitLayer::builder(client)
         .key(KeySource::Header(http::HeaderName::from_static("x-api-key")))
@@ -61,7 +80,7 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
         .skip(1)
         .map(|b| b.split("```").next().unwrap())
         .collect();
-    assert_eq!(blocks.len(), 2, "the page's Rust blocks");
+    assert_eq!(blocks.len(), 3, "the page's Rust blocks");
     for block in blocks {
         // `use` lines are this file's imports; the rest is the body of a function.
         let (uses, body): (Vec<&str>, Vec<&str>) =
@@ -88,5 +107,6 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     }
     let server = Server::with_module();
     the_client(&server.url()).await.unwrap();
+    the_leases(&server.url()).await.unwrap();
     the_middleware(&server.url()).await.unwrap();
 }
