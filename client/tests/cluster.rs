@@ -9,7 +9,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::{Opts, Server};
-use ratelimit_client::{Algorithm, Client, Mode, ModeChoice, Options};
+use ratelimit_client::{Algorithm, Client, Concurrency, Mode, ModeChoice, Options};
 
 /// A port whose cluster bus port (+10000) is free too.
 fn cluster_port() -> u16 {
@@ -157,6 +157,70 @@ async fn every_key_admits_exactly_its_capacity(cluster: &Cluster, mode: ModeChoi
         .await
         .unwrap_err();
     assert!(err.to_string().starts_with("rejected by redis: "), "{err}");
+
+    // Leases on every shard: taken, refused when full, given back by release and on drop (the
+    // key goes with its last lease).
+    let two = Concurrency {
+        limit: 2,
+        lease_sec: 3600.0,
+    };
+    for k in 0..12 {
+        let key = format!("jobs:{k}");
+        let mut seen = Vec::new();
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let o = client.acquire(&key, &two).await.unwrap();
+            let d = o.outcome.decision;
+            seen.push((o.outcome.mode, d.allowed, d.remaining));
+            held.extend(o.lease);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (Some(expect), true, 1),
+                (Some(expect), true, 0),
+                (Some(expect), false, 0)
+            ],
+            "{key}"
+        );
+        let dropped = held.pop().unwrap();
+        assert!(held.pop().unwrap().release().await.unwrap());
+        drop(dropped);
+    }
+    // A concurrency limit and a rate limit under one hash tag, in one call.
+    let both = vec![
+        (
+            "{job}:inflight".to_string(),
+            Algorithm::Concurrency(Concurrency {
+                limit: 1,
+                lease_sec: 3600.0,
+            }),
+        ),
+        (
+            "{job}:route".to_string(),
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_sec: 3600.0,
+            },
+        ),
+    ];
+    let first = client.acquire_all(&both, 1).await.unwrap();
+    let second = client.acquire_all(&both, 1).await.unwrap();
+    assert_eq!(
+        (
+            first.outcome.allowed,
+            second.outcome.allowed,
+            second.outcome.denied_by
+        ),
+        (true, false, 1)
+    );
+    assert!(first.lease.unwrap().release().await.unwrap());
+    // 60 buckets, 12 keys of the multi-limit calls, the route's window; no lease key is left.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.dbsizes().iter().sum::<i64>() != 73 {
+        assert!(Instant::now() < deadline, "{:?}", cluster.dbsizes());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
