@@ -729,3 +729,127 @@ async fn a_concurrency_limit_and_a_rate_limit_in_one_call() {
     assert!(info.contains("cmdstat_rl.all:calls=3,"), "{info}");
     assert!(info.contains("cmdstat_rl.release:calls=2,"), "{info}");
 }
+
+/// One request waits in its handler until `gate` opens; the others answer at once.
+fn waiting_router(layer: RateLimitLayer<ConnectionManager>, gate: Arc<Semaphore>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(move |headers: http::HeaderMap| {
+                let gate = gate.clone();
+                async move {
+                    if headers.contains_key("x-wait") {
+                        gate.acquire().await.unwrap().forget();
+                    }
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer)
+}
+
+fn one_in_flight(lease_sec: f64) -> Vec<Policy> {
+    vec![Policy::new(
+        "inflight",
+        Algorithm::Concurrency(Concurrency {
+            limit: 1,
+            lease_sec,
+        }),
+    )]
+}
+
+#[tokio::test]
+async fn a_lease_outlasts_its_expiry_while_kept_alive() {
+    let server = Server::with_module();
+    let client = Client::open(&server.url(), Options::default())
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::builder(client)
+        .key(KeySource::Header(http::HeaderName::from_static(
+            "x-api-key",
+        )))
+        .limits("*", "*", one_in_flight(0.3))
+        .lease_keep_alive(std::time::Duration::from_millis(50))
+        .build();
+    let gate = Arc::new(Semaphore::new(0));
+    let router = waiting_router(layer, gate.clone());
+    let r = router.clone();
+    let slow = tokio::spawn(async move {
+        let req = Request::get("/")
+            .header("x-api-key", "gina")
+            .header("x-wait", "1")
+            .body(Body::empty())
+            .unwrap();
+        send(&r, req).await
+    });
+    wait_leases(&server, "rl:{gina}:default:inflight", 1).await;
+    // Four times the lease later the slow request still holds its slot.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let r = send(&router, get_req("/", "gina", None)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    gate.add_permits(1);
+    assert_eq!(slow.await.unwrap().status, StatusCode::OK);
+    wait_leases(&server, "rl:{gina}:default:inflight", 0).await;
+    let r = send(&router, get_req("/", "gina", None)).await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_local_fallback_counts_requests_in_flight_too() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let client = Client::connect(
+        &url,
+        Options {
+            policy: FailurePolicy::Local { instances: 1 },
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let layer = RateLimitLayer::builder(client)
+        .key(KeySource::Header(http::HeaderName::from_static(
+            "x-api-key",
+        )))
+        .limits("*", "*", one_in_flight(30.0))
+        .build();
+    let gate = Arc::new(Semaphore::new(0));
+    let router = waiting_router(layer.clone(), gate.clone());
+    let r = router.clone();
+    let slow = tokio::spawn(async move {
+        let req = Request::get("/")
+            .header("x-api-key", "hal")
+            .header("x-wait", "1")
+            .body(Body::empty())
+            .unwrap();
+        send(&r, req).await
+    });
+    // The slow request is in its handler once the layer has counted it.
+    while layer.metrics().counts("inflight").allowed == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let r = send(&router, get_req("/", "hal", None)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        r.limit_headers(),
+        vec![
+            (
+                "ratelimit-policy",
+                "\"inflight\";q=1;qu=\"concurrent-requests\""
+            ),
+            ("ratelimit", "\"inflight\";r=0;t=30"),
+            ("ratelimit-degraded", "local"),
+            ("retry-after", "30"),
+            ("content-type", "application/problem+json"),
+        ]
+    );
+    gate.add_permits(1);
+    let done = slow.await.unwrap();
+    assert_eq!(done.status, StatusCode::OK);
+    assert_eq!(done.header("ratelimit"), Some("\"inflight\";r=0;t=30"));
+    // The local slot came back with the response, at once.
+    let r = send(&router, get_req("/", "hal", None)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit-degraded"), Some("local"));
+    let c = layer.metrics().counts("inflight");
+    assert_eq!((c.allowed, c.denied, c.degraded), (2, 1, 3));
+}
