@@ -1,7 +1,10 @@
-//! The table of every command the module registers: for each, arguments that admit ten calls at
+//! The table of every limiter the module registers: for each, arguments that admit ten calls at
 //! one instant, arguments that admit one then deny, a bad argument list, what the key holds, and
 //! a way to corrupt it. The suites that check a promise for every command (conformance, ACL)
-//! read it, so a command added to the module is added here once.
+//! read it, so a command added to the module is added here once. `RL.RELEASE`, which decides
+//! nothing, has its own checks in `tests/leases.rs` (`NOT_LIMITERS`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use redis::{Connection, Value};
 
@@ -28,7 +31,16 @@ pub struct Case {
     /// the one it runs exactly once per admitted call, where there is one.
     pub effects: &'static [&'static str],
     pub one_effect_per_write: Option<&'static str>,
+    /// Whether a call can be a peek (a cost of 0): `RL.ACQUIRE` has no cost argument.
+    pub peeks: bool,
 }
+
+/// Registered commands that are no limiter, so not in `CASES`.
+pub const NOT_LIMITERS: &[&str] = &["RL.RELEASE"];
+
+/// In parameters, `{id}` stands for a lease id of its own for every call.
+const FRESH_ID: &str = "{id}";
+static IDS: AtomicUsize = AtomicUsize::new(0);
 
 const TOKENS_ERR: &str = "ERR corrupt rate limiter state: field 'tokens' is not a valid number";
 
@@ -44,6 +56,7 @@ pub const CASES: &[Case] = &[
         workload: (&["3", "2"], "1"),
         effects: &["set"],
         one_effect_per_write: Some("set"),
+        peeks: true,
     },
     Case {
         command: "RL.LEAKYBUCKET",
@@ -56,6 +69,7 @@ pub const CASES: &[Case] = &[
         workload: (&["3", "2"], "1"),
         effects: &["set"],
         one_effect_per_write: Some("set"),
+        peeks: true,
     },
     Case {
         command: "RL.FIXEDWINDOW",
@@ -68,6 +82,7 @@ pub const CASES: &[Case] = &[
         workload: (&["3", "0.7"], "1"),
         effects: &["set"],
         one_effect_per_write: Some("set"),
+        peeks: true,
     },
     Case {
         command: "RL.SLIDINGWINDOW",
@@ -80,6 +95,7 @@ pub const CASES: &[Case] = &[
         workload: (&["3", "0.7"], "1"),
         effects: &["set"],
         one_effect_per_write: Some("set"),
+        peeks: true,
     },
     Case {
         command: "RL.GCRA",
@@ -92,6 +108,7 @@ pub const CASES: &[Case] = &[
         workload: (&["2", "3", "1"], "1"),
         effects: &["set"],
         one_effect_per_write: Some("set"),
+        peeks: true,
     },
     Case {
         command: "RL.SLIDINGLOG",
@@ -104,6 +121,20 @@ pub const CASES: &[Case] = &[
         workload: (&["5", "0.5"], "2"),
         effects: &["zadd", "zremrangebyscore", "pexpireat"],
         one_effect_per_write: None,
+        peeks: true,
+    },
+    Case {
+        command: "RL.ACQUIRE",
+        ten: &["10", "1000", FRESH_ID],
+        one: &["1", "1000", FRESH_ID],
+        bad: &["10", "0.0001", FRESH_ID],
+        kind: "zset",
+        corrupt: &["ZADD", "{key}", "1.5", "job"],
+        corrupt_error: "ERR corrupt rate limiter state: sorted set score is not a valid timestamp",
+        workload: (&["3", "2", FRESH_ID], "1"),
+        effects: &["zadd", "zremrangebyscore", "pexpireat"],
+        one_effect_per_write: None,
+        peeks: false,
     },
     Case {
         command: "CL.THROTTLE",
@@ -116,6 +147,7 @@ pub const CASES: &[Case] = &[
         workload: (&["2", "3", "1"], "1"),
         effects: &["set"],
         one_effect_per_write: Some("set"),
+        peeks: true,
     },
     Case {
         command: "RL.ALL",
@@ -128,12 +160,26 @@ pub const CASES: &[Case] = &[
         workload: (&["TOKENBUCKET", "3", "2"], "1"),
         effects: &["set"],
         one_effect_per_write: Some("set"),
+        peeks: true,
     },
 ];
 
 impl Case {
-    /// The call on `key` with `params` and, if given, a cost.
+    /// The call on `key` with `params` and, if given, a cost (only where the command `peeks`,
+    /// has a cost).
     pub fn argv(&self, key: &str, params: &[&str], cost: Option<&str>) -> Vec<String> {
+        assert!(
+            self.peeks || cost.is_none(),
+            "{} takes no cost",
+            self.command
+        );
+        let params: Vec<String> = params
+            .iter()
+            .map(|p| match *p {
+                FRESH_ID => format!("lease-{}", IDS.fetch_add(1, Ordering::Relaxed)),
+                p => p.to_string(),
+            })
+            .collect();
         let mut v: Vec<String> = vec![self.command.to_string()];
         if self.command == "RL.ALL" {
             v.extend(["1".to_string(), key.to_string()]);
