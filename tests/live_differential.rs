@@ -8,6 +8,7 @@ mod harness;
 use std::cell::{Cell, RefCell};
 
 use harness::scenarios::{ALL_FIELDS, AllStep, Corruption, Step, all_sequence};
+use harness::scenarios::{LeaseStep, lease_sequence};
 use harness::scenarios::{LogCorruption, LogStep, large_log_sequence, sliding_log_sequence};
 use harness::scenarios::{corrupted_value, legacy_pairs, token_bucket_sequence};
 use harness::scenarios::{gcra_sequence, throttle_sequence};
@@ -497,4 +498,80 @@ fn sliding_log_module_and_evalsha_agree_on_logs_of_100_000_entries() {
     println!("large sliding logs: {steps} live calls compared, up to {largest} entries");
     assert!(steps >= 75, "only {steps} calls compared");
     assert!(largest >= 90_000, "the largest log held {largest} entries");
+}
+
+#[test]
+fn leases_module_and_lua_agree_on_a_live_server() {
+    let server = Server::with_test_clock();
+    let mut c = server.connect();
+    let (acquire, release) = (
+        Twin::load(&mut c, "acquire.lua"),
+        Twin::load(&mut c, "release.lua"),
+    );
+    let conn = RefCell::new(c);
+    let start = now_us() + 86_400_000_000;
+    let case = Cell::new(0usize);
+    let steps_run = Cell::new(0usize);
+    // Admitted acquires, and releases of a live lease.
+    let (admitted, released) = (Cell::new(0usize), Cell::new(0usize));
+    let mut runner = TestRunner::new(Config {
+        cases: harness::scaled(120),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&lease_sequence(20..150), |steps: Vec<LeaseStep>| {
+        case.set(case.get() + 1);
+        let (ours, theirs) = (format!("m:{}", case.get()), format!("l:{}", case.get()));
+        let mut c = conn.borrow_mut();
+        let c = &mut *c;
+        let mut now = start;
+        for (i, step) in steps.iter().enumerate() {
+            now = (now + step.dt_us).max(start);
+            set_clock(c, now);
+            if let Some(k) = &step.corrupt {
+                corrupt_log(c, &ours, now, k);
+                corrupt_log(c, &theirs, now, k);
+            }
+            let (command, twin): (&[u8], &Twin) = if step.release {
+                (b"RL.RELEASE", &release)
+            } else {
+                (b"RL.ACQUIRE", &acquire)
+            };
+            let mut module_call: Vec<&[u8]> = vec![command, ours.as_bytes()];
+            module_call.extend(step.args.iter().map(|a| a.as_bytes()));
+            let mut script_call = twin.head(case.get(), b"1");
+            script_call.push(theirs.as_bytes());
+            script_call.extend(step.args.iter().map(|a| a.as_bytes()));
+            let a = call(c, &module_call);
+            let b = call(c, &script_call);
+            prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
+            match &a {
+                Ok(Value::Array(x)) if x.first() == Some(&Value::Int(1)) => {
+                    admitted.set(admitted.get() + 1)
+                }
+                Ok(Value::Int(1)) => released.set(released.get() + 1),
+                _ => {}
+            }
+            prop_assert_eq!(stored(c, &ours), stored(c, &theirs), "after step {}", i);
+            prop_assert_eq!(
+                pexpiretime(c, &ours),
+                pexpiretime(c, &theirs),
+                "expiry after step {}",
+                i
+            );
+        }
+        steps_run.set(steps_run.get() + steps.len());
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("RL.ACQUIRE / RL.RELEASE and their twins differ on a live server: {e}");
+    }
+    Twin::assert_both_ran(&mut conn.borrow_mut());
+    let (steps, admitted, released) = (steps_run.get(), admitted.get(), released.get());
+    println!("leases: {steps} live calls compared, {admitted} admitted, {released} released");
+    assert!(steps >= 10_000, "only {steps} calls compared");
+    assert!(
+        admitted > steps / 10 && released > steps / 100,
+        "{admitted} {released}"
+    );
 }

@@ -234,6 +234,8 @@ fn all_limits_match_their_lua_twin() {
     let (admitted, denied_later) = (AtomicUsize::new(0), AtomicUsize::new(0));
     // Admitted calls with a sliding log among their limits, and calls a sliding log denied.
     let (log_admitted, log_denied) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    // The same for a concurrency limit.
+    let (lease_admitted, lease_denied) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let mut runner = TestRunner::new(Config {
         cases: harness::scaled(500),
         failure_persistence: None,
@@ -275,18 +277,21 @@ fn all_limits_match_their_lua_twin() {
                 .filter(|w| w.chars().all(|c| c.is_ascii_alphabetic()))
                 .map(|w| w.to_ascii_uppercase())
                 .collect();
-            match ours.as_deref() {
-                Ok([1, ..]) if keywords.iter().any(|k| k == "SLIDINGLOG") => {
-                    log_admitted.fetch_add(1, Ordering::Relaxed);
+            for (keyword, admitted, denied) in [
+                ("SLIDINGLOG", &log_admitted, &log_denied),
+                ("CONCURRENCY", &lease_admitted, &lease_denied),
+            ] {
+                match ours.as_deref() {
+                    Ok([1, ..]) if keywords.iter().any(|k| k == keyword) => {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok([0, k, ..])
+                        if keywords.get(*k as usize - 1).is_some_and(|w| w == keyword) =>
+                    {
+                        denied.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
                 }
-                Ok([0, k, ..])
-                    if keywords
-                        .get(*k as usize - 1)
-                        .is_some_and(|w| w == "SLIDINGLOG") =>
-                {
-                    log_denied.fetch_add(1, Ordering::Relaxed);
-                }
-                _ => {}
             }
             model.borrow_mut().expire_due();
             lua.space.borrow_mut().expire_due();
@@ -321,6 +326,14 @@ fn all_limits_match_their_lua_twin() {
     assert!(
         log_admitted > steps / 100 && log_denied > steps / 300,
         "{log_admitted} admitted with a sliding log, {log_denied} denied by one"
+    );
+    let (lease_admitted, lease_denied) = (lease_admitted.into_inner(), lease_denied.into_inner());
+    println!(
+        "RL.ALL with a concurrency limit: {lease_admitted} admitted, {lease_denied} denied by it"
+    );
+    assert!(
+        lease_admitted > steps / 100 && lease_denied > steps / 300,
+        "{lease_admitted} admitted with a concurrency limit, {lease_denied} denied by one"
     );
 }
 

@@ -228,6 +228,8 @@ pub fn all_limit_spec() -> impl Strategy<Value = Vec<String>> {
         6 => (bucket.clone(), 1u64..20, 1u32..100).prop_map(move |(k, c, r)| vec![k.to_string(), c.to_string(), quarter(r)]),
         4 => (window.clone(), 1u64..20, 1u32..40).prop_map(move |(k, l, w)| vec![k.to_string(), l.to_string(), quarter(w)]),
         3 => (0u64..10, 1u64..20, 1u32..40).prop_map(move |(b, n, p)| vec!["GCRA".to_string(), b.to_string(), n.to_string(), quarter(p)]),
+        3 => (prop::sample::select(vec!["CONCURRENCY", "concurrency"]), 1u64..5, 1u32..40).prop_map(move |(k, l, s)| vec![k.to_string(), l.to_string(), quarter(s)]),
+        1 => (count_text(), lease_text()).prop_map(|(l, s)| vec!["CONCURRENCY".to_string(), l, s]),
         1 => (bucket, count_text(), rate_text()).prop_map(|(k, c, r)| vec![k.to_string(), c, r]),
         1 => (window, count_text(), window_text()).prop_map(|(k, l, w)| vec![k.to_string(), l, w]),
         1 => (count_text(), count_text(), rate_text()).prop_map(|(b, n, p)| vec!["gcra".to_string(), b, n, p]),
@@ -245,6 +247,7 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
     (1usize..=3, prop::collection::vec(all_limit_spec(), 3)).prop_flat_map(
         move |(numkeys, specs)| {
             let fixed: Vec<String> = specs.iter().take(numkeys).flatten().cloned().collect();
+            let leases = fixed.iter().any(|w| w.eq_ignore_ascii_case("CONCURRENCY"));
             let words = prop_oneof![
                 6 => Just(fixed.clone()),
                 3 => (0u64..6).prop_map(move |c| {
@@ -254,6 +257,24 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
                 }),
                 1 => prop::collection::vec(all_limit_spec(), 0..4).prop_map(|s| s.concat()),
             ];
+            // The call's lease id, mostly one of a few (renewals), where a limit is a concurrency
+            // limit; now and then where none is (an error), or a bad one. Before or after COST.
+            let lease = prop::option::weighted(
+                if leases { 0.9 } else { 0.03 },
+                prop::sample::select(vec!["j1", "j2", "j3", "j4", "j5", ""]),
+            );
+            let words = (words, lease, any::<bool>()).prop_map(|(mut w, lease, before_cost)| {
+                if let Some(id) = lease {
+                    let pair = ["LEASE".to_string(), id.to_string()];
+                    let n = w.len();
+                    if before_cost && n >= 2 && w[n - 2].eq_ignore_ascii_case("COST") {
+                        w.splice(n - 2..n - 2, pair);
+                    } else {
+                        w.extend(pair);
+                    }
+                }
+                w
+            });
             let corrupt = prop::option::weighted(0.04, (0..numkeys, corruption(ALL_FIELDS)));
             let step =
                 (time_step(), words, corrupt).prop_map(move |(dt_us, words, corrupt)| AllStep {
