@@ -515,7 +515,7 @@ fn leases_module_and_lua_agree_on_a_live_server() {
     // Admitted acquires, and releases of a live lease.
     let (admitted, released) = (Cell::new(0usize), Cell::new(0usize));
     let mut runner = TestRunner::new(Config {
-        cases: harness::scaled(120),
+        cases: harness::scaled(160),
         failure_persistence: None,
         ..Config::default()
     });
