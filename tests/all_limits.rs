@@ -185,7 +185,7 @@ fn bad_calls_get_clear_errors() {
         ),
         (
             &["1", "a", "BUCKET", "1", "1"],
-            "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG",
+            "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG CONCURRENCY",
         ),
         (
             &["1", "a", "TOKENBUCKET", "1", "1", "TOKENBUCKET"],
