@@ -23,6 +23,11 @@ Usage: python3 benches/server_bench.py [--module PATH] [--redis-cell PATH] [--qu
 
 It also times RL.SLIDINGLOG and its twin on a key holding 10 entries and one holding 99,000,
 admitted and denied (pipelined calls on a seeded key, INFO commandstats per call).
+
+RL.RELEASE has rows of its own: releasing nothing runs under redis-benchmark like every other
+case, while releasing a live lease needs an RL.ACQUIRE right before each release, so those rows
+send acquire / release pairs through `redis-cli --pipe` and read only the release's entry of
+INFO commandstats (the acquires are counted under rl.acquire); their throughput is pairs/s.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import io
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import socket
@@ -63,6 +69,10 @@ class Limiter:
             measurement uses it too.
     steady: random keys that stay admitted and keep their state between visits (a large quota
             with a slow refill, so stored counts are fractional).
+
+    An argument may hold `__rand_int__`, which redis-benchmark replaces with a random 12-digit
+    number on every call (the case then runs with -r even on a hot key); check_decisions and the
+    memory measurement put a different number in each call.
     """
 
     command: str
@@ -83,13 +93,34 @@ LIMITERS = [
     Limiter("RL.GCRA", "gcra.lua", "1000 500000 1", "0 1 1000", "1000 1 1"),
     # CL.THROTTLE replies `limited` first: 0 means admitted (see check_decisions).
     Limiter("CL.THROTTLE", "throttle.lua", "1000 500000 1", "0 1 1000", "1000 1 1"),
+    # Leases: one id renewing its lease (1 ms, so a random key's has ended before the key comes
+    # round again and every call there takes a lease on a new key); a key full with one lease,
+    # asked by other ids; random keys whose hour-long lease the same id renews.
+    Limiter("RL.ACQUIRE", "acquire.lua", "10 0.001 w", "1 3600 w:__rand_int__", "10 3600 w"),
 ]
+
+# What redis-benchmark replaces with a random 12-digit number under -r.
+RAND = "__rand_int__"
+
+
+def substitute(args: list[str], n: int) -> list[str]:
+    """`args` with every `__rand_int__` replaced by `n` as redis-benchmark writes it."""
+    return [a.replace(RAND, f"{n:012d}") for a in args]
 
 # Commands whose first reply element is "limited" rather than "allowed".
 INVERTED = {"CL.THROTTLE"}
 
 FLOOR = "HSET"
 FLOOR_ARGS = "f1 v1 f2 v2"
+
+# RL.RELEASE, timed releasing a live lease (after an RL.ACQUIRE of `RELEASE_ACQUIRE` for the
+# same id) and releasing nothing. Its hot key also holds `RELEASE_OTHERS` leases of other ids
+# (an hour long), written before each run; a random key holds only the released lease.
+RELEASE_COMMAND = "RL.RELEASE"
+RELEASE_SCRIPT = "release.lua"
+RELEASE_ACQUIRE = "10 3600"
+RELEASE_ID = "w"
+RELEASE_OTHERS = 9
 
 # The command redis-cell provides, compared with ours of the same name.
 CELL_COMMAND = "CL.THROTTLE"
@@ -106,6 +137,13 @@ class Case:
     limiter: str | None  # module command this case belongs to, or None for the floor
     lua: bool
     cell: bool = False  # runs on the redis-cell server
+    note: str = ""  # shown after the arguments
+    setup: list[list[str]] = field(default_factory=list)  # commands run before each run
+    # If set, each call is sent right after this command, in pairs through redis-cli --pipe;
+    # `n` then counts pairs and `rps` is pairs per second.
+    before: list[str] | None = None
+    payload: bytes = field(default=b"", repr=False)  # the pairs of the last run
+    payload_n: int = 0  # how many
     n: int = 0
     usec: list[float] = field(default_factory=list)
     rps: list[float] = field(default_factory=list)
@@ -194,20 +232,15 @@ def command_stats(server: Server, stat: str) -> tuple[int, float, int]:
 
 
 def run_case(server: Server, case: Case, n: int, pin: list[str]) -> tuple[float, float]:
-    """One redis-benchmark run on an empty database: (server usec per call, requests/s)."""
+    """One run on an empty database (after the case's setup): (server usec per call, requests/s,
+    or pairs/s for a case sent in pairs)."""
     server.cli("FLUSHALL")
-    server.cli("CONFIG", "RESETSTAT")
-    argv = pin + ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port)]
-    argv += ["-P", str(PIPELINE), "-c", str(CLIENTS), "-n", str(n), "--csv"]
-    if case.keys == "random":
-        argv += ["-r", str(KEYSPACE)]
-    out = subprocess.run(argv + case.argv, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise SystemExit(f"redis-benchmark failed for {case.label}: {out.stderr}")
-    rows = [r for r in csv.reader(io.StringIO(out.stdout)) if len(r) > 1 and r[0] != "test"]
-    if not rows:
-        raise SystemExit(f"no result from redis-benchmark for {case.label}:\n{out.stdout}")
-    rps = float(rows[0][1])
+    for command in case.setup:
+        server.cli(*command)
+    if case.before:
+        rps = run_pairs(server, case, n, pin)
+    else:
+        rps = run_benchmark(server, case, n, pin)
     calls, usec, failed = command_stats(server, case.stat)
     # redis-benchmark sends whole pipelines, so a few more calls than -n may reach the server.
     if failed or not n <= calls <= n + PIPELINE * CLIENTS:
@@ -216,6 +249,62 @@ def run_case(server: Server, case: Case, n: int, pin: list[str]) -> tuple[float,
             f"check the arguments (redis-cli {' '.join(case.argv)})"
         )
     return usec / calls, rps
+
+
+def run_benchmark(server: Server, case: Case, n: int, pin: list[str]) -> float:
+    """redis-benchmark sending the case's command `n` times, after CONFIG RESETSTAT:
+    requests/s."""
+    server.cli("CONFIG", "RESETSTAT")
+    argv = pin + ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port)]
+    argv += ["-P", str(PIPELINE), "-c", str(CLIENTS), "-n", str(n), "--csv"]
+    if any(RAND in a for a in case.argv):
+        argv += ["-r", str(KEYSPACE)]
+    out = subprocess.run(argv + case.argv, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"redis-benchmark failed for {case.label}: {out.stderr}")
+    rows = [r for r in csv.reader(io.StringIO(out.stdout)) if len(r) > 1 and r[0] != "test"]
+    if not rows:
+        raise SystemExit(f"no result from redis-benchmark for {case.label}:\n{out.stdout}")
+    return float(rows[0][1])
+
+
+def run_pairs(server: Server, case: Case, n: int, pin: list[str]) -> float:
+    """`n` pairs of `case.before` and the case's command, with the same random number (from
+    the keyspace of -r) in both, through redis-cli --pipe after CONFIG RESETSTAT: pairs/s, from
+    the wall time of redis-cli. The pairs must leave the database as the setup left it."""
+    if case.payload_n != n:
+        rng = random.Random(n)
+        case.payload = b"".join(
+            resp(substitute(case.before, r)) + resp(substitute(case.argv, r))
+            for r in (rng.randrange(KEYSPACE) for _ in range(n))
+        )
+        case.payload_n = n
+    before = dataset(server)
+    argv = pin + ["redis-cli", "-h", "127.0.0.1", "-p", str(server.port), "--pipe"]
+    server.cli("CONFIG", "RESETSTAT")
+    start = time.monotonic()
+    out = subprocess.run(argv, input=case.payload, capture_output=True, timeout=600)
+    elapsed = time.monotonic() - start
+    text = out.stdout.decode(errors="replace")
+    m = re.search(r"errors:\s*(\d+),\s*replies:\s*(\d+)", text)
+    if out.returncode != 0 or not m or int(m.group(1)) != 0 or int(m.group(2)) != 2 * n:
+        raise SystemExit(f"redis-cli --pipe failed for {case.label} {case.note}: {text}")
+    after = dataset(server)
+    if after != before:
+        raise SystemExit(
+            f"{case.label} {case.note}: the pairs left {after[:3]}..., not {before[:3]}..."
+        )
+    return n / elapsed
+
+
+def dataset(server: Server) -> list[tuple[str, str, str]]:
+    """Every key (sorted sets only) with its members, scores and expiry: a few keys at most
+    where it is compared."""
+    keys = sorted(server.cli("KEYS", "*").split())
+    return [
+        (k, server.cli("ZRANGE", k, "0", "-1", "WITHSCORES"), server.cli("PEXPIRETIME", k))
+        for k in keys[:1000]
+    ] + [("keys", str(len(keys)), "")]
 
 
 def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
@@ -227,12 +316,15 @@ def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
         who = "Lua twin" if lua else limiter.command
         server.cli("FLUSHALL")
         for args in [limiter.admit, limiter.steady]:
-            for _ in range(3):
-                reply = server.cli(*prefix, f"check:{args}", *args.split()).split()
+            for i in range(3):
+                argv = substitute(args.split(), i)
+                reply = server.cli(*prefix, f"check:{args}", *argv).split()
                 if reply[:1] != yes:
                     raise SystemExit(f"{who} {args}: expected admitted, got {reply}")
+        # A `__rand_int__` takes another value in the second call (another lease id).
         replies = [
-            server.cli(*prefix, "check:deny", *limiter.deny.split()).split() for _ in range(2)
+            server.cli(*prefix, "check:deny", *substitute(limiter.deny.split(), i)).split()
+            for i in range(2)
         ]
         if replies[0][:1] != yes or replies[1][:1] != no:
             raise SystemExit(f"{who} {limiter.deny}: expected admitted then denied, got {replies}")
@@ -266,6 +358,57 @@ def limiter_cases(
             )
         )
     return cases
+
+
+def release_cases(head: list[str], label: str, stat: str, prefix: str, lua: bool) -> list[Case]:
+    """RL.RELEASE (or its twin, `head`) of a live lease, each call right after an RL.ACQUIRE of
+    the same id, on a hot key that also holds other ids' leases and on random keys where it is
+    the only lease; then releasing nothing on that hot key and on random keys (no key)."""
+    cases = []
+    for held in [True, False]:
+        for keys in ["hot", "random"]:
+            kind = "held" if held else "none"
+            key = f"{prefix}:release:{kind}:" + ("{__rand_int__}" if keys == "random" else "hot")
+            setup = []
+            if keys == "hot":
+                setup = [
+                    ["RL.ACQUIRE", key, *RELEASE_ACQUIRE.split(), f"other:{i}"]
+                    for i in range(RELEASE_OTHERS)
+                ]
+            before = ["RL.ACQUIRE", key, *RELEASE_ACQUIRE.split(), RELEASE_ID] if held else None
+            cases.append(
+                Case(
+                    label=label,
+                    args=RELEASE_ID,
+                    keys=keys,
+                    argv=head + [key, RELEASE_ID],
+                    stat=stat,
+                    limiter=RELEASE_COMMAND,
+                    lua=lua,
+                    note="live lease" if held else "no lease",
+                    setup=setup,
+                    before=before,
+                )
+            )
+    return cases
+
+
+def check_release(server: Server, head: list[str], who: str) -> None:
+    """Releasing the lease RL.ACQUIRE just took replies 1, releasing it again 0, on a key holding
+    other leases too and on a key of its own; releasing on a missing key replies 0."""
+    server.cli("FLUSHALL")
+    for i in range(RELEASE_OTHERS):
+        server.cli("RL.ACQUIRE", "check:release", *RELEASE_ACQUIRE.split(), f"other:{i}")
+    for key in ["check:release", "check:alone"]:
+        got = server.cli("RL.ACQUIRE", key, *RELEASE_ACQUIRE.split(), RELEASE_ID).split()[:1]
+        got += [server.cli(*head, key, RELEASE_ID) for _ in range(2)]
+        if got != ["1", "1", "0"]:
+            raise SystemExit(f"{who} on {key}: expected acquired, released, nothing; got {got}")
+    if server.cli(*head, "check:missing", RELEASE_ID) != "0":
+        raise SystemExit(f"{who} on a missing key: expected 0")
+    left = server.cli("ZCARD", "check:release"), server.cli("EXISTS", "check:alone")
+    if left != (str(RELEASE_OTHERS), "0"):
+        raise SystemExit(f"{who}: left {left} (other leases, the lone key)")
 
 
 def floor_cases(label: str, cell: bool = False) -> list[Case]:
@@ -310,6 +453,24 @@ def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
             head = ["EVALSHA", shas[lim.command], "1"]
             label = f"{lim.command} (Lua twin)"
             cases += limiter_cases(lim, head, label, "evalsha", "lua", lua=True, cell=False)
+    if server.has_command(RELEASE_COMMAND):
+        check_release(server, [RELEASE_COMMAND], RELEASE_COMMAND)
+        cases += release_cases(
+            [RELEASE_COMMAND], RELEASE_COMMAND, RELEASE_COMMAND.lower(), "rl", lua=False
+        )
+        script = LUA_DIR / RELEASE_SCRIPT
+        if script.is_file():
+            shas[RELEASE_COMMAND] = server.cli("-x", "SCRIPT", "LOAD", stdin=script.read_bytes())
+            # Only the release is EVALSHA: the acquires before it stay RL.ACQUIRE, which stores
+            # what the twin would, so evalsha's entry counts the release twin alone.
+            head = ["EVALSHA", shas[RELEASE_COMMAND], "1"]
+            label = f"{RELEASE_COMMAND} (Lua twin)"
+            check_release(server, head, label)
+            cases += release_cases(head, label, "evalsha", "lua", lua=True)
+        else:
+            notes.append(f"{RELEASE_COMMAND}: no lua-reference/{RELEASE_SCRIPT}, Lua twin skipped")
+    else:
+        notes.append(f"{RELEASE_COMMAND}: not in the loaded module, skipped")
     cases += floor_cases(f"{FLOOR} (floor)")
     return cases, shas, notes
 
@@ -350,7 +511,9 @@ def memory_per_key(
 ) -> tuple[int, float, int]:
     """New keys `mem:000000`... each written once: (keys present, used_memory delta per key,
     MEMORY USAGE of the first key)."""
-    payload = b"".join(resp(head + [f"mem:{i:06d}"] + args) for i in range(count))
+    payload = b"".join(
+        resp(head + [f"mem:{i:06d}"] + substitute(args, i)) for i in range(count)
+    )
     # Filled twice: the first fill brings in whatever the command allocates once and keeps
     # (outside the keyspace), the second is measured.
     for _ in range(2):
@@ -525,7 +688,7 @@ def render(cases: list[Case], memory: list[tuple[str, str, int, float, int]]) ->
     # Each server's rows are divided by the HSET floor of that server.
     floor = {(c.cell, c.keys): med[id(c)][0] for c in cases if c.limiter is None}
     module = {
-        (c.limiter, c.args, c.keys): med[id(c)][0]
+        (c.limiter, c.args, c.keys, c.note): med[id(c)][0]
         for c in cases
         if c.limiter and not c.lua and not c.cell
     }
@@ -538,11 +701,13 @@ def render(cases: list[Case], memory: list[tuple[str, str, int, float, int]]) ->
     for c in cases:
         usec, rps = med[id(c)]
         vs_floor = usec / floor[(c.cell, c.keys)] if c.limiter else None
-        twin_of = module.get((c.limiter, c.args, c.keys)) if c.lua or c.cell else None
+        twin_of = module.get((c.limiter, c.args, c.keys, c.note)) if c.lua or c.cell else None
         vs_module = usec / twin_of if twin_of else None
+        note = f", {c.note}" if c.note else ""
+        unit = " pairs/s" if c.before else ""
         lines.append(
-            f"| {c.label} | `{c.args}` | {c.keys} | {usec:.2f} | "
-            f"{min(c.usec):.2f}–{max(c.usec):.2f} | {rps:,.0f} | "
+            f"| {c.label} | `{c.args}`{note} | {c.keys} | {usec:.2f} | "
+            f"{min(c.usec):.2f}–{max(c.usec):.2f} | {rps:,.0f}{unit} | "
             f"{fmt_ratio(vs_floor)} | {fmt_ratio(vs_module)} |"
         )
     lines += [
@@ -667,7 +832,8 @@ def main() -> int:
     print()
     print(
         f"redis-benchmark -P {PIPELINE} -c {CLIENTS}, random keys from {KEYSPACE:,} (-r); "
-        f"{opts.rounds} interleaved rounds, medians; -n per case: {runs}; "
+        f"{opts.rounds} interleaved rounds, medians; -n per case (pairs through redis-cli "
+        f"--pipe for a live lease's release): {runs}; "
         f"memory over {opts.memory_keys:,} new keys; {time.monotonic() - started:.0f} s"
     )
     if cell_module:
