@@ -8,6 +8,10 @@ pub struct Counts {
     pub allowed: u64,
     pub denied: u64,
     pub degraded: u64,
+    /// Units given back by settlements (an actual cost below the estimate).
+    pub refunded: u64,
+    /// Units taken by settlements (an actual cost above the estimate).
+    pub charged: u64,
 }
 
 #[derive(Debug, Default)]
@@ -35,12 +39,25 @@ impl Metrics {
         }
     }
 
+    /// A settlement of `delta` units on `limit`: below 0 refunded, above 0 charged.
+    pub fn record_settled(&self, limit: &str, delta: i64) {
+        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let c = m.entry(limit.to_string()).or_default();
+        if delta < 0 {
+            c.refunded = c.refunded.saturating_add(delta.unsigned_abs());
+        } else {
+            c.charged = c.charged.saturating_add(delta.unsigned_abs());
+        }
+    }
+
     pub fn counts(&self, limit: &str) -> Counts {
         let m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
         m.get(limit).copied().unwrap_or_default()
     }
 
-    /// `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`.
+    /// `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`, then, once
+    /// a settlement changed something, `ratelimit_settled_units_total{limit="...",
+    /// direction="refunded|charged"}` for the limits that settled.
     pub fn render_prometheus(&self) -> String {
         let m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::from(
@@ -55,6 +72,23 @@ impl Metrics {
             ] {
                 out.push_str(&format!(
                     "ratelimit_decisions_total{{limit=\"{n}\",outcome=\"{outcome}\"}} {v}\n"
+                ));
+            }
+        }
+        let settled: Vec<_> = m
+            .iter()
+            .filter(|(_, c)| c.refunded > 0 || c.charged > 0)
+            .collect();
+        if !settled.is_empty() {
+            out.push_str(
+                "# HELP ratelimit_settled_units_total Units given back (refunded) or taken (charged) when reservations were settled with their actual cost.\n# TYPE ratelimit_settled_units_total counter\n",
+            );
+        }
+        for (name, c) in settled {
+            let n = escape(name);
+            for (direction, v) in [("refunded", c.refunded), ("charged", c.charged)] {
+                out.push_str(&format!(
+                    "ratelimit_settled_units_total{{limit=\"{n}\",direction=\"{direction}\"}} {v}\n"
                 ));
             }
         }
@@ -83,5 +117,16 @@ mod tests {
              ratelimit_decisions_total{limit=\"api\",outcome=\"denied\"} 1\n\
              ratelimit_decisions_total{limit=\"api\",outcome=\"degraded\"} 1\n"
         );
+        m.record_settled("api", -30);
+        m.record_settled("api", 5);
+        m.record_settled("api", 0);
+        assert_eq!((m.counts("api").refunded, m.counts("api").charged), (30, 5));
+        assert!(m.render_prometheus().ends_with(
+            "ratelimit_decisions_total{limit=\"api\",outcome=\"degraded\"} 1\n\
+             # HELP ratelimit_settled_units_total Units given back (refunded) or taken (charged) when reservations were settled with their actual cost.\n\
+             # TYPE ratelimit_settled_units_total counter\n\
+             ratelimit_settled_units_total{limit=\"api\",direction=\"refunded\"} 30\n\
+             ratelimit_settled_units_total{limit=\"api\",direction=\"charged\"} 5\n"
+        ));
     }
 }
