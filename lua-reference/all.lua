@@ -62,6 +62,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -105,6 +112,13 @@ local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
 end
 
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
+end
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -137,7 +151,7 @@ end
 function token_bucket.load(key)
   local fields, err = load_fields(key, 'tokens', 'ts')
   if not fields then return fields, err end
-  local tokens = stored_amount(fields[1])
+  local tokens = stored_balance(fields[1])
   if not tokens then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
   end
@@ -148,9 +162,9 @@ function token_bucket.load(key)
   return {tokens = tokens, ts = ts}
 end
 
--- The reply, and what to store (nil when nothing is written).
-function token_bucket.decide(a, state, now)
-  local capacity, rate, cost = a.capacity, a.rate, a.cost
+-- The tokens as of now (a debt down to -capacity), and the time to store with them.
+function token_bucket.current(a, state, now)
+  local capacity = a.capacity
   local tokens, ts = capacity, now
   if state then tokens, ts = state.tokens, state.ts end
   -- A clock that went backwards refills nothing and never moves the stored time back.
@@ -158,8 +172,33 @@ function token_bucket.decide(a, state, now)
   if elapsed < 0 then elapsed = 0 end
   local t = now
   if ts > now then t = ts end
-  tokens = tokens + elapsed * rate / 1000000
+  tokens = tokens + elapsed * a.rate / 1000000
   if tokens > capacity then tokens = capacity end
+  if tokens < -capacity then tokens = -capacity end
+  return tokens, t
+end
+
+function token_bucket.write(a, tokens, t)
+  local reset_after = math.ceil((a.capacity - tokens) * 1000 / a.rate)
+  return {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never above capacity) or charged (positive, down
+-- to a debt of -capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function token_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(token_bucket.decide(a, state, now)) end
+  local tokens, t = token_bucket.current(a, state, now)
+  tokens = tokens - delta
+  if tokens > a.capacity then tokens = a.capacity end
+  if tokens < -a.capacity then tokens = -a.capacity end
+  local w = token_bucket.write(a, tokens, t)
+  return settled(token_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function token_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local tokens, t = token_bucket.current(a, state, now)
 
   local allowed = cost <= tokens
   local consumes = allowed and cost > 0
@@ -174,12 +213,13 @@ function token_bucket.decide(a, state, now)
     retry_after = math.ceil((cost - tokens) * 1000 / rate)
   end
   local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
+  -- A debt leaves nothing, not less.
+  local remaining = math.floor(tokens)
+  if remaining < 0 then remaining = 0 end
 
   local write
-  if consumes then
-    write = {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
-  end
-  return {allowed and 1 or 0, math.floor(tokens), retry_after, reset_after, capacity}, write
+  if consumes then write = token_bucket.write(a, tokens, t) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
 end
 
 function token_bucket.store(key, w)
@@ -224,9 +264,9 @@ function leaky_bucket.load(key)
   return {level = level, ts = ts}
 end
 
--- The reply, and what to store (nil when nothing is written).
-function leaky_bucket.decide(a, state, now)
-  local capacity, rate, cost = a.capacity, a.rate, a.cost
+-- The level as of now, and the time to store with it. A level above capacity (a charge, or a
+-- capacity argument that was lowered) drains like any other, counted at most twice the capacity.
+function leaky_bucket.current(a, state, now)
   local level, ts = 0, now
   if state then level, ts = state.level, state.ts end
   -- A clock that went backwards drains nothing and never moves the stored time back.
@@ -234,10 +274,33 @@ function leaky_bucket.decide(a, state, now)
   if elapsed < 0 then elapsed = 0 end
   local t = now
   if ts > now then t = ts end
-  level = level - elapsed * rate / 1000000
+  level = level - elapsed * a.rate / 1000000
   if level < 0 then level = 0 end
-  -- A level above capacity (the capacity argument was lowered) is a full bucket.
-  if level > capacity then level = capacity end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  return level, t
+end
+
+function leaky_bucket.write(a, level, t)
+  local reset_after = math.ceil(level * 1000 / a.rate)
+  return {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive, up to twice
+-- the capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function leaky_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(leaky_bucket.decide(a, state, now)) end
+  local level, t = leaky_bucket.current(a, state, now)
+  level = level + delta
+  if level < 0 then level = 0 end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  local w = leaky_bucket.write(a, level, t)
+  return settled(leaky_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function leaky_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local level, t = leaky_bucket.current(a, state, now)
 
   local allowed = level + cost <= capacity
   local consumes = allowed and cost > 0
@@ -252,12 +315,12 @@ function leaky_bucket.decide(a, state, now)
     retry_after = math.ceil((level + cost - capacity) * 1000 / rate)
   end
   local reset_after = math.ceil(level * 1000 / rate)
+  -- A level above capacity leaves nothing, not less.
   local remaining = math.floor(capacity - level)
+  if remaining < 0 then remaining = 0 end
 
   local write
-  if consumes then
-    write = {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
-  end
+  if consumes then write = leaky_bucket.write(a, level, t) end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
 end
 
@@ -310,6 +373,26 @@ function fixed_window.load(key)
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
   end
   return {count = count, start = start}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0, nothing once the window ended) or
+-- charged (positive; with no window open, one opens now) without an admission check. The reply,
+-- and what to store (nil when nothing changes).
+function fixed_window.settle(a, state, now, delta)
+  local window_ms = a.window_ms
+  local w
+  if delta == 0 then
+    w = nil
+  elseif not (state and now - state.start < window_ms * 1000) then
+    if delta > 0 then
+      w = {count = delta, start = now, expire_at = math.ceil(now / 1000) + window_ms}
+    end
+  else
+    local count = state.count + delta
+    if count < 0 then count = 0 end
+    w = {count = count, start = state.start, expire_at = math.ceil(state.start / 1000) + window_ms}
+  end
+  return settled(fixed_window.decide(a, w or state, now)), w
 end
 
 -- The reply, and what to store (nil when nothing is written).
@@ -412,12 +495,10 @@ function sliding_window.load(key)
   return {start = start, cur = cur, prev = prev}
 end
 
--- The reply, and what to store (nil when nothing is written).
-function sliding_window.decide(a, state, now)
-  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
-  local window = window_ms * 1000
+-- The current window's start, the time into it, and the two counts as of now.
+function sliding_window.current(a, state, now)
+  local window = a.window_ms * 1000
   local w = math.floor(now / window) * window
-  -- The current window's start, the time into it, and the two counts as of now.
   local start, elapsed, cur, prev = w, now - w, 0, 0
   if state then
     if state.start > w then
@@ -429,6 +510,30 @@ function sliding_window.decide(a, state, now)
       prev = state.cur
     end
   end
+  return start, elapsed, cur, prev
+end
+
+function sliding_window.write(a, start, cur, prev)
+  return {start = start, cur = cur, prev = prev,
+    expire_at = math.ceil(start / 1000) + 2 * a.window_ms}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive) on the current
+-- window's counter without an admission check. The reply, and what to store (nil when nothing changes).
+function sliding_window.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(sliding_window.decide(a, state, now)) end
+  local start, _, cur, prev = sliding_window.current(a, state, now)
+  cur = cur + delta
+  if cur < 0 then cur = 0 end
+  local w = sliding_window.write(a, start, cur, prev)
+  return settled(sliding_window.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function sliding_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window = window_ms * 1000
+  local start, elapsed, cur, prev = sliding_window.current(a, state, now)
   local weighted = prev * (window - elapsed) / window
   local estimate = weighted + cur
 
@@ -466,10 +571,7 @@ function sliding_window.decide(a, state, now)
   if remaining < 0 then remaining = 0 end
 
   local write
-  if consumes then
-    write = {start = start, cur = cur, prev = prev,
-      expire_at = math.ceil(start / 1000) + 2 * window_ms}
-  end
+  if consumes then write = sliding_window.write(a, start, cur, prev) end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
 end
 
@@ -519,6 +621,29 @@ function gcra.load(key)
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tat' is not a valid timestamp")
   end
   return {tat = tat}
+end
+
+-- RL.SETTLE: the theoretical arrival time moved by delta emission intervals without an
+-- admission check (a charge from now at the earliest, to at most now + 2 * tolerance; a refund
+-- never before now, and none while idle). The reply, and what to store (nil when nothing
+-- changes).
+function gcra.settle(a, state, now, delta)
+  local tat = now
+  if state then tat = state.tat end
+  local moved = a.interval * delta
+  local new_tat
+  if delta > 0 then
+    local base = tat
+    if now > base then base = now end
+    new_tat = base + moved
+    if new_tat > now + 2 * a.tolerance then new_tat = now + 2 * a.tolerance end
+  elseif delta < 0 and tat > now then
+    new_tat = tat + moved
+    if new_tat < now then new_tat = now end
+  end
+  local w
+  if new_tat then w = {tat = new_tat, expire_at = math.ceil(new_tat / 1000)} end
+  return settled(gcra.decide(a, w or state, now)), w
 end
 
 -- The reply, and what to store (nil when nothing is written).
@@ -664,8 +789,55 @@ function sliding_log.decide(a, view, now, key)
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
 end
 
+-- RL.SETTLE: delta units refunded (negative: the newest entries still in the window leave, at
+-- most as many as there are) or charged (positive: entries join at the call time, at most limit
+-- of them) without an admission check. The reply, and what to store (nil when nothing changes);
+-- or nil and an error reply when an entry it reads is corrupt.
+function sliding_log.settle(a, view, now, delta, key)
+  local limit = a.limit
+  view = view or {len = 0, count = 0, tied = 0}
+  local count = view.count
+  local trim
+  if view.len > count then trim = now - a.window_us end
+  local count_after, newest, write = count, nil, nil
+  if count > 0 then newest = view.newest end
+  if delta > 0 then
+    local t = now
+    if view.newest and view.newest > now then t = view.newest end
+    local added = delta
+    if added > limit then added = limit end
+    write = {trim = trim, t = t, first = view.tied, count = added,
+             expire_at = math.ceil(t / 1000) + a.window_ms}
+    count_after, newest = count + added, t
+  elseif delta < 0 and count > 0 then
+    local dropped = -delta
+    if dropped > count then dropped = count end
+    local next = false
+    if dropped < count then
+      local err
+      next, err = sliding_log_entry(key, dropped)
+      if next == nil then return nil, err end
+    end
+    local expire_at
+    if next then expire_at = math.ceil(next / 1000) + a.window_ms end
+    write = {trim = trim, drop = dropped, expire_at = expire_at}
+    count_after, newest = count - dropped, next or nil
+  end
+  local reset_after = 0
+  if newest and count_after > 0 then reset_after = sliding_log_leaves_after(a, newest, now) end
+  local remaining = limit - count_after
+  if remaining < 0 then remaining = 0 end
+  return {1, remaining, 0, reset_after, limit}, write
+end
+
 function sliding_log.store(key, w)
   if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', w.trim)) end
+  if w.drop then
+    -- A refund: the newest entries leave.
+    redis.call('ZREMRANGEBYRANK', key, string.format('%.0f', -w.drop), '-1')
+    if w.expire_at then redis.call('PEXPIREAT', key, string.format('%.0f', w.expire_at)) end
+    return
+  end
   local t = string.format('%.0f', w.t)
   local batch = {}
   for i = w.first, w.first + w.count - 1 do

@@ -61,6 +61,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -102,6 +109,13 @@ end
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
 local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
 end
 
 local function now_us()
@@ -154,6 +168,26 @@ function fixed_window.load(key)
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
   end
   return {count = count, start = start}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0, nothing once the window ended) or
+-- charged (positive; with no window open, one opens now) without an admission check. The reply,
+-- and what to store (nil when nothing changes).
+function fixed_window.settle(a, state, now, delta)
+  local window_ms = a.window_ms
+  local w
+  if delta == 0 then
+    w = nil
+  elseif not (state and now - state.start < window_ms * 1000) then
+    if delta > 0 then
+      w = {count = delta, start = now, expire_at = math.ceil(now / 1000) + window_ms}
+    end
+  else
+    local count = state.count + delta
+    if count < 0 then count = 0 end
+    w = {count = count, start = state.start, expire_at = math.ceil(state.start / 1000) + window_ms}
+  end
+  return settled(fixed_window.decide(a, w or state, now)), w
 end
 
 -- The reply, and what to store (nil when nothing is written).

@@ -63,6 +63,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -104,6 +111,13 @@ end
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
 local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
 end
 
 local function now_us()
@@ -153,6 +167,29 @@ function gcra.load(key)
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tat' is not a valid timestamp")
   end
   return {tat = tat}
+end
+
+-- RL.SETTLE: the theoretical arrival time moved by delta emission intervals without an
+-- admission check (a charge from now at the earliest, to at most now + 2 * tolerance; a refund
+-- never before now, and none while idle). The reply, and what to store (nil when nothing
+-- changes).
+function gcra.settle(a, state, now, delta)
+  local tat = now
+  if state then tat = state.tat end
+  local moved = a.interval * delta
+  local new_tat
+  if delta > 0 then
+    local base = tat
+    if now > base then base = now end
+    new_tat = base + moved
+    if new_tat > now + 2 * a.tolerance then new_tat = now + 2 * a.tolerance end
+  elseif delta < 0 and tat > now then
+    new_tat = tat + moved
+    if new_tat < now then new_tat = now end
+  end
+  local w
+  if new_tat then w = {tat = new_tat, expire_at = math.ceil(new_tat / 1000)} end
+  return settled(gcra.decide(a, w or state, now)), w
 end
 
 -- The reply, and what to store (nil when nothing is written).

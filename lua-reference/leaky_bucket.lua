@@ -60,6 +60,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -101,6 +108,13 @@ end
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
 local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
 end
 
 local function now_us()
@@ -146,9 +160,9 @@ function leaky_bucket.load(key)
   return {level = level, ts = ts}
 end
 
--- The reply, and what to store (nil when nothing is written).
-function leaky_bucket.decide(a, state, now)
-  local capacity, rate, cost = a.capacity, a.rate, a.cost
+-- The level as of now, and the time to store with it. A level above capacity (a charge, or a
+-- capacity argument that was lowered) drains like any other, counted at most twice the capacity.
+function leaky_bucket.current(a, state, now)
   local level, ts = 0, now
   if state then level, ts = state.level, state.ts end
   -- A clock that went backwards drains nothing and never moves the stored time back.
@@ -156,10 +170,33 @@ function leaky_bucket.decide(a, state, now)
   if elapsed < 0 then elapsed = 0 end
   local t = now
   if ts > now then t = ts end
-  level = level - elapsed * rate / 1000000
+  level = level - elapsed * a.rate / 1000000
   if level < 0 then level = 0 end
-  -- A level above capacity (the capacity argument was lowered) is a full bucket.
-  if level > capacity then level = capacity end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  return level, t
+end
+
+function leaky_bucket.write(a, level, t)
+  local reset_after = math.ceil(level * 1000 / a.rate)
+  return {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive, up to twice
+-- the capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function leaky_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(leaky_bucket.decide(a, state, now)) end
+  local level, t = leaky_bucket.current(a, state, now)
+  level = level + delta
+  if level < 0 then level = 0 end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  local w = leaky_bucket.write(a, level, t)
+  return settled(leaky_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function leaky_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local level, t = leaky_bucket.current(a, state, now)
 
   local allowed = level + cost <= capacity
   local consumes = allowed and cost > 0
@@ -174,12 +211,12 @@ function leaky_bucket.decide(a, state, now)
     retry_after = math.ceil((level + cost - capacity) * 1000 / rate)
   end
   local reset_after = math.ceil(level * 1000 / rate)
+  -- A level above capacity leaves nothing, not less.
   local remaining = math.floor(capacity - level)
+  if remaining < 0 then remaining = 0 end
 
   local write
-  if consumes then
-    write = {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
-  end
+  if consumes then write = leaky_bucket.write(a, level, t) end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
 end
 

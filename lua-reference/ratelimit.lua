@@ -54,6 +54,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -95,6 +102,13 @@ end
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
 local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
 end
 
 local function now_us()
@@ -301,6 +315,26 @@ function fixed_window.load(key)
   return {count = count, start = start}
 end
 
+-- RL.SETTLE: delta units refunded (negative, never below 0, nothing once the window ended) or
+-- charged (positive; with no window open, one opens now) without an admission check. The reply,
+-- and what to store (nil when nothing changes).
+function fixed_window.settle(a, state, now, delta)
+  local window_ms = a.window_ms
+  local w
+  if delta == 0 then
+    w = nil
+  elseif not (state and now - state.start < window_ms * 1000) then
+    if delta > 0 then
+      w = {count = delta, start = now, expire_at = math.ceil(now / 1000) + window_ms}
+    end
+  else
+    local count = state.count + delta
+    if count < 0 then count = 0 end
+    w = {count = count, start = state.start, expire_at = math.ceil(state.start / 1000) + window_ms}
+  end
+  return settled(fixed_window.decide(a, w or state, now)), w
+end
+
 -- The reply, and what to store (nil when nothing is written).
 function fixed_window.decide(a, state, now)
   local limit, window_ms, cost = a.limit, a.window_ms, a.cost
@@ -386,6 +420,29 @@ function gcra.load(key)
   return {tat = tat}
 end
 
+-- RL.SETTLE: the theoretical arrival time moved by delta emission intervals without an
+-- admission check (a charge from now at the earliest, to at most now + 2 * tolerance; a refund
+-- never before now, and none while idle). The reply, and what to store (nil when nothing
+-- changes).
+function gcra.settle(a, state, now, delta)
+  local tat = now
+  if state then tat = state.tat end
+  local moved = a.interval * delta
+  local new_tat
+  if delta > 0 then
+    local base = tat
+    if now > base then base = now end
+    new_tat = base + moved
+    if new_tat > now + 2 * a.tolerance then new_tat = now + 2 * a.tolerance end
+  elseif delta < 0 and tat > now then
+    new_tat = tat + moved
+    if new_tat < now then new_tat = now end
+  end
+  local w
+  if new_tat then w = {tat = new_tat, expire_at = math.ceil(new_tat / 1000)} end
+  return settled(gcra.decide(a, w or state, now)), w
+end
+
 -- The reply, and what to store (nil when nothing is written).
 function gcra.decide(a, state, now)
   local interval, limit, tolerance, cost = a.interval, a.limit, a.tolerance, a.cost
@@ -452,9 +509,9 @@ function leaky_bucket.load(key)
   return {level = level, ts = ts}
 end
 
--- The reply, and what to store (nil when nothing is written).
-function leaky_bucket.decide(a, state, now)
-  local capacity, rate, cost = a.capacity, a.rate, a.cost
+-- The level as of now, and the time to store with it. A level above capacity (a charge, or a
+-- capacity argument that was lowered) drains like any other, counted at most twice the capacity.
+function leaky_bucket.current(a, state, now)
   local level, ts = 0, now
   if state then level, ts = state.level, state.ts end
   -- A clock that went backwards drains nothing and never moves the stored time back.
@@ -462,10 +519,33 @@ function leaky_bucket.decide(a, state, now)
   if elapsed < 0 then elapsed = 0 end
   local t = now
   if ts > now then t = ts end
-  level = level - elapsed * rate / 1000000
+  level = level - elapsed * a.rate / 1000000
   if level < 0 then level = 0 end
-  -- A level above capacity (the capacity argument was lowered) is a full bucket.
-  if level > capacity then level = capacity end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  return level, t
+end
+
+function leaky_bucket.write(a, level, t)
+  local reset_after = math.ceil(level * 1000 / a.rate)
+  return {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive, up to twice
+-- the capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function leaky_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(leaky_bucket.decide(a, state, now)) end
+  local level, t = leaky_bucket.current(a, state, now)
+  level = level + delta
+  if level < 0 then level = 0 end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  local w = leaky_bucket.write(a, level, t)
+  return settled(leaky_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function leaky_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local level, t = leaky_bucket.current(a, state, now)
 
   local allowed = level + cost <= capacity
   local consumes = allowed and cost > 0
@@ -480,17 +560,262 @@ function leaky_bucket.decide(a, state, now)
     retry_after = math.ceil((level + cost - capacity) * 1000 / rate)
   end
   local reset_after = math.ceil(level * 1000 / rate)
+  -- A level above capacity leaves nothing, not less.
   local remaining = math.floor(capacity - level)
+  if remaining < 0 then remaining = 0 end
 
   local write
-  if consumes then
-    write = {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
-  end
+  if consumes then write = leaky_bucket.write(a, level, t) end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
 end
 
 function leaky_bucket.store(key, w)
   store_fields(key, w.expire_at, w.level, w.ts)
+end
+-- @end
+
+-- @limiter token_bucket
+local token_bucket = {
+  ARITY = "ERR wrong number of arguments for 'rl.tokenbucket' command",
+}
+
+function token_bucket.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, token_bucket.ARITY end
+  local capacity, rate, cost, err
+  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
+  if not capacity then return nil, err end
+  rate, err = rate_arg(argv[2], 'ERR refill_per_sec must be a number',
+    'ERR refill_per_sec must be greater than 0 and at most 1000000000000000')
+  if not rate then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  if capacity / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR capacity / refill_per_sec must be at most 10000000000 seconds'
+  end
+  return {capacity = capacity, rate = rate, cost = cost}
+end
+
+-- false for a new bucket, the state, or nil and an error reply.
+function token_bucket.load(key)
+  local fields, err = load_fields(key, 'tokens', 'ts')
+  if not fields then return fields, err end
+  local tokens = stored_balance(fields[1])
+  if not tokens then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
+  end
+  local ts = stored_timestamp(fields[2])
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  return {tokens = tokens, ts = ts}
+end
+
+-- The tokens as of now (a debt down to -capacity), and the time to store with them.
+function token_bucket.current(a, state, now)
+  local capacity = a.capacity
+  local tokens, ts = capacity, now
+  if state then tokens, ts = state.tokens, state.ts end
+  -- A clock that went backwards refills nothing and never moves the stored time back.
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  local t = now
+  if ts > now then t = ts end
+  tokens = tokens + elapsed * a.rate / 1000000
+  if tokens > capacity then tokens = capacity end
+  if tokens < -capacity then tokens = -capacity end
+  return tokens, t
+end
+
+function token_bucket.write(a, tokens, t)
+  local reset_after = math.ceil((a.capacity - tokens) * 1000 / a.rate)
+  return {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never above capacity) or charged (positive, down
+-- to a debt of -capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function token_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(token_bucket.decide(a, state, now)) end
+  local tokens, t = token_bucket.current(a, state, now)
+  tokens = tokens - delta
+  if tokens > a.capacity then tokens = a.capacity end
+  if tokens < -a.capacity then tokens = -a.capacity end
+  local w = token_bucket.write(a, tokens, t)
+  return settled(token_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function token_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local tokens, t = token_bucket.current(a, state, now)
+
+  local allowed = cost <= tokens
+  local consumes = allowed and cost > 0
+  if consumes then tokens = tokens - cost end
+
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > capacity then
+    retry_after = -1
+  else
+    retry_after = math.ceil((cost - tokens) * 1000 / rate)
+  end
+  local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
+  -- A debt leaves nothing, not less.
+  local remaining = math.floor(tokens)
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then write = token_bucket.write(a, tokens, t) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
+end
+
+function token_bucket.store(key, w)
+  store_fields(key, w.expire_at, w.tokens, w.ts)
+end
+-- @end
+
+-- @limiter sliding_window
+local sliding_window = {
+  ARITY = "ERR wrong number of arguments for 'rl.slidingwindow' command",
+  MAX_WINDOW_SECONDS = 1e10,
+}
+
+-- The window in whole milliseconds (rounded to nearest), or nil and the error message.
+function sliding_window.window_arg(s)
+  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
+  local v = tonumber(s)
+  local out_of_range =
+    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
+  if v > sliding_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
+  local window_ms = math.floor(v * 1000 + 0.5)
+  if window_ms >= 1 then return window_ms end
+  return nil, out_of_range
+end
+
+function sliding_window.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, sliding_window.ARITY end
+  local limit, window_ms, cost, err
+  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
+  if not limit then return nil, err end
+  window_ms, err = sliding_window.window_arg(argv[2])
+  if not window_ms then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, cost = cost}
+end
+
+-- A stored count: no admitted total can exceed the largest limit, and larger values would
+-- overflow the retry arithmetic.
+function sliding_window.count(s)
+  local v = stored_amount(s)
+  if v and v <= MAX_INTEGER_ARG then return v end
+  return nil
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function sliding_window.load(key)
+  local fields, err = load_fields(key, 'start', 'cur', 'prev')
+  if not fields then return fields, err end
+  local start = stored_timestamp(fields[1])
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
+  end
+  local cur = sliding_window.count(fields[2])
+  if not cur then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'cur' is not a valid number")
+  end
+  local prev = sliding_window.count(fields[3])
+  if not prev then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'prev' is not a valid number")
+  end
+  return {start = start, cur = cur, prev = prev}
+end
+
+-- The current window's start, the time into it, and the two counts as of now.
+function sliding_window.current(a, state, now)
+  local window = a.window_ms * 1000
+  local w = math.floor(now / window) * window
+  local start, elapsed, cur, prev = w, now - w, 0, 0
+  if state then
+    if state.start > w then
+      -- The clock went backwards: stay in the stored window, at its beginning.
+      start, elapsed, cur, prev = state.start, 0, state.cur, state.prev
+    elseif state.start == w then
+      cur, prev = state.cur, state.prev
+    elseif state.start >= w - window then
+      prev = state.cur
+    end
+  end
+  return start, elapsed, cur, prev
+end
+
+function sliding_window.write(a, start, cur, prev)
+  return {start = start, cur = cur, prev = prev,
+    expire_at = math.ceil(start / 1000) + 2 * a.window_ms}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive) on the current
+-- window's counter without an admission check. The reply, and what to store (nil when nothing changes).
+function sliding_window.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(sliding_window.decide(a, state, now)) end
+  local start, _, cur, prev = sliding_window.current(a, state, now)
+  cur = cur + delta
+  if cur < 0 then cur = 0 end
+  local w = sliding_window.write(a, start, cur, prev)
+  return settled(sliding_window.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function sliding_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window = window_ms * 1000
+  local start, elapsed, cur, prev = sliding_window.current(a, state, now)
+  local weighted = prev * (window - elapsed) / window
+  local estimate = weighted + cur
+
+  local allowed = estimate + cost <= limit
+  local consumes = allowed and cost > 0
+  if consumes then cur = cur + cost end
+
+  -- Offset from start at which the same cost would be admitted if no other call came: within
+  -- this window as the previous count's weight falls, or in the next one.
+  local retry_after = 0
+  if not allowed then
+    if cost > limit then
+      retry_after = -1
+    else
+      local room = limit - cost
+      local offset = 0
+      if cur > room then
+        offset = window + window * (cur - room) / cur
+      elseif prev > 0 then
+        offset = window * (prev - (room - cur)) / prev
+      end
+      retry_after = math.ceil((start - now + offset) / 1000)
+      if retry_after < 1 then retry_after = 1 end
+    end
+  end
+  -- Milliseconds until the estimate is 0, exact below 2^53.
+  local to_start = math.ceil((start - now) / 1000)
+  local reset_after = 0
+  if cur > 0 then
+    reset_after = 2 * window_ms + to_start
+  elseif prev > 0 then
+    reset_after = window_ms + to_start
+  end
+  local remaining = math.floor(limit - (weighted + cur))
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then write = sliding_window.write(a, start, cur, prev) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function sliding_window.store(key, w)
+  store_fields(key, w.expire_at, w.start, w.cur, w.prev)
 end
 -- @end
 
@@ -608,8 +933,55 @@ function sliding_log.decide(a, view, now, key)
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
 end
 
+-- RL.SETTLE: delta units refunded (negative: the newest entries still in the window leave, at
+-- most as many as there are) or charged (positive: entries join at the call time, at most limit
+-- of them) without an admission check. The reply, and what to store (nil when nothing changes);
+-- or nil and an error reply when an entry it reads is corrupt.
+function sliding_log.settle(a, view, now, delta, key)
+  local limit = a.limit
+  view = view or {len = 0, count = 0, tied = 0}
+  local count = view.count
+  local trim
+  if view.len > count then trim = now - a.window_us end
+  local count_after, newest, write = count, nil, nil
+  if count > 0 then newest = view.newest end
+  if delta > 0 then
+    local t = now
+    if view.newest and view.newest > now then t = view.newest end
+    local added = delta
+    if added > limit then added = limit end
+    write = {trim = trim, t = t, first = view.tied, count = added,
+             expire_at = math.ceil(t / 1000) + a.window_ms}
+    count_after, newest = count + added, t
+  elseif delta < 0 and count > 0 then
+    local dropped = -delta
+    if dropped > count then dropped = count end
+    local next = false
+    if dropped < count then
+      local err
+      next, err = sliding_log_entry(key, dropped)
+      if next == nil then return nil, err end
+    end
+    local expire_at
+    if next then expire_at = math.ceil(next / 1000) + a.window_ms end
+    write = {trim = trim, drop = dropped, expire_at = expire_at}
+    count_after, newest = count - dropped, next or nil
+  end
+  local reset_after = 0
+  if newest and count_after > 0 then reset_after = sliding_log_leaves_after(a, newest, now) end
+  local remaining = limit - count_after
+  if remaining < 0 then remaining = 0 end
+  return {1, remaining, 0, reset_after, limit}, write
+end
+
 function sliding_log.store(key, w)
   if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', w.trim)) end
+  if w.drop then
+    -- A refund: the newest entries leave.
+    redis.call('ZREMRANGEBYRANK', key, string.format('%.0f', -w.drop), '-1')
+    if w.expire_at then redis.call('PEXPIREAT', key, string.format('%.0f', w.expire_at)) end
+    return
+  end
   local t = string.format('%.0f', w.t)
   local batch = {}
   for i = w.first, w.first + w.count - 1 do
@@ -622,130 +994,6 @@ function sliding_log.store(key, w)
   end
   if #batch > 0 then redis.call('ZADD', key, unpack(batch)) end
   redis.call('PEXPIREAT', key, string.format('%.0f', w.expire_at))
-end
--- @end
-
--- @limiter sliding_window
-local sliding_window = {
-  ARITY = "ERR wrong number of arguments for 'rl.slidingwindow' command",
-  MAX_WINDOW_SECONDS = 1e10,
-}
-
--- The window in whole milliseconds (rounded to nearest), or nil and the error message.
-function sliding_window.window_arg(s)
-  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
-  local v = tonumber(s)
-  local out_of_range =
-    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
-  if v > sliding_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
-  local window_ms = math.floor(v * 1000 + 0.5)
-  if window_ms >= 1 then return window_ms end
-  return nil, out_of_range
-end
-
-function sliding_window.parse(argv)
-  if #argv < 2 or #argv > 3 then return nil, sliding_window.ARITY end
-  local limit, window_ms, cost, err
-  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
-    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
-  if not limit then return nil, err end
-  window_ms, err = sliding_window.window_arg(argv[2])
-  if not window_ms then return nil, err end
-  cost, err = cost_arg(argv[3])
-  if not cost then return nil, err end
-  return {limit = limit, window_ms = window_ms, cost = cost}
-end
-
--- A stored count: no admitted total can exceed the largest limit, and larger values would
--- overflow the retry arithmetic.
-function sliding_window.count(s)
-  local v = stored_amount(s)
-  if v and v <= MAX_INTEGER_ARG then return v end
-  return nil
-end
-
--- false for a new key, the state, or nil and an error reply.
-function sliding_window.load(key)
-  local fields, err = load_fields(key, 'start', 'cur', 'prev')
-  if not fields then return fields, err end
-  local start = stored_timestamp(fields[1])
-  if not start then
-    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
-  end
-  local cur = sliding_window.count(fields[2])
-  if not cur then
-    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'cur' is not a valid number")
-  end
-  local prev = sliding_window.count(fields[3])
-  if not prev then
-    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'prev' is not a valid number")
-  end
-  return {start = start, cur = cur, prev = prev}
-end
-
--- The reply, and what to store (nil when nothing is written).
-function sliding_window.decide(a, state, now)
-  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
-  local window = window_ms * 1000
-  local w = math.floor(now / window) * window
-  -- The current window's start, the time into it, and the two counts as of now.
-  local start, elapsed, cur, prev = w, now - w, 0, 0
-  if state then
-    if state.start > w then
-      -- The clock went backwards: stay in the stored window, at its beginning.
-      start, elapsed, cur, prev = state.start, 0, state.cur, state.prev
-    elseif state.start == w then
-      cur, prev = state.cur, state.prev
-    elseif state.start >= w - window then
-      prev = state.cur
-    end
-  end
-  local weighted = prev * (window - elapsed) / window
-  local estimate = weighted + cur
-
-  local allowed = estimate + cost <= limit
-  local consumes = allowed and cost > 0
-  if consumes then cur = cur + cost end
-
-  -- Offset from start at which the same cost would be admitted if no other call came: within
-  -- this window as the previous count's weight falls, or in the next one.
-  local retry_after = 0
-  if not allowed then
-    if cost > limit then
-      retry_after = -1
-    else
-      local room = limit - cost
-      local offset = 0
-      if cur > room then
-        offset = window + window * (cur - room) / cur
-      elseif prev > 0 then
-        offset = window * (prev - (room - cur)) / prev
-      end
-      retry_after = math.ceil((start - now + offset) / 1000)
-      if retry_after < 1 then retry_after = 1 end
-    end
-  end
-  -- Milliseconds until the estimate is 0, exact below 2^53.
-  local to_start = math.ceil((start - now) / 1000)
-  local reset_after = 0
-  if cur > 0 then
-    reset_after = 2 * window_ms + to_start
-  elseif prev > 0 then
-    reset_after = window_ms + to_start
-  end
-  local remaining = math.floor(limit - (weighted + cur))
-  if remaining < 0 then remaining = 0 end
-
-  local write
-  if consumes then
-    write = {start = start, cur = cur, prev = prev,
-      expire_at = math.ceil(start / 1000) + 2 * window_ms}
-  end
-  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
-end
-
-function sliding_window.store(key, w)
-  store_fields(key, w.expire_at, w.start, w.cur, w.prev)
 end
 -- @end
 
@@ -892,82 +1140,6 @@ function throttle.store(key, w)
   local text = string.format('%.0f', w.tat[2])
   if w.tat[1] > 0 then text = string.format('%.0f%09.0f', w.tat[1], w.tat[2]) end
   redis.call('SET', key, text, 'PXAT', w.expire_at)
-end
--- @end
-
--- @limiter token_bucket
-local token_bucket = {
-  ARITY = "ERR wrong number of arguments for 'rl.tokenbucket' command",
-}
-
-function token_bucket.parse(argv)
-  if #argv < 2 or #argv > 3 then return nil, token_bucket.ARITY end
-  local capacity, rate, cost, err
-  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
-    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
-  if not capacity then return nil, err end
-  rate, err = rate_arg(argv[2], 'ERR refill_per_sec must be a number',
-    'ERR refill_per_sec must be greater than 0 and at most 1000000000000000')
-  if not rate then return nil, err end
-  cost, err = cost_arg(argv[3])
-  if not cost then return nil, err end
-  if capacity / rate > MAX_FILL_SECONDS then
-    return nil, 'ERR capacity / refill_per_sec must be at most 10000000000 seconds'
-  end
-  return {capacity = capacity, rate = rate, cost = cost}
-end
-
--- false for a new bucket, the state, or nil and an error reply.
-function token_bucket.load(key)
-  local fields, err = load_fields(key, 'tokens', 'ts')
-  if not fields then return fields, err end
-  local tokens = stored_amount(fields[1])
-  if not tokens then
-    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
-  end
-  local ts = stored_timestamp(fields[2])
-  if not ts then
-    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
-  end
-  return {tokens = tokens, ts = ts}
-end
-
--- The reply, and what to store (nil when nothing is written).
-function token_bucket.decide(a, state, now)
-  local capacity, rate, cost = a.capacity, a.rate, a.cost
-  local tokens, ts = capacity, now
-  if state then tokens, ts = state.tokens, state.ts end
-  -- A clock that went backwards refills nothing and never moves the stored time back.
-  local elapsed = now - ts
-  if elapsed < 0 then elapsed = 0 end
-  local t = now
-  if ts > now then t = ts end
-  tokens = tokens + elapsed * rate / 1000000
-  if tokens > capacity then tokens = capacity end
-
-  local allowed = cost <= tokens
-  local consumes = allowed and cost > 0
-  if consumes then tokens = tokens - cost end
-
-  local retry_after
-  if allowed then
-    retry_after = 0
-  elseif cost > capacity then
-    retry_after = -1
-  else
-    retry_after = math.ceil((cost - tokens) * 1000 / rate)
-  end
-  local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
-
-  local write
-  if consumes then
-    write = {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
-  end
-  return {allowed and 1 or 0, math.floor(tokens), retry_after, reset_after, capacity}, write
-end
-
-function token_bucket.store(key, w)
-  store_fields(key, w.expire_at, w.tokens, w.ts)
 end
 -- @end
 
@@ -1145,6 +1317,82 @@ if state == nil then return load_err end
 return concurrency.release(KEYS[1], state, now, id)
 end
 
+-- RL.SETTLE, as `lua-reference/settle.lua`'s main.
+local function rl_settle_main(KEYS, ARGV)
+local ALGORITHMS = {
+  {keyword = 'TOKENBUCKET', params = 2, limiter = token_bucket},
+  {keyword = 'LEAKYBUCKET', params = 2, limiter = leaky_bucket},
+  {keyword = 'FIXEDWINDOW', params = 2, limiter = fixed_window},
+  {keyword = 'SLIDINGWINDOW', params = 2, limiter = sliding_window},
+  {keyword = 'GCRA', params = 3, limiter = gcra},
+  {keyword = 'SLIDINGLOG', params = 2, limiter = sliding_log},
+}
+local ARITY = "ERR wrong number of arguments for 'rl.settle' command"
+local n = #KEYS
+-- The shortest call is `numkeys key ALGORITHM p1 p2 DELTA n`.
+if n + #ARGV < 6 then return redis.error_reply(ARITY) end
+if n < 1 or n > 16 then
+  return redis.error_reply('ERR numkeys must be an integer between 1 and 16')
+end
+
+local words = {}
+for i = 1, #ARGV do words[i] = ARGV[i] end
+if #words < 2 or string.upper(words[#words - 1]) ~= 'DELTA' then
+  return redis.error_reply('ERR the call must end with DELTA n')
+end
+local delta, err = integer_arg(words[#words], -MAX_INTEGER_ARG, MAX_INTEGER_ARG,
+  'ERR DELTA must be an integer', 'ERR DELTA must be between -1000000000000000 and 1000000000000000')
+if not delta then return redis.error_reply(err) end
+words[#words] = nil
+words[#words] = nil
+
+local limits = {}
+local i = 1
+while i <= #words do
+  local algorithm
+  local keyword = string.upper(words[i])
+  for _, a in ipairs(ALGORITHMS) do
+    if a.keyword == keyword then algorithm = a end
+  end
+  if not algorithm then
+    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG')
+  end
+  if #words - i < algorithm.params then return redis.error_reply(ARITY) end
+  local params = {}
+  for j = 1, algorithm.params do params[j] = words[i + j] end
+  params[algorithm.params + 1] = '0'
+  local args
+  args, err = algorithm.limiter.parse(params)
+  if not args then return redis.error_reply(err) end
+  limits[#limits + 1] = {limiter = algorithm.limiter, args = args}
+  i = i + 1 + algorithm.params
+end
+if #limits ~= n then
+  return redis.error_reply('ERR the number of limits must equal numkeys')
+end
+for a = 1, n do
+  for b = a + 1, n do
+    if KEYS[a] == KEYS[b] then return redis.error_reply('ERR each limit needs its own key') end
+  end
+end
+
+-- Limits are read and settled in order, at one instant: the first bad key's error is the reply.
+-- Each reply is the state after settlement as a peek reports it, admitted and with no wait.
+local now = now_us()
+local replies = {}
+for k, limit in ipairs(limits) do
+  local state, load_err = limit.limiter.load(KEYS[k], limit.args, now)
+  if state == nil then return load_err end
+  local reply, write = limit.limiter.settle(limit.args, state, now, delta, KEYS[k])
+  if not reply then return write end
+  replies[k], limit.write = reply, write
+end
+for k, limit in ipairs(limits) do
+  if limit.write then limit.limiter.store(KEYS[k], limit.write) end
+end
+return replies
+end
+
 -- RL.SLIDINGLOG, as `lua-reference/sliding_log.lua`'s main.
 local function rl_slidinglog_main(KEYS, ARGV)
 if #KEYS ~= 1 then return redis.error_reply(sliding_log.ARITY) end
@@ -1201,6 +1449,7 @@ redis.register_function('rl_fixedwindow', rl_fixedwindow_main)
 redis.register_function('rl_gcra', rl_gcra_main)
 redis.register_function('rl_leakybucket', rl_leakybucket_main)
 redis.register_function('rl_release', rl_release_main)
+redis.register_function('rl_settle', rl_settle_main)
 redis.register_function('rl_slidinglog', rl_slidinglog_main)
 redis.register_function('rl_slidingwindow', rl_slidingwindow_main)
 redis.register_function('cl_throttle', cl_throttle_main)

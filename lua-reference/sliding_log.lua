@@ -62,6 +62,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -103,6 +110,13 @@ end
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
 local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
 end
 
 local function now_us()
@@ -225,8 +239,55 @@ function sliding_log.decide(a, view, now, key)
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
 end
 
+-- RL.SETTLE: delta units refunded (negative: the newest entries still in the window leave, at
+-- most as many as there are) or charged (positive: entries join at the call time, at most limit
+-- of them) without an admission check. The reply, and what to store (nil when nothing changes);
+-- or nil and an error reply when an entry it reads is corrupt.
+function sliding_log.settle(a, view, now, delta, key)
+  local limit = a.limit
+  view = view or {len = 0, count = 0, tied = 0}
+  local count = view.count
+  local trim
+  if view.len > count then trim = now - a.window_us end
+  local count_after, newest, write = count, nil, nil
+  if count > 0 then newest = view.newest end
+  if delta > 0 then
+    local t = now
+    if view.newest and view.newest > now then t = view.newest end
+    local added = delta
+    if added > limit then added = limit end
+    write = {trim = trim, t = t, first = view.tied, count = added,
+             expire_at = math.ceil(t / 1000) + a.window_ms}
+    count_after, newest = count + added, t
+  elseif delta < 0 and count > 0 then
+    local dropped = -delta
+    if dropped > count then dropped = count end
+    local next = false
+    if dropped < count then
+      local err
+      next, err = sliding_log_entry(key, dropped)
+      if next == nil then return nil, err end
+    end
+    local expire_at
+    if next then expire_at = math.ceil(next / 1000) + a.window_ms end
+    write = {trim = trim, drop = dropped, expire_at = expire_at}
+    count_after, newest = count - dropped, next or nil
+  end
+  local reset_after = 0
+  if newest and count_after > 0 then reset_after = sliding_log_leaves_after(a, newest, now) end
+  local remaining = limit - count_after
+  if remaining < 0 then remaining = 0 end
+  return {1, remaining, 0, reset_after, limit}, write
+end
+
 function sliding_log.store(key, w)
   if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', w.trim)) end
+  if w.drop then
+    -- A refund: the newest entries leave.
+    redis.call('ZREMRANGEBYRANK', key, string.format('%.0f', -w.drop), '-1')
+    if w.expire_at then redis.call('PEXPIREAT', key, string.format('%.0f', w.expire_at)) end
+    return
+  end
   local t = string.format('%.0f', w.t)
   local batch = {}
   for i = w.first, w.first + w.count - 1 do

@@ -61,6 +61,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -102,6 +109,13 @@ end
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
 local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
 end
 
 local function now_us()
@@ -168,12 +182,10 @@ function sliding_window.load(key)
   return {start = start, cur = cur, prev = prev}
 end
 
--- The reply, and what to store (nil when nothing is written).
-function sliding_window.decide(a, state, now)
-  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
-  local window = window_ms * 1000
+-- The current window's start, the time into it, and the two counts as of now.
+function sliding_window.current(a, state, now)
+  local window = a.window_ms * 1000
   local w = math.floor(now / window) * window
-  -- The current window's start, the time into it, and the two counts as of now.
   local start, elapsed, cur, prev = w, now - w, 0, 0
   if state then
     if state.start > w then
@@ -185,6 +197,30 @@ function sliding_window.decide(a, state, now)
       prev = state.cur
     end
   end
+  return start, elapsed, cur, prev
+end
+
+function sliding_window.write(a, start, cur, prev)
+  return {start = start, cur = cur, prev = prev,
+    expire_at = math.ceil(start / 1000) + 2 * a.window_ms}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive) on the current
+-- window's counter without an admission check. The reply, and what to store (nil when nothing changes).
+function sliding_window.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(sliding_window.decide(a, state, now)) end
+  local start, _, cur, prev = sliding_window.current(a, state, now)
+  cur = cur + delta
+  if cur < 0 then cur = 0 end
+  local w = sliding_window.write(a, start, cur, prev)
+  return settled(sliding_window.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function sliding_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window = window_ms * 1000
+  local start, elapsed, cur, prev = sliding_window.current(a, state, now)
   local weighted = prev * (window - elapsed) / window
   local estimate = weighted + cur
 
@@ -222,10 +258,7 @@ function sliding_window.decide(a, state, now)
   if remaining < 0 then remaining = 0 end
 
   local write
-  if consumes then
-    write = {start = start, cur = cur, prev = prev,
-      expire_at = math.ceil(start / 1000) + 2 * window_ms}
-  end
+  if consumes then write = sliding_window.write(a, start, cur, prev) end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
 end
 

@@ -62,6 +62,13 @@ local function stored_amount(s)
   return nil
 end
 
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
 local function stored_timestamp(s)
   local v = s and is_integer(s) and tonumber(s)
   if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
@@ -105,6 +112,13 @@ local function store_fields(key, expire_at, ...)
   redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
 end
 
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
+end
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -137,7 +151,7 @@ end
 function token_bucket.load(key)
   local fields, err = load_fields(key, 'tokens', 'ts')
   if not fields then return fields, err end
-  local tokens = stored_amount(fields[1])
+  local tokens = stored_balance(fields[1])
   if not tokens then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
   end
@@ -148,9 +162,9 @@ function token_bucket.load(key)
   return {tokens = tokens, ts = ts}
 end
 
--- The reply, and what to store (nil when nothing is written).
-function token_bucket.decide(a, state, now)
-  local capacity, rate, cost = a.capacity, a.rate, a.cost
+-- The tokens as of now (a debt down to -capacity), and the time to store with them.
+function token_bucket.current(a, state, now)
+  local capacity = a.capacity
   local tokens, ts = capacity, now
   if state then tokens, ts = state.tokens, state.ts end
   -- A clock that went backwards refills nothing and never moves the stored time back.
@@ -158,8 +172,33 @@ function token_bucket.decide(a, state, now)
   if elapsed < 0 then elapsed = 0 end
   local t = now
   if ts > now then t = ts end
-  tokens = tokens + elapsed * rate / 1000000
+  tokens = tokens + elapsed * a.rate / 1000000
   if tokens > capacity then tokens = capacity end
+  if tokens < -capacity then tokens = -capacity end
+  return tokens, t
+end
+
+function token_bucket.write(a, tokens, t)
+  local reset_after = math.ceil((a.capacity - tokens) * 1000 / a.rate)
+  return {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never above capacity) or charged (positive, down
+-- to a debt of -capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function token_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(token_bucket.decide(a, state, now)) end
+  local tokens, t = token_bucket.current(a, state, now)
+  tokens = tokens - delta
+  if tokens > a.capacity then tokens = a.capacity end
+  if tokens < -a.capacity then tokens = -a.capacity end
+  local w = token_bucket.write(a, tokens, t)
+  return settled(token_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function token_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local tokens, t = token_bucket.current(a, state, now)
 
   local allowed = cost <= tokens
   local consumes = allowed and cost > 0
@@ -174,12 +213,13 @@ function token_bucket.decide(a, state, now)
     retry_after = math.ceil((cost - tokens) * 1000 / rate)
   end
   local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
+  -- A debt leaves nothing, not less.
+  local remaining = math.floor(tokens)
+  if remaining < 0 then remaining = 0 end
 
   local write
-  if consumes then
-    write = {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
-  end
-  return {allowed and 1 or 0, math.floor(tokens), retry_after, reset_after, capacity}, write
+  if consumes then write = token_bucket.write(a, tokens, t) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
 end
 
 function token_bucket.store(key, w)

@@ -70,6 +70,14 @@ pub enum Effect<'a> {
     /// Entries leave and join a sorted set: `ZREMRANGEBYSCORE key -inf trim` (when some left),
     /// `ZADD key score member ...`, and `PEXPIREAT key ms` when the expiry moves.
     Append { entries: Entries, expire_at_ms: i64 },
+    /// The newest `count` entries of a sorted set leave, after the entries up to `trim_up_to`:
+    /// `ZREMRANGEBYSCORE key -inf trim` (when some left), `ZREMRANGEBYRANK key -count -1`, and
+    /// `PEXPIREAT key ms` when the expiry moves; none when the set is left empty (it is gone).
+    Pop {
+        trim_up_to: Option<f64>,
+        count: i64,
+        expire_at_ms: Option<i64>,
+    },
     /// One lease of a sorted set is added, moved or removed, after the expired ones leave:
     /// `ZREMRANGEBYSCORE key -inf trim` (when some expired), `ZADD key expiry id` (or `ZREM key
     /// id` when `expiry` is `None`), and `PEXPIREAT key ms` when the expiry moves. No expiry is
@@ -150,6 +158,14 @@ pub trait FieldsLimiter<const N: usize> {
         now_us: i64,
         prior: Option<Self::State>,
     ) -> (Reply, Option<FieldsWrite<N>>);
+    /// `delta` units refunded (negative) or charged (positive) without an admission check
+    /// (`RL.SETTLE`): the state after and what to store, or `None` when nothing changes.
+    fn settle(
+        request: &Request<Self::Params>,
+        delta: f64,
+        now_us: i64,
+        prior: Option<Self::State>,
+    ) -> Option<(Self::State, FieldsWrite<N>)>;
 }
 
 /// The numbers of a stored string: split at the first `N - 1` spaces, so that the last part
@@ -313,6 +329,69 @@ impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
             ..self.request
         };
         Ok(L::decide(&peek, now_us, self.prior).0)
+    }
+
+    fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
+        match &self.write {
+            Some(write) => store_write(store, write),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One limit of an `RL.SETTLE` call: it always admits; its reply is the state after settlement
+/// as a peek reports it, with `allowed` 1 and no wait.
+pub struct SettleOf<L: FieldsLimiter<N>, const N: usize> {
+    request: Request<L::Params>,
+    delta: f64,
+    write: Option<FieldsWrite<N>>,
+    reply: Option<Reply>,
+}
+
+impl<L: FieldsLimiter<N>, const N: usize> SettleOf<L, N> {
+    /// `params` are the limit's arguments without the cost.
+    pub fn parse(params: &[&[u8]], delta: f64) -> Result<Self, ErrorReply> {
+        Ok(Self {
+            request: LimitOf::<L, N>::parse(params, b"0")?.request,
+            delta,
+            write: None,
+            reply: None,
+        })
+    }
+}
+
+/// A settled limit's reply: what a peek reports, admitted and with nothing to wait for.
+pub fn settled(peek: Reply) -> Reply {
+    Reply {
+        allowed: true,
+        retry_after_ms: 0,
+        ..peek
+    }
+}
+
+impl<L: FieldsLimiter<N>, const N: usize> Limit for SettleOf<L, N> {
+    fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
+        let prior = load::<L, _, N>(store)?;
+        let after = match L::settle(&self.request, self.delta, now_us, prior) {
+            Some((state, write)) => {
+                self.write = Some(write);
+                Some(state)
+            }
+            None => prior,
+        };
+        let reply = settled(L::decide(&self.request, now_us, after).0);
+        self.reply = Some(reply);
+        Ok(reply)
+    }
+
+    fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
+        // A settlement always admits, so no denial asks for a peek; the reply stands.
+        match self.reply {
+            Some(reply) => Ok(reply),
+            None => Ok(settled(
+                L::decide(&self.request, now_us, load::<L, _, N>(store)?).0,
+            )),
+        }
     }
 
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {

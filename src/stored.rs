@@ -12,6 +12,12 @@ pub fn amount(raw: Option<&[u8]>) -> Option<f64> {
     (v >= 0.0 && v < f64::INFINITY).then_some(v)
 }
 
+/// A finite decimal of either sign: a token bucket's tokens, negative for a debt (`RL.SETTLE`).
+pub fn balance(raw: Option<&[u8]>) -> Option<f64> {
+    let v = parse_decimal(raw?)?;
+    v.is_finite().then_some(v)
+}
+
 /// An integer timestamp in microseconds, `0 <= ts <= 2^53`.
 pub fn timestamp(raw: Option<&[u8]>) -> Option<f64> {
     let v = parse_integer(raw?)?;
@@ -24,6 +30,8 @@ mod tests {
 
     #[test]
     fn stored_number_checks() {
+        assert_eq!(balance(Some(b"-500")), Some(-500.0));
+        assert_eq!(balance(Some(b"1e999")), None);
         assert_eq!(amount(Some(b"4.5")), Some(4.5));
         assert_eq!(amount(Some(b"-0")), Some(0.0));
         for bad in [&b"-1"[..], b"1e999", b"abc", b"", b"nan"] {

@@ -9,7 +9,9 @@ use crate::command::PerCall;
 use crate::command::acquire::{self, AcquireRequest, check_expiry, check_lease};
 use crate::command::sliding_log::{self, SlidingLogRequest, check_entry};
 use crate::core::concurrency::{self, Leases, Seen};
-use crate::core::sliding_log::{Log, Outcome, View, decide, view};
+use crate::core::sliding_log::{
+    self as sliding_log_core, Log, Outcome, SettleOutcome, Settlement, View, Write, decide, view,
+};
 use crate::core::{Operation, Reply};
 use crate::error::{ErrorReply, WRONGTYPE};
 use crate::pipeline::{Effect, Entries, Limit, OpenStore, Slot, Store};
@@ -57,18 +59,22 @@ fn load<S: Store + ?Sized>(
 }
 
 fn commit<S: Store + ?Sized>(store: &mut S, out: &Outcome) -> Result<(), ErrorReply> {
-    match out.write {
-        Some(w) => store.apply(&Effect::Append {
-            entries: Entries {
-                trim_up_to: w.trim_up_to_us,
-                score: w.score_us,
-                first_index: w.first_index,
-                count: w.count,
-            },
-            expire_at_ms: w.expire_at_ms,
-        }),
+    match &out.write {
+        Some(w) => append(store, w),
         None => Ok(()),
     }
+}
+
+fn append<S: Store + ?Sized>(store: &mut S, w: &Write) -> Result<(), ErrorReply> {
+    store.apply(&Effect::Append {
+        entries: Entries {
+            trim_up_to: w.trim_up_to_us,
+            score: w.score_us,
+            first_index: w.first_index,
+            count: w.count,
+        },
+        expire_at_ms: w.expire_at_ms,
+    })
 }
 
 /// Reads, decides and stores for one `RL.SLIDINGLOG` call whose arguments are already parsed.
@@ -148,6 +154,74 @@ impl Limit for LogLimit {
             None => Ok(()),
         }
     }
+}
+
+/// A sliding log inside `RL.SETTLE`.
+pub struct LogSettle {
+    request: SlidingLogRequest,
+    delta: i64,
+    out: Option<SettleOutcome>,
+}
+
+impl Limit for LogSettle {
+    fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
+        let seen = load(store, &self.request, now_us)?;
+        let out = sliding_log_core::settle(
+            &self.request.params,
+            self.delta,
+            now_us,
+            &seen,
+            &StoredLog(store),
+        )?;
+        self.out = Some(out);
+        Ok(out.reply)
+    }
+
+    fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
+        // A settlement always admits; no denial asks for a peek.
+        match &self.out {
+            Some(out) => Ok(out.reply),
+            None => {
+                let seen = load(store, &self.request, now_us)?;
+                Ok(sliding_log_core::settle(
+                    &self.request.params,
+                    0,
+                    now_us,
+                    &seen,
+                    &StoredLog(store),
+                )?
+                .reply)
+            }
+        }
+    }
+
+    fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
+        match self.out.and_then(|o| o.write) {
+            Some(Settlement::Add(w)) => append(store, &w),
+            Some(Settlement::Drop {
+                trim_up_to_us,
+                count,
+                expire_at_ms,
+            }) => store.apply(&Effect::Pop {
+                trim_up_to: trim_up_to_us,
+                count,
+                expire_at_ms,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `RL.SETTLE`'s sliding-log limit, as `command::Runner` builds one.
+pub fn build_settle(params: &[&[u8]], delta: f64) -> Result<Box<dyn Limit>, ErrorReply> {
+    let [limit, window] = params else {
+        return Err(sliding_log::ARITY_ERROR);
+    };
+    Ok(Box::new(LogSettle {
+        request: sliding_log::parse(&[*limit, *window, b"0"])?,
+        delta: crate::core::lua_integer(delta),
+        out: None,
+    }))
 }
 
 /// `RL.ALL`'s sliding-log limit, as `command::Runner` builds one.

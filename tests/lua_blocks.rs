@@ -31,6 +31,14 @@ fn blocks(source: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The scripts that combine other scripts' limiter blocks (copies), with the blocks each leaves
+/// out: `all.lua` every limiter but CL.THROTTLE's (redis-cell's reply and key format), and
+/// `settle.lua` those RL.SETTLE settles (not CL.THROTTLE, not concurrency leases).
+const COMBINING: [(&str, &[&str]); 2] = [
+    ("all.lua", &["limiter throttle"]),
+    ("settle.lua", &["limiter throttle", "limiter concurrency"]),
+];
+
 /// The Functions library's file in `lua-reference/`.
 const LIBRARY: &str = "ratelimit.lua";
 
@@ -140,7 +148,7 @@ fn shared_lua_blocks_are_identical_copies() {
         .map(|e| e.unwrap().path())
         .filter(|p| {
             p.extension().is_some_and(|e| e == "lua")
-                && !p.ends_with("all.lua")
+                && !COMBINING.iter().any(|(c, _)| p.ends_with(c))
                 && !p.ends_with(LIBRARY)
         })
         .collect();
@@ -175,38 +183,45 @@ fn shared_lua_blocks_are_identical_copies() {
     }
     let common = common.unwrap();
 
-    let all_path = dir().join("all.lua");
-    let mut all = std::fs::read_to_string(&all_path).unwrap();
     let mut stale = Vec::new();
-    for (name, block) in blocks(&all.clone()) {
-        let wanted = if name == "common" {
-            common.clone()
-        } else {
-            sources
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, b)| b.clone())
-                .unwrap_or_else(|| panic!("all.lua: no source for {name}"))
-        };
-        if block != wanted {
-            stale.push(name.clone());
-            all = all.replacen(&block, &wanted, 1);
+    for (script, leaves_out) in COMBINING {
+        let path = dir().join(script);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        let mut stale_here = Vec::new();
+        for (name, block) in blocks(&text.clone()) {
+            let wanted = if name == "common" {
+                common.clone()
+            } else {
+                sources
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, b)| b.clone())
+                    .unwrap_or_else(|| panic!("{script}: no source for {name}"))
+            };
+            if block != wanted {
+                stale_here.push(name.clone());
+                text = text.replacen(&block, &wanted, 1);
+            }
         }
+        for (name, _) in sources
+            .iter()
+            .filter(|(n, _)| !leaves_out.contains(&n.as_str()))
+        {
+            assert!(
+                text.contains(&format!("-- @{name}\n")),
+                "{script} lacks the block {name}"
+            );
+        }
+        if update && !stale_here.is_empty() {
+            std::fs::write(&path, &text).unwrap();
+        }
+        stale.extend(stale_here.into_iter().map(|n| format!("{script}: {n}")));
     }
-    // RL.ALL combines every limiter but CL.THROTTLE (redis-cell's reply and key format).
-    let combined = |n: &str| n != "limiter throttle";
-    for (name, _) in sources.iter().filter(|(n, _)| combined(n)) {
-        assert!(
-            all.contains(&format!("-- @{name}\n")),
-            "all.lua lacks the block {name}"
-        );
-    }
-    if update && !stale.is_empty() {
-        std::fs::write(&all_path, &all).unwrap();
+    if update {
         return;
     }
     assert!(
         stale.is_empty(),
-        "stale copies in all.lua: {stale:?} (UPDATE_LUA=1 cargo test --test lua_blocks)"
+        "stale copies: {stale:?} (UPDATE_LUA=1 cargo test --test lua_blocks)"
     );
 }

@@ -79,7 +79,7 @@ impl Store for Key {
                 self.expire_at_ms = *expire_at_ms;
                 Ok(())
             }
-            Effect::Append { .. } | Effect::Lease { .. } => {
+            Effect::Append { .. } | Effect::Lease { .. } | Effect::Pop { .. } => {
                 panic!("a limiter of numbers wrote a sorted set")
             }
         }

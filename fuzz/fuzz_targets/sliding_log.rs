@@ -62,6 +62,17 @@ impl Store for Key {
     }
 
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
+        if let Effect::Pop { trim_up_to, count, expire_at_ms } = effect {
+            if let Some(up_to) = trim_up_to {
+                self.entries.retain(|(s, _)| *s > *up_to);
+            }
+            let keep = self.entries.len().saturating_sub(*count as usize);
+            self.entries.truncate(keep);
+            if let Some(at) = expire_at_ms {
+                self.expire_at_ms = *at;
+            }
+            return Ok(());
+        }
         let Effect::Append { entries, expire_at_ms } = effect else {
             panic!("the sliding log set a string");
         };

@@ -31,6 +31,7 @@ unsafe extern "C" fn handler<const I: usize>(
         Runner::Throttle => entry(ctx, argv, argc, e.descriptor, key::run_throttle),
         Runner::Release => entry(ctx, argv, argc, e.descriptor, key::run_release),
         Runner::All => entry(ctx, argv, argc, e.descriptor, all_body),
+        Runner::Settle => entry(ctx, argv, argc, e.descriptor, settle_body),
     }
 }
 
@@ -148,6 +149,60 @@ fn all_body(
         )));
     }
     key::run_all(ctx, argv).map(AllAnswer::Decided)
+}
+
+/// `RL.SETTLE`: `[[reply of limit 1], [reply of limit 2], ...]`.
+pub struct Settled(pub Vec<Reply>);
+
+impl Answer for Settled {
+    fn decision(&self) -> Option<bool> {
+        Some(true)
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        let nested: Vec<[i64; 5]> = self.0.iter().map(|x| x.to_array()).collect();
+        api::reply_nested(ctx, &[], &nested)
+    }
+}
+
+/// The cluster's key-position request, or a settlement.
+enum SettleAnswer {
+    KeyPositions(c_int),
+    Settled(Settled),
+}
+
+impl Answer for SettleAnswer {
+    fn decision(&self) -> Option<bool> {
+        match self {
+            SettleAnswer::KeyPositions(_) => None,
+            SettleAnswer::Settled(s) => s.decision(),
+        }
+    }
+    fn key_index(&self) -> usize {
+        2
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        match self {
+            SettleAnswer::KeyPositions(status) => *status,
+            SettleAnswer::Settled(s) => s.send(ctx),
+        }
+    }
+}
+
+/// `RL.SETTLE`: a cluster's key-position request, or a settlement.
+fn settle_body(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<SettleAnswer, crate::error::ErrorReply> {
+    if api::is_keys_position_request(ctx) {
+        return Ok(SettleAnswer::KeyPositions(api::report_key_positions(
+            ctx,
+            all::key_positions(argv.len(), |i| {
+                // SAFETY: argv strings live for the whole call.
+                argv.get(i).map(|s| unsafe { api::string_bytes(*s) })
+            }),
+        )));
+    }
+    key::run_settle(ctx, argv).map(|r| SettleAnswer::Settled(Settled(r.replies)))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 use super::api::{self, KeyKind, OpenKey, TempString, ZsetWrite};
 use super::{Answer, INTERNAL_ERROR, clock};
 use crate::command::throttle::{self, ThrottleReply};
-use crate::command::{self, Entry, Runner, all, release};
+use crate::command::{self, Entry, Runner, all, release, settle};
 use crate::core::Reply;
 use crate::error::ErrorReply;
 use crate::number::{G17_MAX_LEN, format_g17};
@@ -178,6 +178,81 @@ impl RedisKey {
             &ZsetWrite {
                 trimmed: trim.is_some(),
                 event: if score.is_some() { c"zadd" } else { c"zrem" },
+                deleted,
+                expiry_moved,
+            },
+        )
+    }
+
+    /// Removes the entries up to `trim_up_to`, then the newest `count`.
+    fn pop(
+        &mut self,
+        trim_up_to: Option<f64>,
+        count: i64,
+        expire_at_ms: Option<i64>,
+    ) -> Result<(), ErrorReply> {
+        let trim = match trim_up_to {
+            Some(up_to) => {
+                self.trim(up_to)?;
+                Some(score_string(self.ctx, up_to)?)
+            }
+            None => None,
+        };
+        let mut newest = Vec::new();
+        let mut left = count;
+        self.key
+            .zset_walk(true, f64::NEG_INFINITY, f64::INFINITY, &mut |m, _| {
+                newest.push(m);
+                left -= 1;
+                Ok(left > 0)
+            })?;
+        for m in &newest {
+            self.key.zset_rem(m.as_ptr())?;
+        }
+        let deleted = self.key.kind()? == KeyKind::Empty;
+        let expiry_moved = match expire_at_ms {
+            Some(at) if !deleted => {
+                let moved = self.key.abs_expire()? != Some(at);
+                if moved {
+                    self.key.set_abs_expire(at)?;
+                }
+                moved
+            }
+            _ => false,
+        };
+        if let Some(up_to) = &trim {
+            let low = TempString::new(self.ctx, b"-inf")?;
+            api::replicate_key_command(
+                self.ctx,
+                c"ZREMRANGEBYSCORE",
+                self.name,
+                &[low.as_ptr(), up_to.as_ptr()],
+            )?;
+        }
+        let mut from = [0u8; 24];
+        let from = {
+            use std::io::Write;
+            let mut cursor = std::io::Cursor::new(&mut from[..]);
+            let _ = write!(cursor, "{}", -count);
+            let n = usize::try_from(cursor.position()).unwrap_or(0);
+            TempString::new(self.ctx, from.get(..n).unwrap_or_default())?
+        };
+        let to = TempString::new(self.ctx, b"-1")?;
+        api::replicate_key_command(
+            self.ctx,
+            c"ZREMRANGEBYRANK",
+            self.name,
+            &[from.as_ptr(), to.as_ptr()],
+        )?;
+        if let (true, Some(at)) = (expiry_moved, expire_at_ms) {
+            api::replicate_pexpireat(self.ctx, self.name, at)?;
+        }
+        api::signal_zset_write(
+            self.ctx,
+            self.name,
+            &ZsetWrite {
+                trimmed: trim.is_some(),
+                event: c"zremrangebyrank",
                 deleted,
                 expiry_moved,
             },
@@ -369,6 +444,11 @@ impl Store for RedisKey {
                 expiry,
                 expire_at_ms,
             } => self.lease(*trim_up_to, id, *expiry, *expire_at_ms),
+            Effect::Pop {
+                trim_up_to,
+                count,
+                expire_at_ms,
+            } => self.pop(*trim_up_to, *count, *expire_at_ms),
         }
     }
 }
@@ -450,6 +530,27 @@ pub fn run_all(
     let mut call = all::parse(&bytes)?;
     // Key names as Redis strings: argv[2 ..= 1 + numkeys].
     let names = argv.get(2..2 + call.keys.len()).ok_or(all::ARITY)?;
+    let mut keys = Vec::with_capacity(names.len());
+    for name in names {
+        keys.push(RedisKey::open(ctx, *name)?);
+    }
+    let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
+    pipeline::apply_all(&mut call.limits, &mut stores, clock::now_us())
+}
+
+/// Runs one `RL.SETTLE` call: every key opened once, all settled at one instant.
+pub fn run_settle(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<AllReply, ErrorReply> {
+    let rest = argv.get(1..).unwrap_or_default();
+    let bytes: Vec<&[u8]> = rest
+        .iter()
+        // SAFETY: argv strings live for the whole call and are not modified.
+        .map(|s| unsafe { api::string_bytes(*s) })
+        .collect();
+    let mut call = settle::parse(&bytes)?;
+    let names = argv.get(2..2 + call.keys.len()).ok_or(settle::ARITY)?;
     let mut keys = Vec::with_capacity(names.len());
     for name in names {
         keys.push(RedisKey::open(ctx, *name)?);

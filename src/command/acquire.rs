@@ -32,6 +32,7 @@ pub const ENTRY: Entry = Entry {
     runner: Runner::OneKey {
         run: crate::zset_store::run_acquire,
         limit: crate::zset_store::build_lease_limit,
+        settle: None,
     },
 };
 

@@ -100,22 +100,67 @@ pub struct Call<'a> {
     pub limits: Vec<Box<dyn Limit>>,
 }
 
-/// Parses everything after the command name.
-pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
-    // The shortest call is `numkeys key ALGORITHM p1 p2`.
-    if args.len() < MIN_ARGS {
-        return Err(ARITY);
+/// `numkeys key [key ...] words...`: the keys and the words after them. `min_args` is the
+/// shortest call's argument count (after the command name), `arity` its command's arity error.
+pub fn split_keys<'a>(
+    args: &'a [&'a [u8]],
+    min_args: usize,
+    arity: ErrorReply,
+) -> Result<(&'a [&'a [u8]], &'a [&'a [u8]]), ErrorReply> {
+    if args.len() < min_args {
+        return Err(arity);
     }
-    let (numkeys, rest) = args.split_first().ok_or(ARITY)?;
+    let (numkeys, rest) = args.split_first().ok_or(arity)?;
     let n = parse_integer(numkeys).ok_or(NUMKEYS)?;
     if !(n >= 1.0 && n <= MAX_LIMITS as f64) {
         return Err(NUMKEYS);
     }
     let n = n as usize;
     if rest.len() < n {
-        return Err(ARITY);
+        return Err(arity);
     }
-    let (keys, mut words) = rest.split_at(n);
+    Ok(rest.split_at(n))
+}
+
+/// The limits of `words`, each a keyword that `find` knows and its parameters (as many as its
+/// descriptor's `all_params`), built by `build`.
+pub fn each_limit<T>(
+    mut words: &[&[u8]],
+    arity: ErrorReply,
+    find: impl Fn(&[u8]) -> Result<(&'static Descriptor, T), ErrorReply>,
+    mut build: impl FnMut(&'static Descriptor, &T, &[&[u8]]) -> Result<Box<dyn Limit>, ErrorReply>,
+) -> Result<Vec<Box<dyn Limit>>, ErrorReply> {
+    let mut limits: Vec<Box<dyn Limit>> = Vec::new();
+    while let Some((keyword, after)) = words.split_first() {
+        let (descriptor, how) = find(keyword)?;
+        let params = descriptor.all_params();
+        if after.len() < params {
+            return Err(arity);
+        }
+        let (params, next) = after.split_at(params);
+        limits.push(build(descriptor, &how, params)?);
+        words = next;
+    }
+    Ok(limits)
+}
+
+/// One limit per key, and each key once.
+pub fn check_keys(keys: &[&[u8]], limits: usize) -> Result<(), ErrorReply> {
+    if limits != keys.len() {
+        return Err(COUNT);
+    }
+    for (i, key) in keys.iter().enumerate() {
+        if keys.iter().skip(i + 1).any(|other| other == key) {
+            return Err(DUPLICATE);
+        }
+    }
+    Ok(())
+}
+
+/// Parses everything after the command name.
+pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
+    // The shortest call is `numkeys key ALGORITHM p1 p2`.
+    let (keys, mut words) = split_keys(args, MIN_ARGS, ARITY)?;
     let mut call = PerCall {
         cost: b"1",
         lease: None,
@@ -138,32 +183,24 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
             _ => break,
         }
     }
-    let mut limits: Vec<Box<dyn Limit>> = Vec::with_capacity(n);
     let mut leases = false;
-    while let Some((keyword, after)) = words.split_first() {
-        let (descriptor, _, build) = algorithms()
+    let find = |keyword: &[u8]| {
+        algorithms()
             .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
-            .ok_or_else(unknown)?;
+            .map(|(d, _, build)| (d, build))
+            .ok_or_else(unknown)
+    };
+    let limits = each_limit(words, ARITY, find, |descriptor, build, params| {
         leases |= descriptor.args.iter().any(|a| a.per_call);
-        let params = descriptor.all_params();
-        if after.len() < params {
-            return Err(ARITY);
-        }
-        let (params, next) = after.split_at(params);
-        limits.push(build(params, &call)?);
-        words = next;
-    }
-    if limits.len() != n {
+        build(params, &call)
+    })?;
+    if limits.len() != keys.len() {
         return Err(COUNT);
     }
     if call.lease.is_some() && !leases {
         return Err(LEASE_UNUSED);
     }
-    for (i, key) in keys.iter().enumerate() {
-        if keys.iter().skip(i + 1).any(|other| other == key) {
-            return Err(DUPLICATE);
-        }
-    }
+    check_keys(keys, limits.len())?;
     Ok(Call { keys, limits })
 }
 

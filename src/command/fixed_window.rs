@@ -86,11 +86,24 @@ impl FieldsLimiter<2> for FixedWindow {
         prior: Option<fixed_window::State>,
     ) -> (Reply, Option<FieldsWrite<2>>) {
         let out = fixed_window::decide(&a.params, a.op.units(), now_us, prior);
-        let write = out.write.map(|w| FieldsWrite {
-            values: [w.state.count, w.state.start_us],
-            expire_at_ms: w.expire_at_ms,
-        });
-        (out.reply, write)
+        (out.reply, out.write.map(stored))
+    }
+
+    fn settle(
+        a: &Args,
+        delta: f64,
+        now_us: i64,
+        prior: Option<fixed_window::State>,
+    ) -> Option<(fixed_window::State, FieldsWrite<2>)> {
+        fixed_window::settle(&a.params, delta, now_us, prior).map(|w| (w.state, stored(w)))
+    }
+}
+
+/// The numbers a write stores, in `FIELDS` order.
+fn stored(w: fixed_window::Write) -> FieldsWrite<2> {
+    FieldsWrite {
+        values: [w.state.count, w.state.start_us],
+        expire_at_ms: w.expire_at_ms,
     }
 }
 

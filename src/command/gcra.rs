@@ -156,11 +156,24 @@ impl FieldsLimiter<1> for Gcra {
             reset_after_ms: ceil_ms(out.ttl),
             limit: p.limit,
         };
-        let write = out.write.map(|tat| FieldsWrite {
-            values: [exact_f64(tat)],
-            expire_at_ms: ceil_ms(tat),
-        });
-        (reply, write)
+        (reply, out.write.map(stored))
+    }
+
+    fn settle(
+        a: &Args,
+        delta: f64,
+        now_us: i64,
+        prior: Option<i128>,
+    ) -> Option<(i128, FieldsWrite<1>)> {
+        gcra::settle(&a.params, whole(delta), i128::from(now_us), prior).map(|t| (t, stored(t)))
+    }
+}
+
+/// The theoretical arrival time as stored, with the key's expiry at that time.
+fn stored(tat: i128) -> FieldsWrite<1> {
+    FieldsWrite {
+        values: [exact_f64(tat)],
+        expire_at_ms: narrow((tat.max(0) + 999) / 1000),
     }
 }
 

@@ -87,11 +87,24 @@ impl FieldsLimiter<2> for LeakyBucket {
         prior: Option<leaky_bucket::State>,
     ) -> (Reply, Option<FieldsWrite<2>>) {
         let out = leaky_bucket::decide(&a.params, a.op.units(), now_us, prior);
-        let write = out.write.map(|w| FieldsWrite {
-            values: [w.state.level, w.state.ts_us],
-            expire_at_ms: w.expire_at_ms,
-        });
-        (out.reply, write)
+        (out.reply, out.write.map(stored))
+    }
+
+    fn settle(
+        a: &Args,
+        delta: f64,
+        now_us: i64,
+        prior: Option<leaky_bucket::State>,
+    ) -> Option<(leaky_bucket::State, FieldsWrite<2>)> {
+        leaky_bucket::settle(&a.params, delta, now_us, prior).map(|w| (w.state, stored(w)))
+    }
+}
+
+/// The numbers a write stores, in `FIELDS` order.
+fn stored(w: leaky_bucket::Write) -> FieldsWrite<2> {
+    FieldsWrite {
+        values: [w.state.level, w.state.ts_us],
+        expire_at_ms: w.expire_at_ms,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
 pub mod release;
+pub mod settle;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod throttle;
@@ -17,7 +18,7 @@ use descriptor::Descriptor;
 
 use crate::core::Reply;
 use crate::error::ErrorReply;
-use crate::pipeline::{FieldsLimiter, Limit, LimitOf, OpenStore};
+use crate::pipeline::{FieldsLimiter, Limit, LimitOf, OpenStore, SettleOf};
 
 /// Runs one call of a limiter on one key: parses the arguments after the key, opens the key
 /// (only once they parse) and decides at `now_us`.
@@ -34,18 +35,28 @@ pub struct PerCall<'a> {
 /// Builds one limit of `RL.ALL` from its parameters (without the per-call arguments).
 pub type BuildLimit = fn(&[&[u8]], &PerCall<'_>) -> Result<Box<dyn Limit>, ErrorReply>;
 
+/// Builds one limit of `RL.SETTLE` from its parameters (without the cost) and the call's delta
+/// (negative refunds, positive charges).
+pub type BuildSettle = fn(&[&[u8]], f64) -> Result<Box<dyn Limit>, ErrorReply>;
+
 /// How a command runs.
 #[derive(Clone, Copy)]
 pub enum Runner {
     /// A limiter on one key with the five-integer reply; `RL.ALL` combines it when its
-    /// descriptor has a keyword.
-    OneKey { run: RunOne, limit: BuildLimit },
+    /// descriptor has a keyword, and `RL.SETTLE` settles it where it has `settle`.
+    OneKey {
+        run: RunOne,
+        limit: BuildLimit,
+        settle: Option<BuildSettle>,
+    },
     /// `CL.THROTTLE`: one key, redis-cell's reply.
     Throttle,
     /// `RL.RELEASE`: one key, an integer reply.
     Release,
     /// `RL.ALL`.
     All,
+    /// `RL.SETTLE`.
+    Settle,
 }
 
 /// A command: what it is and how it runs. Registration, ACL, `COMMAND DOCS`, `INFO` and `RL.ALL`
@@ -53,6 +64,13 @@ pub enum Runner {
 pub struct Entry {
     pub descriptor: &'static Descriptor,
     pub runner: Runner,
+}
+
+fn build_settle<L: FieldsLimiter<N> + 'static, const N: usize>(
+    params: &[&[u8]],
+    delta: f64,
+) -> Result<Box<dyn Limit>, ErrorReply> {
+    Ok(Box::new(SettleOf::<L, N>::parse(params, delta)?))
 }
 
 fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
@@ -69,12 +87,13 @@ pub const fn fields_entry<L: FieldsLimiter<N> + 'static, const N: usize>() -> En
         runner: Runner::OneKey {
             run: crate::pipeline::run::<L, N>,
             limit: build::<L, N>,
+            settle: Some(build_settle::<L, N>),
         },
     }
 }
 
 /// Every command the module registers (but the test clock's), in registration order.
-pub const REGISTRY: [Entry; 10] = [
+pub const REGISTRY: [Entry; 11] = [
     fields_entry::<token_bucket::TokenBucket, 2>(),
     fields_entry::<leaky_bucket::LeakyBucket, 2>(),
     fields_entry::<fixed_window::FixedWindow, 2>(),
@@ -85,6 +104,7 @@ pub const REGISTRY: [Entry; 10] = [
     release::ENTRY,
     throttle::ENTRY,
     all::ENTRY,
+    settle::ENTRY,
 ];
 
 /// The entry at `i` of the registry, for a place known when compiling (`const { entry(I) }`).

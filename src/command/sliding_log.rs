@@ -34,6 +34,7 @@ pub const ENTRY: Entry = Entry {
     runner: Runner::OneKey {
         run: crate::zset_store::run,
         limit: crate::zset_store::build_limit,
+        settle: Some(crate::zset_store::build_settle),
     },
 };
 

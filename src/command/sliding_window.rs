@@ -107,11 +107,24 @@ impl FieldsLimiter<3> for SlidingWindow {
         prior: Option<sliding_window::State>,
     ) -> (Reply, Option<FieldsWrite<3>>) {
         let out = sliding_window::decide(&a.params, a.op.units(), now_us, prior);
-        let write = out.write.map(|w| FieldsWrite {
-            values: [w.state.start_us, w.state.cur, w.state.prev],
-            expire_at_ms: w.expire_at_ms,
-        });
-        (out.reply, write)
+        (out.reply, out.write.map(stored))
+    }
+
+    fn settle(
+        a: &Args,
+        delta: f64,
+        now_us: i64,
+        prior: Option<sliding_window::State>,
+    ) -> Option<(sliding_window::State, FieldsWrite<3>)> {
+        sliding_window::settle(&a.params, delta, now_us, prior).map(|w| (w.state, stored(w)))
+    }
+}
+
+/// The numbers a write stores, in `FIELDS` order.
+fn stored(w: sliding_window::Write) -> FieldsWrite<3> {
+    FieldsWrite {
+        values: [w.state.start_us, w.state.cur, w.state.prev],
+        expire_at_ms: w.expire_at_ms,
     }
 }
 

@@ -7,7 +7,7 @@ use crate::core::{Operation, Reply, token_bucket};
 use crate::error::ErrorReply;
 use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
 use crate::stats::CommandStats;
-use crate::stored::{amount, timestamp};
+use crate::stored::{balance, timestamp};
 
 pub type Args = Request<token_bucket::Params>;
 
@@ -81,7 +81,7 @@ impl FieldsLimiter<2> for TokenBucket {
 
     #[inline(always)]
     fn decode([tokens, ts]: [Option<&[u8]>; 2]) -> Result<token_bucket::State, ErrorReply> {
-        let tokens = amount(tokens).ok_or(CORRUPT_TOKENS)?;
+        let tokens = balance(tokens).ok_or(CORRUPT_TOKENS)?;
         let ts_us = timestamp(ts).ok_or(CORRUPT_TS)?;
         Ok(token_bucket::State { tokens, ts_us })
     }
@@ -92,11 +92,24 @@ impl FieldsLimiter<2> for TokenBucket {
         prior: Option<token_bucket::State>,
     ) -> (Reply, Option<FieldsWrite<2>>) {
         let out = token_bucket::decide(&a.params, a.op.units(), now_us, prior);
-        let write = out.write.map(|w| FieldsWrite {
-            values: [w.state.tokens, w.state.ts_us],
-            expire_at_ms: w.expire_at_ms,
-        });
-        (out.reply, write)
+        (out.reply, out.write.map(stored))
+    }
+
+    fn settle(
+        a: &Args,
+        delta: f64,
+        now_us: i64,
+        prior: Option<token_bucket::State>,
+    ) -> Option<(token_bucket::State, FieldsWrite<2>)> {
+        token_bucket::settle(&a.params, delta, now_us, prior).map(|w| (w.state, stored(w)))
+    }
+}
+
+/// The numbers a write stores, in `FIELDS` order.
+fn stored(w: token_bucket::Write) -> FieldsWrite<2> {
+    FieldsWrite {
+        values: [w.state.tokens, w.state.ts_us],
+        expire_at_ms: w.expire_at_ms,
     }
 }
 
@@ -169,7 +182,9 @@ mod tests {
             })
         );
         assert_eq!(d(None, Some(b"1")), Err(CORRUPT_TOKENS));
-        assert_eq!(d(Some(b"-1"), Some(b"1")), Err(CORRUPT_TOKENS));
+        // A debt (RL.SETTLE) is stored as negative tokens.
+        assert_eq!(d(Some(b"-1"), Some(b"1")).map(|s| s.tokens), Ok(-1.0));
+        assert_eq!(d(Some(b"-inf"), Some(b"1")), Err(CORRUPT_TOKENS));
         assert_eq!(d(Some(b"1"), Some(b"1.5")), Err(CORRUPT_TS));
         assert_eq!(d(Some(b"1"), None), Err(CORRUPT_TS));
     }

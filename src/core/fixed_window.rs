@@ -35,6 +35,36 @@ pub struct Outcome {
     pub write: Option<Write>,
 }
 
+fn write(params: &Params, count: f64, start: f64) -> Write {
+    Write {
+        state: State {
+            count,
+            start_us: start,
+        },
+        expire_at_ms: lua_integer((start / 1000.0).ceil() + params.window_ms),
+    }
+}
+
+/// `delta` units refunded (negative) or charged (positive) without an admission check, in the
+/// current window: a refund never takes the count below 0 and does nothing once the window has
+/// ended; a charge with no window open opens one now. `None` when nothing changes.
+pub fn settle(params: &Params, delta: f64, now_us: i64, prior: Option<State>) -> Option<Write> {
+    let now = now_us as f64;
+    let open = prior.filter(|s| now - s.start_us < params.window_ms * 1000.0);
+    match open {
+        _ if delta == 0.0 => None,
+        None if delta < 0.0 => None,
+        None => Some(write(params, delta, now)),
+        Some(s) => {
+            let mut count = s.count + delta;
+            if count < 0.0 {
+                count = 0.0;
+            }
+            Some(write(params, count, s.start_us))
+        }
+    }
+}
+
 pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> Outcome {
     let limit = params.limit;
     let window_ms = params.window_ms;
@@ -68,13 +98,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
         remaining = 0.0;
     }
 
-    let write = consumes.then(|| Write {
-        state: State {
-            count,
-            start_us: start,
-        },
-        expire_at_ms: lua_integer((start / 1000.0).ceil() + window_ms),
-    });
+    let write = consumes.then(|| write(params, count, start));
     Outcome {
         reply: Reply {
             allowed,

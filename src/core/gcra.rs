@@ -62,6 +62,24 @@ pub fn decide(p: &Params, cost: i64, now: i128, prior_tat: Option<i128>) -> Outc
 
 /// Whole intervals still free after the call: `floor((tolerance - ttl) / interval)`, with a
 /// `ttl` in the past counted as zero, so `0 <= remaining <= limit`.
+/// `delta` units refunded (negative) or charged (positive) without an admission check: the
+/// theoretical arrival time moves by `delta` emission intervals, a charge from now at the
+/// earliest and at most one full burst past a full one (`now + 2 * tolerance`), a refund never
+/// before now. The new time to store, or `None` when nothing changes (`delta` 0, or a refund
+/// while the limiter is idle).
+pub fn settle(p: &Params, delta: i64, now: i128, prior_tat: Option<i128>) -> Option<i128> {
+    let tat = prior_tat.unwrap_or(now);
+    let moved = i128::from(p.interval) * i128::from(delta);
+    if delta > 0 {
+        let base = if tat > now { tat } else { now };
+        Some((base + moved).min(now + 2 * i128::from(p.tolerance)))
+    } else if delta < 0 && tat > now {
+        Some((tat + moved).max(now))
+    } else {
+        None
+    }
+}
+
 pub fn remaining(p: &Params, ttl: i128) -> i128 {
     let ttl = if ttl < 0 { 0 } else { ttl };
     let free = i128::from(p.tolerance) - ttl;

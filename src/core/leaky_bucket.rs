@@ -35,29 +35,61 @@ pub struct Outcome {
     pub write: Option<Write>,
 }
 
-pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> Outcome {
-    let capacity = params.capacity;
-    let rate = params.leak_per_sec;
-    let now = now_us as f64;
+/// The level as of now, and the time to store with it. A level above capacity (a charge that
+/// `settle` made, or a capacity argument that was lowered) drains like any other; above twice
+/// the capacity it counts as twice the capacity, so every time derived from it stays bounded.
+fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
     let (mut level, ts) = match prior {
         Some(s) => (s.level, s.ts_us),
         None => (0.0, now),
     };
-    // A clock that went backwards drains nothing and never moves the stored time back.
     let mut elapsed = now - ts;
     if elapsed < 0.0 {
         elapsed = 0.0;
     }
     let t = if ts > now { ts } else { now };
-    level -= elapsed * rate / 1_000_000.0;
+    level -= elapsed * params.leak_per_sec / 1_000_000.0;
     if level < 0.0 {
         level = 0.0;
     }
-    // A level above capacity (the capacity argument was lowered) is a full bucket.
-    if level > capacity {
-        level = capacity;
+    if level > 2.0 * params.capacity {
+        level = 2.0 * params.capacity;
     }
+    (level, t)
+}
 
+fn write(params: &Params, level: f64, t: f64) -> Write {
+    let reset_after_ms = (level * 1000.0 / params.leak_per_sec).ceil();
+    Write {
+        state: State { level, ts_us: t },
+        expire_at_ms: lua_integer((t / 1000.0).ceil() + reset_after_ms),
+    }
+}
+
+/// `delta` units refunded (negative) or charged (positive) without an admission check: a refund
+/// never lowers the level below 0, a charge may raise it above capacity, up to twice it (a debt
+/// of one capacity), which drains at the normal rate. `None` when nothing changes: `delta` 0, or
+/// a refund to a fresh bucket.
+pub fn settle(params: &Params, delta: f64, now_us: i64, prior: Option<State>) -> Option<Write> {
+    if delta == 0.0 || (delta < 0.0 && prior.is_none()) {
+        return None;
+    }
+    let (mut level, t) = current(params, now_us as f64, prior);
+    level += delta;
+    if level < 0.0 {
+        level = 0.0;
+    }
+    if level > 2.0 * params.capacity {
+        level = 2.0 * params.capacity;
+    }
+    Some(write(params, level, t))
+}
+
+pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> Outcome {
+    let capacity = params.capacity;
+    let rate = params.leak_per_sec;
+    let now = now_us as f64;
+    let (mut level, t) = current(params, now, prior);
     let allowed = level + cost <= capacity;
     let consumes = allowed && cost > 0.0;
     if consumes {
@@ -71,12 +103,13 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
         ((level + cost - capacity) * 1000.0 / rate).ceil()
     };
     let reset_after_ms = (level * 1000.0 / rate).ceil();
-    let remaining = (capacity - level).floor();
+    // A level above capacity leaves nothing, not less.
+    let mut remaining = (capacity - level).floor();
+    if remaining < 0.0 {
+        remaining = 0.0;
+    }
 
-    let write = consumes.then(|| Write {
-        state: State { level, ts_us: t },
-        expire_at_ms: lua_integer((t / 1000.0).ceil() + reset_after_ms),
-    });
+    let write = consumes.then(|| write(params, level, t));
     Outcome {
         reply: Reply {
             allowed,
@@ -174,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn a_level_above_a_lowered_capacity_is_a_full_bucket() {
+    fn a_level_above_a_lowered_capacity_drains_like_a_debt() {
         let state = Some(State {
             level: 8.0,
             ts_us: T0 as f64,
@@ -184,15 +217,15 @@ mod tests {
             leak_per_sec: 5.0,
         };
         let out = decide(&small, 1.0, T0, state);
-        assert_eq!(out.reply.to_array(), [0, 0, 200, 1000, 5]);
-        // Stored levels far above any capacity give bounded times too.
+        assert_eq!(out.reply.to_array(), [0, 0, 800, 1600, 5]);
+        // Stored levels far above any capacity count as twice the capacity: bounded times.
         let huge = Some(State {
             level: 1e300,
             ts_us: T0 as f64,
         });
         assert_eq!(
             decide(&P, 1.0, T0, huge).reply.to_array(),
-            [0, 0, 200, 2000, 10]
+            [0, 0, 2200, 4000, 10]
         );
     }
 

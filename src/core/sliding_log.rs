@@ -165,6 +165,89 @@ pub fn decide<L: Log>(
     })
 }
 
+/// What a settlement stores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Settlement {
+    /// A charge: entries added as an admitted call adds them.
+    Add(Write),
+    /// A refund: after the entries that left the window (up to `trim_up_to_us`), the newest
+    /// `count` leave; the key then expires at `expire_at_ms`, or is gone (`None`).
+    Drop {
+        trim_up_to_us: Option<f64>,
+        count: i64,
+        expire_at_ms: Option<i64>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SettleOutcome {
+    pub reply: Reply,
+    pub write: Option<Settlement>,
+}
+
+/// `delta` units refunded (negative) or charged (positive) without an admission check
+/// (`RL.SETTLE`): a refund removes the newest entries still in the window (at most as many as
+/// there are); a charge adds entries at the call time, at most `limit` of them (more would
+/// change no decision, only memory). The reply is the state after, as a peek reports it, with
+/// `allowed` 1 and no wait.
+pub fn settle<L: Log>(
+    params: &Params,
+    delta: i64,
+    now_us: i64,
+    view: &View,
+    log: &L,
+) -> Result<SettleOutcome, L::Error> {
+    let now = now_us as f64;
+    let limit = params.limit;
+    let count = view.in_window;
+    let trim_up_to_us = (view.len > count).then_some(window_start(params, now_us));
+    // After the settlement: the entries in the window, the newest one's score, and the write.
+    let (count_after, newest, write) = if delta > 0 {
+        let t = match view.newest {
+            Some(n) if n > now => n,
+            _ => now,
+        };
+        let added = delta.min(limit);
+        let write = Write {
+            trim_up_to_us,
+            score_us: t,
+            first_index: view.tied,
+            count: added,
+            expire_at_ms: lua_integer((t / 1000.0).ceil() + params.window_ms),
+        };
+        (count + added, Some(t), Some(Settlement::Add(write)))
+    } else if delta < 0 && count > 0 {
+        let dropped = delta.saturating_neg().min(count);
+        let next = if dropped < count {
+            log.score_from_newest(dropped)?
+        } else {
+            None
+        };
+        let write = Settlement::Drop {
+            trim_up_to_us,
+            count: dropped,
+            expire_at_ms: next.map(|s| lua_integer((s / 1000.0).ceil() + params.window_ms)),
+        };
+        (count - dropped, next, Some(write))
+    } else {
+        (count, view.newest.filter(|_| count > 0), None)
+    };
+    let reset_after_ms = match newest {
+        Some(n) if count_after > 0 => lua_integer(leaves_after_ms(params, n, now)),
+        _ => 0,
+    };
+    Ok(SettleOutcome {
+        reply: Reply {
+            allowed: true,
+            remaining: (limit - count_after).max(0),
+            retry_after_ms: 0,
+            reset_after_ms,
+            limit,
+        },
+        write,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

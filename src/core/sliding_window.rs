@@ -38,13 +38,10 @@ pub struct Outcome {
     pub write: Option<Write>,
 }
 
-pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> Outcome {
-    let limit = params.limit;
-    let window_ms = params.window_ms;
-    let window = window_ms * 1000.0;
-    let now = now_us as f64;
+/// The current window's start, the time into it, and the two counts as of now.
+fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64, f64, f64) {
+    let window = params.window_ms * 1000.0;
     let w = (now / window).floor() * window;
-    // The current window's start, the time into it, and the two counts as of now.
     let (mut start, mut elapsed, mut cur, mut prev) = (w, now - w, 0.0, 0.0);
     if let Some(s) = prior {
         if s.start_us > w {
@@ -58,6 +55,41 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
             prev = s.cur;
         }
     }
+    (start, elapsed, cur, prev)
+}
+
+fn write(params: &Params, start: f64, cur: f64, prev: f64) -> Write {
+    Write {
+        state: State {
+            start_us: start,
+            cur,
+            prev,
+        },
+        expire_at_ms: lua_integer((start / 1000.0).ceil() + 2.0 * params.window_ms),
+    }
+}
+
+/// `delta` units refunded (negative) or charged (positive) without an admission check, on the
+/// current window's counter: a refund never takes it below 0. `None` when nothing changes:
+/// `delta` 0, or a refund to a fresh limiter.
+pub fn settle(params: &Params, delta: f64, now_us: i64, prior: Option<State>) -> Option<Write> {
+    if delta == 0.0 || (delta < 0.0 && prior.is_none()) {
+        return None;
+    }
+    let (start, _, mut cur, prev) = current(params, now_us as f64, prior);
+    cur += delta;
+    if cur < 0.0 {
+        cur = 0.0;
+    }
+    Some(write(params, start, cur, prev))
+}
+
+pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> Outcome {
+    let limit = params.limit;
+    let window_ms = params.window_ms;
+    let window = window_ms * 1000.0;
+    let now = now_us as f64;
+    let (start, elapsed, mut cur, prev) = current(params, now, prior);
     let weighted = prev * (window - elapsed) / window;
     let estimate = weighted + cur;
 
@@ -105,14 +137,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
         remaining = 0.0;
     }
 
-    let write = consumes.then(|| Write {
-        state: State {
-            start_us: start,
-            cur,
-            prev,
-        },
-        expire_at_ms: lua_integer((start / 1000.0).ceil() + 2.0 * window_ms),
-    });
+    let write = consumes.then(|| write(params, start, cur, prev));
     Outcome {
         reply: Reply {
             allowed,

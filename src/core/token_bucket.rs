@@ -35,10 +35,10 @@ pub struct Outcome {
     pub write: Option<Write>,
 }
 
-pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> Outcome {
+/// The tokens as of now, and the time to store with them. Stored tokens may be negative (a debt
+/// that `settle` charged), down to `-capacity`.
+fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
     let capacity = params.capacity;
-    let rate = params.refill_per_sec;
-    let now = now_us as f64;
     let (mut tokens, ts) = match prior {
         Some(s) => (s.tokens, s.ts_us),
         None => (capacity, now),
@@ -50,10 +50,49 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
         elapsed = 0.0;
     }
     let t = if ts > now { ts } else { now };
-    tokens += elapsed * rate / 1_000_000.0;
+    tokens += elapsed * params.refill_per_sec / 1_000_000.0;
     if tokens > capacity {
         tokens = capacity;
     }
+    // A debt is at most one capacity, whatever was stored (a capacity lowered since).
+    if tokens < -capacity {
+        tokens = -capacity;
+    }
+    (tokens, t)
+}
+
+fn write(params: &Params, tokens: f64, t: f64) -> Write {
+    let reset_after_ms = ((params.capacity - tokens) * 1000.0 / params.refill_per_sec).ceil();
+    Write {
+        state: State { tokens, ts_us: t },
+        expire_at_ms: lua_integer((t / 1000.0).ceil() + reset_after_ms),
+    }
+}
+
+/// `delta` units refunded (negative) or charged (positive) without an admission check: a refund
+/// never fills above `capacity`, a charge may leave a debt down to `-capacity`, which refills at
+/// the normal rate. `None` when nothing changes: `delta` 0, or a refund to a fresh bucket.
+pub fn settle(params: &Params, delta: f64, now_us: i64, prior: Option<State>) -> Option<Write> {
+    if delta == 0.0 || (delta < 0.0 && prior.is_none()) {
+        return None;
+    }
+    let capacity = params.capacity;
+    let (mut tokens, t) = current(params, now_us as f64, prior);
+    tokens -= delta;
+    if tokens > capacity {
+        tokens = capacity;
+    }
+    if tokens < -capacity {
+        tokens = -capacity;
+    }
+    Some(write(params, tokens, t))
+}
+
+pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> Outcome {
+    let capacity = params.capacity;
+    let rate = params.refill_per_sec;
+    let now = now_us as f64;
+    let (mut tokens, t) = current(params, now, prior);
 
     let allowed = cost <= tokens;
     let consumes = allowed && cost > 0.0;
@@ -68,15 +107,17 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
         ((cost - tokens) * 1000.0 / rate).ceil()
     };
     let reset_after_ms = ((capacity - tokens) * 1000.0 / rate).ceil();
+    // A debt leaves nothing, not less.
+    let mut remaining = tokens.floor();
+    if remaining < 0.0 {
+        remaining = 0.0;
+    }
 
-    let write = consumes.then(|| Write {
-        state: State { tokens, ts_us: t },
-        expire_at_ms: lua_integer((t / 1000.0).ceil() + reset_after_ms),
-    });
+    let write = consumes.then(|| write(params, tokens, t));
     Outcome {
         reply: Reply {
             allowed,
-            remaining: lua_integer(tokens.floor()),
+            remaining: lua_integer(remaining),
             retry_after_ms: lua_integer(retry_after_ms),
             reset_after_ms: lua_integer(reset_after_ms),
             limit: lua_integer(capacity),

@@ -172,9 +172,8 @@ impl Keyspace {
                 );
                 Reply::Status("OK".into())
             }
-            "ZADD" | "ZRANGE" | "ZREMRANGEBYSCORE" | "ZCARD" | "ZCOUNT" | "ZSCORE" | "ZREM" => {
-                self.zset_command(&name, argv)
-            }
+            "ZADD" | "ZRANGE" | "ZREMRANGEBYSCORE" | "ZREMRANGEBYRANK" | "ZCARD" | "ZCOUNT"
+            | "ZSCORE" | "ZREM" => self.zset_command(&name, argv),
             other => Reply::Error(format!("ERR unknown command '{other}' in the test shim")),
         }
     }
@@ -726,6 +725,37 @@ impl Store for MemoryKey<'_> {
                 expiry,
                 expire_at_ms,
             } => self.lease(*trim_up_to, id, *expiry, *expire_at_ms),
+            Effect::Pop {
+                trim_up_to,
+                count,
+                expire_at_ms,
+            } => {
+                let mut argvs = Vec::new();
+                if let Some(up_to) = trim_up_to {
+                    argvs.push(vec![
+                        b"ZREMRANGEBYSCORE".to_vec(),
+                        self.key.clone(),
+                        b"-inf".to_vec(),
+                        g17_string(*up_to).into_bytes(),
+                    ]);
+                }
+                argvs.push(vec![
+                    b"ZREMRANGEBYRANK".to_vec(),
+                    self.key.clone(),
+                    (-count).to_string().into_bytes(),
+                    b"-1".to_vec(),
+                ]);
+                for argv in argvs {
+                    if let Reply::Error(_) = self.space.command(&argv) {
+                        return Err(WRONGTYPE);
+                    }
+                }
+                if let (Some(at), Some(entry)) = (expire_at_ms, self.space.keys.get_mut(&self.key))
+                {
+                    entry.expire_at_ms = Some(*at);
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -840,6 +870,33 @@ impl Keyspace {
                 let before = z.len();
                 z.retain(|(_, m)| !members.contains(m));
                 let removed = (before - z.len()) as i64;
+                if z.is_empty() {
+                    self.keys.remove(&key);
+                }
+                Reply::Int(removed)
+            }
+            "ZREMRANGEBYRANK" => {
+                let int = |i: usize| {
+                    String::from_utf8_lossy(argv.get(i).map_or(&b""[..], |v| v))
+                        .parse::<i64>()
+                        .ok()
+                };
+                let (Some(start), Some(stop)) = (int(2), int(3)) else {
+                    return Reply::Error("ERR value is not an integer or out of range".to_string());
+                };
+                let z = match self.zset_mut(&key) {
+                    Err(e) => return e,
+                    Ok(None) => return Reply::Int(0),
+                    Ok(Some(z)) => z,
+                };
+                let len = z.len() as i64;
+                let norm = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+                let (from, to) = (norm(start), norm(stop).min(len - 1));
+                let removed = if from <= to {
+                    z.drain(from as usize..=to as usize).count() as i64
+                } else {
+                    0
+                };
                 if z.is_empty() {
                     self.keys.remove(&key);
                 }

@@ -202,6 +202,8 @@ pub fn token_bucket_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value
 pub struct AllStep {
     pub dt_us: i64,
     pub numkeys: usize,
+    /// An `RL.SETTLE` call (its words end with `DELTA n`) rather than an `RL.ALL` one.
+    pub settle: bool,
     pub words: Vec<String>,
     /// Corrupts key number `.0` (0-based).
     pub corrupt: Option<(usize, Corruption)>,
@@ -247,6 +249,7 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
     (1usize..=3, prop::collection::vec(all_limit_spec(), 3)).prop_flat_map(
         move |(numkeys, specs)| {
             let fixed: Vec<String> = specs.iter().take(numkeys).flatten().cloned().collect();
+            let limits_only = fixed.clone();
             let leases = fixed.iter().any(|w| w.eq_ignore_ascii_case("CONCURRENCY"));
             let words = prop_oneof![
                 6 => Just(fixed.clone()),
@@ -275,14 +278,33 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
                 }
                 w
             });
+            // Now and then a settlement of the same limits: refunds, charges (debts), reports,
+            // and bad deltas.
+            let delta = prop_oneof![
+                8 => (-40i64..40).prop_map(|d| d.to_string()),
+                1 => (-1_000_000_000_000_000i64..=1_000_000_000_000_000).prop_map(|d| d.to_string()),
+                1 => prop::sample::select(vec!["1000000000000001", "-0", "+3", "1.5"]).prop_map(String::from),
+                1 => junk(),
+            ];
+            let settle = delta.prop_map(move |d| {
+                let mut w = limits_only.clone();
+                w.extend(["DELTA".to_string(), d]);
+                w
+            });
+            let call = prop_oneof![
+                3 => words.prop_map(|w| (false, w)),
+                1 => settle.prop_map(|w| (true, w)),
+            ];
             let corrupt = prop::option::weighted(0.04, (0..numkeys, corruption(ALL_FIELDS)));
-            let step =
-                (time_step(), words, corrupt).prop_map(move |(dt_us, words, corrupt)| AllStep {
+            let step = (time_step(), call, corrupt).prop_map(
+                move |(dt_us, (settle, words), corrupt)| AllStep {
                     dt_us,
                     numkeys,
+                    settle,
                     words,
                     corrupt,
-                });
+                },
+            );
             prop::collection::vec(step, len.clone())
         },
     )
