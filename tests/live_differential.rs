@@ -190,10 +190,13 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
     let server = Server::with_test_clock();
     let mut c = server.connect();
     let twin = Twin::load(&mut c, "all.lua");
+    let settle_twin = Twin::load(&mut c, "settle.lua");
     let start = now_us() + 86_400_000_000;
     let conn = RefCell::new(c);
     let case = Cell::new(0usize);
     let steps_run = Cell::new(0usize);
+    // Settlements compared, and those that were not errors.
+    let (settles, settled) = (Cell::new(0usize), Cell::new(0usize));
     let mut runner = TestRunner::new(Config {
         cases: harness::scaled(150),
         failure_persistence: None,
@@ -218,7 +221,12 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
                 corrupt(c, &theirs[*k], corruption, ALL_FIELDS);
             }
             let numkeys = step.numkeys.to_string();
-            let mut module_call: Vec<&[u8]> = vec![b"RL.ALL", numkeys.as_bytes()];
+            let (command, twin): (&[u8], &Twin) = if step.settle {
+                (b"RL.SETTLE", &settle_twin)
+            } else {
+                (b"RL.ALL", &twin)
+            };
+            let mut module_call: Vec<&[u8]> = vec![command, numkeys.as_bytes()];
             module_call.extend(ours.iter().map(|k| k.as_bytes()));
             module_call.extend(step.words.iter().map(|w| w.as_bytes()));
             let mut script_call = twin.head(case.get(), numkeys.as_bytes());
@@ -227,6 +235,12 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
             let a = call(c, &module_call);
             let b = call(c, &script_call);
             prop_assert_eq!(&a, &b, "step {} {:?}", i, step);
+            if step.settle {
+                settles.set(settles.get() + 1);
+                if a.is_ok() {
+                    settled.set(settled.get() + 1);
+                }
+            }
             for (m, l) in ours.iter().zip(&theirs) {
                 prop_assert_eq!(stored(c, m), stored(c, l), "stored value after step {}", i);
                 prop_assert_eq!(
@@ -241,11 +255,15 @@ fn all_limits_module_and_evalsha_agree_on_a_live_server() {
         Ok(())
     });
     if let Err(e) = result {
-        panic!("RL.ALL and all.lua differ on a live server: {e}");
+        panic!("RL.ALL / RL.SETTLE and all.lua / settle.lua differ on a live server: {e}");
     }
     let steps = steps_run.get();
-    println!("RL.ALL: {steps} live calls compared");
+    let (settles, settled) = (settles.get(), settled.get());
+    println!(
+        "RL.ALL and RL.SETTLE: {steps} live calls compared, {settles} settlements ({settled} not errors)"
+    );
     assert!(steps >= 10_000, "only {steps} calls compared");
+    assert!(settled > steps / 40, "{settled} settlements");
 }
 
 #[test]
