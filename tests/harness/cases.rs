@@ -2,7 +2,8 @@
 //! one instant, arguments that admit one then deny, a bad argument list, what the key holds, and
 //! a way to corrupt it. The suites that check a promise for every command (conformance, ACL)
 //! read it, so a command added to the module is added here once. `RL.RELEASE`, which decides
-//! nothing, has its own checks in `tests/leases.rs` (`NOT_LIMITERS`).
+//! nothing, and `RL.SETTLE`, which always admits, have their own checks in `tests/leases.rs` and
+//! `tests/settle.rs` (`NOT_LIMITERS`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -36,7 +37,7 @@ pub struct Case {
 }
 
 /// Registered commands that are no limiter, so not in `CASES`.
-pub const NOT_LIMITERS: &[&str] = &["RL.RELEASE"];
+pub const NOT_LIMITERS: &[&str] = &["RL.RELEASE", "RL.SETTLE"];
 
 /// In parameters, `{id}` stands for a lease id of its own for every call.
 const FRESH_ID: &str = "{id}";
