@@ -14,6 +14,7 @@ use crate::algorithm::{Algorithm, Concurrency};
 use crate::breaker::{Breaker, BreakerConfig};
 use crate::lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
 use crate::local::{LocalLeases, LocalLimiter};
+use crate::reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
 
 /// One limit's answer: the five fields every `RL.*` command replies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +126,18 @@ pub struct MultiOutcome {
     pub mode: Option<Mode>,
 }
 
+/// The state of every limit after a settlement (`RL.SETTLE`), in the order of the limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// One per limit: `allowed` true, `retry_after_ms` 0, `remaining` 0 while in debt.
+    pub decisions: Vec<Decision>,
+    /// `Some` when Redis was not asked or did not answer in time: the decisions are then the
+    /// failure policy's.
+    pub degraded: Option<Degraded>,
+    /// The mode that answered (`None` when degraded).
+    pub mode: Option<Mode>,
+}
+
 #[derive(Debug)]
 pub enum Error {
     /// Redis answered with an error about the call itself (bad parameters, wrong key type).
@@ -164,6 +177,8 @@ static ALL_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua-reference/all.lua")));
 static RELEASE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua-reference/release.lua")));
+static SETTLE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua-reference/settle.lua")));
 static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
     [
         Algorithm::TokenBucket {
@@ -332,6 +347,16 @@ fn multi(v: &Value, n: usize) -> Option<(bool, usize, Vec<Decision>)> {
         usize::try_from(int(&items[1])?).ok()?,
         decisions,
     ))
+}
+
+fn decisions(v: &Value, n: usize) -> Option<Vec<Decision>> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    if items.len() != n {
+        return None;
+    }
+    items.iter().map(decision).collect()
 }
 
 fn unexpected(v: &Value) -> RedisError {
@@ -567,6 +592,57 @@ where
         };
         Ok((
             multi(&reply, limits.len()).ok_or_else(|| unexpected(&reply))?,
+            mode,
+        ))
+    }
+
+    /// `RL.SETTLE numkeys key... ALGORITHM params... DELTA delta` (or its twins).
+    async fn call_settle(
+        &self,
+        limits: &[(String, Algorithm)],
+        delta: i64,
+    ) -> Result<(Vec<Decision>, Mode), RedisError> {
+        let mut conn = self.conn.clone();
+        let mode = self.resolve_mode(&mut conn).await?;
+        let mut args: Vec<String> = Vec::new();
+        for (_, algo) in limits {
+            args.push(algo.keyword().to_string());
+            args.extend(algo.params());
+        }
+        args.push("DELTA".into());
+        args.push(delta.to_string());
+        let keys: Vec<&str> = limits.iter().map(|(k, _)| k.as_str()).collect();
+        let reply: Value = match mode {
+            Mode::Module => {
+                redis::cmd("RL.SETTLE")
+                    .arg(keys.len())
+                    .arg(&keys)
+                    .arg(&args)
+                    .query_async(&mut conn)
+                    .await?
+            }
+            Mode::Script => {
+                let mut inv = SETTLE_SCRIPT.prepare_invoke();
+                for k in &keys {
+                    inv.key(*k);
+                }
+                for a in &args {
+                    inv.arg(a);
+                }
+                inv.invoke_async(&mut conn).await?
+            }
+            Mode::Function => {
+                redis::cmd("FCALL")
+                    .arg(function_name("RL.SETTLE"))
+                    .arg(keys.len())
+                    .arg(&keys)
+                    .arg(&args)
+                    .query_async(&mut conn)
+                    .await?
+            }
+        };
+        Ok((
+            decisions(&reply, limits.len()).ok_or_else(|| unexpected(&reply))?,
             mode,
         ))
     }
@@ -879,6 +955,132 @@ where
     pub(crate) fn release_local(&self, key: &str, id: &str) -> bool {
         self.inner.leases.release(key, id)
     }
+
+    /// Checks and on admission consumes `estimate` units of `algo` on `key`, as
+    /// [`Client::check`] does, for work whose true cost is known only afterwards. Admitted: the
+    /// outcome and the [`Reservation`], whose [`settle`](Reservation::settle) charges or refunds
+    /// the difference once the cost is known; dropped unsettled, the estimate stays charged.
+    /// Denied: the outcome alone. Concurrency limits are not settled (`Error::Unsupported`).
+    pub async fn reserve(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        estimate: u64,
+    ) -> Result<ReservationOutcome<C>, Error> {
+        if algo.concurrency().is_some() {
+            return Err(Error::Unsupported(
+                "concurrency limits are not settled: Client::acquire",
+            ));
+        }
+        let outcome = self.decide_one(key, algo, estimate, None).await?;
+        let reservation = outcome.decision.allowed.then(|| {
+            Reservation::new(
+                self.clone(),
+                vec![(key.to_string(), algo.clone())],
+                estimate,
+                outcome.degraded,
+            )
+        });
+        Ok(ReservationOutcome {
+            outcome,
+            reservation,
+        })
+    }
+
+    /// [`Client::reserve`] over several limits at once, as [`Client::check_all`]: admitted only
+    /// if every limit admits, and then `estimate` is consumed from all of them; the reservation
+    /// settles them all in one call.
+    pub async fn reserve_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        estimate: u64,
+    ) -> Result<MultiReservationOutcome<C>, Error> {
+        if limits.iter().any(|(_, a)| a.concurrency().is_some()) {
+            return Err(Error::Unsupported(
+                "concurrency limits are not settled: Client::acquire_all",
+            ));
+        }
+        let outcome = self.decide_all(limits, estimate, None).await?;
+        let reservation = outcome
+            .allowed
+            .then(|| Reservation::new(self.clone(), limits.to_vec(), estimate, outcome.degraded));
+        Ok(MultiReservationOutcome {
+            outcome,
+            reservation,
+        })
+    }
+
+    /// Adjusts what was consumed from every limit by `delta` units in one call (`RL.SETTLE ...
+    /// DELTA delta`): below 0 gives `-delta` units back (never above the limit), above 0 takes
+    /// `delta` more without asking whether they are left (a limit may go into debt, and then
+    /// denies until it is paid back), 0 only reports. The answer is every limit's state
+    /// afterwards. When Redis cannot answer nothing is adjusted, and the decisions are those of
+    /// the failure policy for a cost of 0.
+    pub async fn settle(
+        &self,
+        limits: &[(String, Algorithm)],
+        delta: i64,
+    ) -> Result<Settlement, Error> {
+        if limits.iter().any(|(_, a)| a.concurrency().is_some()) {
+            return Err(Error::Unsupported("concurrency limits are not settled"));
+        }
+        if limits.is_empty() || limits.len() > 16 {
+            return Err(Error::Unsupported("between 1 and 16 limits per call"));
+        }
+        match self.guarded(self.call_settle(limits, delta)).await {
+            Ok((decisions, mode)) => Ok(Settlement {
+                decisions,
+                degraded: None,
+                mode: Some(mode),
+            }),
+            Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
+            Err(Failure::Unavailable) => {
+                let mut degraded = Degraded::FailOpen;
+                let decisions = limits
+                    .iter()
+                    .map(|(k, a)| {
+                        let (d, g) = self.degraded_one(k, a, 0, None);
+                        degraded = g;
+                        d
+                    })
+                    .collect();
+                Ok(Settlement {
+                    decisions,
+                    degraded: Some(degraded),
+                    mode: None,
+                })
+            }
+        }
+    }
+
+    /// Settles where a reservation was charged: Redis (`None`), the in-process buckets of the
+    /// `Local` policy, or nowhere (admitted by `FailOpen`: the policy's answer, nothing sent).
+    pub(crate) async fn settle_charged(
+        &self,
+        limits: &[(String, Algorithm)],
+        delta: i64,
+        charged: Option<Degraded>,
+    ) -> Result<Settlement, Error> {
+        match (charged, self.inner.options.policy) {
+            (None, _) => self.settle(limits, delta).await,
+            (Some(Degraded::Local), FailurePolicy::Local { instances }) => Ok(Settlement {
+                decisions: limits
+                    .iter()
+                    .map(|(k, a)| self.inner.local.adjust(k, a, instances, delta))
+                    .collect(),
+                degraded: Some(Degraded::Local),
+                mode: None,
+            }),
+            (Some(degraded), _) => Ok(Settlement {
+                decisions: limits
+                    .iter()
+                    .map(|(k, a)| self.degraded_one(k, a, 0, None).0)
+                    .collect(),
+                degraded: Some(degraded),
+                mode: None,
+            }),
+        }
+    }
 }
 
 /// A [`Client`] bound to one algorithm and its parameters.
@@ -928,6 +1130,11 @@ where
     /// The current state, consuming nothing (cost 0).
     pub async fn peek(&self, key: &str) -> Result<Outcome, Error> {
         self.client.check(key, &self.algorithm, 0).await
+    }
+
+    /// Reserves `estimate` units, settled later with the true cost (see [`Client::reserve`]).
+    pub async fn reserve(&self, key: &str, estimate: u64) -> Result<ReservationOutcome<C>, Error> {
+        self.client.reserve(key, &self.algorithm, estimate).await
     }
 
     /// A slot of the limiter's concurrency limit (see [`Client::acquire`]); `Error::Unsupported`

@@ -6,6 +6,8 @@
 //! - [`Limiter`]: a [`Client`] bound to one [`Algorithm`] and its parameters.
 //! - [`Client::acquire`]: a slot of a [`Concurrency`] limit, held by a [`Lease`] until it is
 //!   dropped, released or expires.
+//! - [`Client::reserve`]: an estimate consumed up front, then a [`Reservation`] settled with the
+//!   true cost once known (refunded or charged, into debt if need be).
 //! - [`middleware`]: HTTP rate limiting with the standard response headers.
 
 mod algorithm;
@@ -15,11 +17,13 @@ mod lease;
 mod local;
 pub mod metrics;
 pub mod middleware;
+mod reservation;
 
 pub use algorithm::{Algorithm, Concurrency};
 pub use breaker::BreakerConfig;
 pub use client::{
     Client, Decision, Degraded, Error, FailurePolicy, Limiter, Mode, ModeChoice, MultiOutcome,
-    Options, Outcome,
+    Options, Outcome, Settlement,
 };
 pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
+pub use reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};

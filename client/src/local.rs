@@ -1,6 +1,7 @@
 //! The in-process fallback, used while Redis is unreachable: a token bucket per key with the
-//! limit and rate divided by the expected number of instances, and for concurrency limits a
-//! counting semaphore per key (the limit divided alike) whose leases expire as on Redis.
+//! limit and rate divided by the expected number of instances (settled reservations give tokens
+//! back or take more, into debt if need be), and for concurrency limits a counting semaphore per
+//! key (the limit divided alike) whose leases expire as on Redis.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -55,6 +56,37 @@ impl LocalLimiter {
             allowed,
             remaining: left.floor() as u64,
             retry_after_ms,
+            reset_after_ms: ((cap - left) * 1000.0 / rate).ceil() as u64,
+            limit: capacity,
+        }
+    }
+}
+
+impl LocalLimiter {
+    /// Gives back `-delta` tokens (never above the capacity) or takes `delta` more, below zero
+    /// if need be, down to minus the capacity (as the module's token bucket): a bucket in debt
+    /// denies until it has refilled past it.
+    pub(crate) fn adjust(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        instances: u32,
+        delta: i64,
+    ) -> Decision {
+        let (capacity, rate) = Self::share(algo, instances);
+        let cap = capacity as f64;
+        let now = Instant::now();
+        let mut map = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map.entry(key.to_string()).or_insert((cap, now));
+        let tokens = (entry.0 + now.duration_since(entry.1).as_secs_f64() * rate).min(cap);
+        let left = (tokens - delta as f64).clamp(-cap, cap);
+        if delta != 0 {
+            *entry = (left, now);
+        }
+        Decision {
+            allowed: true,
+            remaining: left.max(0.0).floor() as u64,
+            retry_after_ms: 0,
             reset_after_ms: ((cap - left) * 1000.0 / rate).ceil() as u64,
             limit: capacity,
         }
@@ -144,6 +176,48 @@ impl LocalLeases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_take_refunds_and_go_into_debt() {
+        let l = LocalLimiter::default();
+        // 100 tokens here, refilling one per 10,000 s: nothing refills during the test.
+        let a = Algorithm::TokenBucket {
+            capacity: 200,
+            refill_per_sec: 0.0002,
+        };
+        let d = l.check("k", &a, 2, 40);
+        assert_eq!((d.allowed, d.remaining, d.limit), (true, 60, 100));
+        let r = l.adjust("k", &a, 2, -30);
+        assert_eq!((r.allowed, r.remaining, r.retry_after_ms), (true, 90, 0));
+        assert!(
+            (99_999_000..=100_000_000).contains(&r.reset_after_ms),
+            "{r:?}"
+        );
+        // Refunds stop at the capacity.
+        assert_eq!(l.adjust("k", &a, 2, -50).remaining, 100);
+        assert_eq!(l.adjust("k", &a, 2, 0).remaining, 100);
+        // 130 more: 30 of debt; one token is 31 tokens away.
+        let debt = l.adjust("k", &a, 2, 130);
+        assert_eq!(debt.remaining, 0);
+        assert!(
+            (1_299_999_000..=1_300_000_000).contains(&debt.reset_after_ms),
+            "{debt:?}"
+        );
+        let denied = l.check("k", &a, 2, 1);
+        assert!(!denied.allowed);
+        assert!(
+            (309_999_000..=310_000_000).contains(&denied.retry_after_ms),
+            "{denied:?}"
+        );
+        // A debt is at most one capacity.
+        let deepest = l.adjust("k", &a, 2, 1_000);
+        assert!(
+            (1_999_999_000..=2_000_000_000).contains(&deepest.reset_after_ms),
+            "{deepest:?}"
+        );
+        // An unknown key starts full.
+        assert_eq!(l.adjust("new", &a, 2, -5).remaining, 100);
+    }
 
     #[test]
     fn leases_take_renew_release_and_expire() {
