@@ -1,5 +1,6 @@
 //! The client on a 3-master Redis Cluster (the module on every node, and the scripts): keys are
-//! routed by slot, and several limits with one hash tag go in one call.
+//! routed by slot, and several limits with one hash tag go in one call; reservations settle on
+//! every shard.
 
 mod common;
 
@@ -215,9 +216,55 @@ async fn every_key_admits_exactly_its_capacity(cluster: &Cluster, mode: ModeChoi
         (true, false, 1)
     );
     assert!(first.lease.unwrap().release().await.unwrap());
-    // 60 buckets, 12 keys of the multi-limit calls, the route's window; no lease key is left.
+    // Reservations settled on every shard: 6 reserved, 2 used; then 10 more charged, 2 of debt.
+    let bucket = Algorithm::TokenBucket {
+        capacity: 10,
+        refill_per_sec: 0.0001,
+    };
+    for k in 0..12 {
+        let key = format!("budget:{k}");
+        let o = client.reserve(&key, &bucket, 6).await.unwrap();
+        assert_eq!(
+            (o.outcome.mode, o.outcome.decision.remaining),
+            (Some(expect), 4)
+        );
+        let s = o.reservation.unwrap().settle(2).await.unwrap();
+        assert_eq!((s.mode, s.decisions[0].remaining), (Some(expect), 8));
+        let s = client
+            .settle(&[(key.clone(), bucket.clone())], 10)
+            .await
+            .unwrap();
+        assert_eq!(s.decisions[0].remaining, 0);
+        assert!(
+            !client
+                .check(&key, &bucket, 1)
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+    }
+    // Two limits under one hash tag, reserved and settled in one call each.
+    let two = vec![
+        ("{llm}:minute".to_string(), bucket.clone()),
+        (
+            "{llm}:day".to_string(),
+            Algorithm::FixedWindow {
+                limit: 100,
+                window_sec: 86_400.0,
+            },
+        ),
+    ];
+    let o = client.reserve_all(&two, 5).await.unwrap();
+    let s = o.reservation.unwrap().settle(1).await.unwrap();
+    assert_eq!(
+        s.decisions.iter().map(|d| d.remaining).collect::<Vec<_>>(),
+        vec![9, 99]
+    );
+    // 60 buckets, 12 keys of the multi-limit calls, the route's window, 12 budgets and the two
+    // settled together; no lease key is left.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while cluster.dbsizes().iter().sum::<i64>() != 73 {
+    while cluster.dbsizes().iter().sum::<i64>() != 87 {
         assert!(Instant::now() < deadline, "{:?}", cluster.dbsizes());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
