@@ -6,6 +6,12 @@
 //! A concurrency limit ([`Algorithm::Concurrency`]) counts requests in flight: its slot is taken
 //! before the handler runs and given back when the response body has been sent or dropped (the
 //! client went away); the lease's expiry frees it if the process dies first.
+//!
+//! A route whose true cost is known only once it has been served (tokens of a language model,
+//! rows exported) reserves an estimate ([`Builder::estimate`]) before the handler runs; the
+//! handler reports what it really cost by putting [`ActualCost`] into the response's extensions,
+//! and the difference is refunded or charged (`RL.SETTLE`) before the response leaves, its
+//! `RateLimit` field showing the state after settlement.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -25,9 +31,16 @@ use redis::aio::ConnectionLike;
 use tower::{Layer, Service};
 
 use crate::algorithm::Algorithm;
-use crate::client::{Client, Decision, MultiOutcome};
-use crate::lease::{Lease, MultiLeaseOutcome};
+use crate::client::{Client, Decision, Degraded, MultiOutcome};
+use crate::lease::Lease;
 use crate::metrics::Metrics;
+use crate::reservation::Reservation;
+
+/// What a request really cost, in the units of its route's limits: a handler inserts it into
+/// its response's extensions (`(Extension(ActualCost(n)), body)` in axum) and the layer settles
+/// the route's estimate with it. Without it the estimate stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActualCost(pub u64);
 
 /// A named limit.
 #[derive(Clone, Debug, PartialEq)]
@@ -115,6 +128,7 @@ pub struct Config {
     plan: PartsFn<String>,
     table: HashMap<(String, String), Vec<Policy>>,
     limits_fn: Option<LimitsFn>,
+    estimates: HashMap<String, u64>,
     legacy_headers: bool,
     prefix: String,
     keep_alive: Option<Duration>,
@@ -133,6 +147,16 @@ impl Config {
             }
         }
         Vec::new()
+    }
+
+    /// The units reserved for a request of route `class`: its estimate, else the one of
+    /// `"*"`, else 1.
+    fn estimate(&self, class: &str) -> u64 {
+        self.estimates
+            .get(class)
+            .or_else(|| self.estimates.get("*"))
+            .copied()
+            .unwrap_or(1)
     }
 }
 
@@ -178,6 +202,17 @@ where
         f: impl Fn(&str, &str) -> Vec<Policy> + Send + Sync + 'static,
     ) -> Self {
         self.config.limits_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// The units a request of route `class` (`"*"`: any class without its own) consumes from
+    /// each of its limits before the handler runs (default 1). A handler that reports its true
+    /// cost with [`ActualCost`] has the difference refunded or charged after it returns; with
+    /// no report the estimate stands. An estimate of 0 admits while a limit is not in debt and
+    /// charges everything afterwards (on a route with a concurrency limit it would only peek
+    /// at it: keep at least 1 there).
+    pub fn estimate(mut self, class: &str, units: u64) -> Self {
+        self.config.estimates.insert(class.to_string(), units);
         self
     }
 
@@ -251,6 +286,7 @@ where
                 plan: Arc::new(|_| "default".to_string()),
                 table: HashMap::new(),
                 limits_fn: None,
+                estimates: HashMap::new(),
                 legacy_headers: false,
                 prefix: "rl".to_string(),
                 keep_alive: None,
@@ -446,6 +482,47 @@ where
     }
 }
 
+/// Settles the request's estimate with its actual cost on every limit but the concurrency ones,
+/// and puts the state after settlement into `outcome` for the response fields. A settlement that
+/// could not be made where the estimate was taken (Redis did not answer) leaves `outcome` as it
+/// was, and a refusal leaves the response alone: the estimate then stands. A reservation made
+/// by the `Local` policy is settled in its in-process buckets.
+async fn settle<C>(
+    shared: &Shared<C>,
+    policies: &[Policy],
+    limits: &[(String, Algorithm)],
+    estimate: u64,
+    actual: u64,
+    outcome: &mut MultiOutcome,
+) where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let settled: Vec<usize> = (0..limits.len())
+        .filter(|&i| limits[i].1.concurrency().is_none())
+        .collect();
+    // Admitted by `FailOpen`: nothing was taken, nothing to settle.
+    if settled.is_empty() || !matches!(outcome.degraded, None | Some(Degraded::Local)) {
+        return;
+    }
+    let reservation = Reservation::new(
+        shared.client.clone(),
+        settled.iter().map(|&i| limits[i].clone()).collect(),
+        estimate,
+        outcome.degraded,
+    );
+    let Ok(s) = reservation.settle(actual).await else {
+        return;
+    };
+    if s.degraded != outcome.degraded {
+        return;
+    }
+    let delta = i64::try_from(i128::from(actual) - i128::from(estimate)).unwrap_or(0);
+    for (&i, d) in settled.iter().zip(s.decisions) {
+        outcome.decisions[i] = d;
+        shared.metrics.record_settled(&policies[i].name, delta);
+    }
+}
+
 impl<S, C, B> Service<Request<B>> for RateLimit<S, C>
 where
     S: Service<Request<B>, Response = Response<Body>> + Clone + Send + 'static,
@@ -489,20 +566,22 @@ where
                     )
                 })
                 .collect();
+            let estimate = cfg.estimate(&class);
             let decided = if policies.iter().any(|p| p.algorithm.concurrency().is_some()) {
-                shared.client.acquire_all(&limits, 1).await
+                shared
+                    .client
+                    .acquire_all(&limits, estimate)
+                    .await
+                    .map(|o| (o.outcome, o.lease))
             } else {
                 shared
                     .client
-                    .check_all(&limits, 1)
+                    .check_all(&limits, estimate)
                     .await
-                    .map(|outcome| MultiLeaseOutcome {
-                        outcome,
-                        lease: None,
-                    })
+                    .map(|outcome| (outcome, None))
             };
-            let (outcome, mut lease) = match decided {
-                Ok(o) => (o.outcome, o.lease),
+            let (mut outcome, mut lease) = match decided {
+                Ok(o) => o,
                 Err(e) => {
                     return Ok(problem(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -527,8 +606,14 @@ where
                 l.keep_alive(every);
             }
             let mut resp = if outcome.allowed {
-                // Should the handler fail or the request be cancelled, the lease is dropped here.
+                // Should the handler fail or the request be cancelled, the lease is dropped here
+                // and the estimate stands.
                 let resp = inner.call(req).await?;
+                if let Some(&ActualCost(actual)) = resp.extensions().get::<ActualCost>()
+                    && actual != estimate
+                {
+                    settle(&shared, &policies, &limits, estimate, actual, &mut outcome).await;
+                }
                 match lease {
                     Some(lease) => resp.map(|inner| {
                         Body::new(LeasedBody {

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use common::{Server, advance_clock, free_port, set_clock};
 use http::{Request, StatusCode};
-use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer};
+use ratelimit_client::middleware::{ActualCost, KeySource, Policy, RateLimitLayer};
 use ratelimit_client::{Algorithm, Client, Concurrency, FailurePolicy, Options};
 use redis::aio::ConnectionManager;
 use tokio::sync::Semaphore;
@@ -852,4 +853,208 @@ async fn the_local_fallback_counts_requests_in_flight_too() {
     assert_eq!(r.header("ratelimit-degraded"), Some("local"));
     let c = layer.metrics().counts("inflight");
     assert_eq!((c.allowed, c.denied, c.degraded), (2, 1, 3));
+}
+
+/// A model's token budget per API key (10,000 tokens refilling 100/s), 4,000 reserved per
+/// `/complete`; the handler reports what it used from the `x-used` header, or nothing. `/agent`
+/// also counts requests in flight (two at once).
+fn token_budget(client: Client<ConnectionManager>) -> (Router, RateLimitLayer<ConnectionManager>) {
+    let tokens = || {
+        Policy::new(
+            "tokens",
+            Algorithm::TokenBucket {
+                capacity: 10_000,
+                refill_per_sec: 100.0,
+            },
+        )
+    };
+    let inflight = Policy::new(
+        "inflight",
+        Algorithm::Concurrency(Concurrency {
+            limit: 2,
+            lease_sec: 30.0,
+        }),
+    );
+    let layer = RateLimitLayer::builder(client)
+        .key(KeySource::Header(http::HeaderName::from_static(
+            "x-api-key",
+        )))
+        .route_class(|p| p.uri.path().trim_start_matches('/').to_string())
+        .limits("*", "complete", vec![tokens()])
+        .limits("*", "agent", vec![inflight, tokens()])
+        .estimate("complete", 4000)
+        .estimate("agent", 4000)
+        .build();
+    let handler = |headers: http::HeaderMap| async move {
+        let used = headers
+            .get("x-used")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        match used {
+            Some(n) => (axum::Extension(ActualCost(n)), "done").into_response(),
+            None => "done".into_response(),
+        }
+    };
+    let router = Router::new()
+        .route("/complete", get(handler))
+        .route("/agent", get(handler))
+        .layer(layer.clone());
+    (router, layer)
+}
+
+fn used(path: &str, key: &str, tokens: Option<u64>) -> Request<Body> {
+    let mut b = Request::get(path).header("x-api-key", key);
+    if let Some(n) = tokens {
+        b = b.header("x-used", n.to_string());
+    }
+    b.body(Body::empty()).unwrap()
+}
+
+fn settle_calls(server: &Server) -> Option<String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connect())
+        .unwrap();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_rl.settle:"))
+        .map(|l| l.split(',').next().unwrap().to_string())
+}
+
+#[tokio::test]
+async fn a_smaller_actual_cost_is_refunded() {
+    let (server, client) = started();
+    let (router, layer) = token_budget(client);
+    // 4,000 reserved, 1,200 used: 2,800 back before the response leaves.
+    let r = send(&router, used("/complete", "alice", Some(1200))).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "done"));
+    assert_eq!(
+        r.limit_headers(),
+        vec![
+            ("ratelimit-policy", "\"tokens\";q=10000;w=100"),
+            ("ratelimit", "\"tokens\";r=8800;t=12"),
+            ("content-type", "text/plain; charset=utf-8"),
+        ]
+    );
+    // The next request sees the refund: 8,800 - 4,000.
+    let r = send(&router, used("/complete", "alice", Some(4000))).await;
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=4800;t=52"));
+    let c = layer.metrics().counts("tokens");
+    assert_eq!(
+        (c.allowed, c.denied, c.refunded, c.charged),
+        (2, 0, 2800, 0)
+    );
+    // The second reported its estimate: nothing to settle.
+    assert_eq!(
+        settle_calls(&server).as_deref(),
+        Some("cmdstat_rl.settle:calls=1")
+    );
+    assert!(layer.metrics().render_prometheus().ends_with(
+        "ratelimit_settled_units_total{limit=\"tokens\",direction=\"refunded\"} 2800\n\
+         ratelimit_settled_units_total{limit=\"tokens\",direction=\"charged\"} 0\n"
+    ));
+}
+
+#[tokio::test]
+async fn a_larger_actual_cost_is_charged_into_debt() {
+    let (server, client) = started();
+    let (router, layer) = token_budget(client);
+    // 4,000 reserved, 14,000 used: 10,000 more, 4,000 of debt.
+    let r = send(&router, used("/complete", "bob", Some(14_000))).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=0;t=140"));
+    // The next 4,000 are 8,000 tokens (80 s) away.
+    let r = send(&router, used("/complete", "bob", None)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        r.limit_headers(),
+        vec![
+            ("ratelimit-policy", "\"tokens\";q=10000;w=100"),
+            ("ratelimit", "\"tokens\";r=0;t=140"),
+            ("retry-after", "80"),
+            ("content-type", "application/problem+json"),
+        ]
+    );
+    advance_clock(&mut server.connect(), 79_990_000);
+    let r = send(&router, used("/complete", "bob", None)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    advance_clock(&mut server.connect(), 10_000);
+    let r = send(&router, used("/complete", "bob", None)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=0;t=100"));
+    let c = layer.metrics().counts("tokens");
+    assert_eq!(
+        (c.allowed, c.denied, c.refunded, c.charged),
+        (2, 2, 0, 10_000)
+    );
+}
+
+#[tokio::test]
+async fn without_a_report_the_estimate_stands() {
+    let (server, client) = started();
+    let (router, layer) = token_budget(client);
+    let r = send(&router, used("/complete", "carol", None)).await;
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=6000;t=40"));
+    let r = send(&router, used("/complete", "carol", None)).await;
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=2000;t=80"));
+    let r = send(&router, used("/complete", "carol", None)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("20"));
+    assert_eq!(settle_calls(&server), None);
+    let c = layer.metrics().counts("tokens");
+    assert_eq!((c.refunded, c.charged), (0, 0));
+}
+
+/// With a concurrency limit on the route: the slot is taken as usual and only the token budget
+/// is settled.
+#[tokio::test]
+async fn a_route_with_a_concurrency_limit_settles_its_other_limits() {
+    let (server, client) = started();
+    let (router, _) = token_budget(client);
+    let r = send(&router, used("/agent", "dave", Some(1000))).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.limit_headers(),
+        vec![
+            (
+                "ratelimit-policy",
+                "\"inflight\";q=2;qu=\"concurrent-requests\", \"tokens\";q=10000;w=100"
+            ),
+            ("ratelimit", "\"inflight\";r=1;t=30, \"tokens\";r=9000;t=10"),
+            ("content-type", "text/plain; charset=utf-8"),
+        ]
+    );
+    wait_leases(&server, "rl:{dave}:agent:inflight", 0).await;
+    let r = send(&router, used("/agent", "dave", None)).await;
+    assert_eq!(
+        r.header("ratelimit"),
+        Some("\"inflight\";r=1;t=30, \"tokens\";r=5000;t=50")
+    );
+}
+
+/// Redis unreachable, `Local` policy: the in-process bucket is settled alike.
+#[tokio::test]
+async fn the_local_fallback_settles_its_own_buckets() {
+    let client = Client::connect(
+        &format!("redis://127.0.0.1:{}", free_port()),
+        Options {
+            policy: FailurePolicy::Local { instances: 1 },
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let (router, layer) = token_budget(client);
+    let r = send(&router, used("/complete", "erin", Some(1000))).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("ratelimit-degraded"), Some("local"));
+    let state = r.header("ratelimit").unwrap();
+    assert!(state.starts_with("\"tokens\";r=9000;t="), "{state}");
+    let r = send(&router, used("/complete", "erin", Some(12_000))).await;
+    assert_eq!(r.header("ratelimit"), Some("\"tokens\";r=0;t=130"));
+    let r = send(&router, used("/complete", "erin", None)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    // 3,000 of debt: 4,000 more is 70 s away (a few ms of refill aside).
+    assert_eq!(r.header("retry-after"), Some("70"));
+    let c = layer.metrics().counts("tokens");
+    assert_eq!((c.refunded, c.charged, c.degraded), (3000, 8000, 3));
 }
