@@ -7,6 +7,7 @@ mod common;
 use common::Server;
 use ratelimit_client::Client;
 use ratelimit_client::Concurrency;
+use ratelimit_client::middleware::ActualCost;
 use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer};
 use ratelimit_client::{Algorithm, FailurePolicy, Limiter, Options};
 
@@ -50,8 +51,55 @@ async fn the_leases(url: &str) -> Result {
 
 #[rustfmt::skip]
 #[allow(unused_variables)]
-async fn the_middleware(url: &str) -> Result {
+async fn the_reservations(url: &str) -> Result {
     // --- docs/client.md, block 3 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?;
+    let tokens = Algorithm::TokenBucket { capacity: 10_000, refill_per_sec: 100.0 };
+    let out = client.reserve("tokens:acme", &tokens, 4000).await?; // checks and takes 4,000
+    let Some(reservation) = out.reservation else {
+        return Ok(()); // denied: retry in out.outcome.decision.retry_after_ms
+    };
+    let used = 1200; /* the work, which turned out to cost 1,200 */
+    let settled = reservation.settle(used).await?; // RL.SETTLE ... DELTA -2800: 2,800 back
+    let left = settled.decisions[0].remaining; // 8,800 (plus what refilled meanwhile)
+    // ---
+    assert_eq!(out.outcome.decision.remaining, 6000);
+    assert!((8800..8900).contains(&left), "{left}");
+    Ok(())
+}
+
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_middleware_settling(url: &str) -> Result {
+    // --- docs/client.md, block 5 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?;
+    let layer = RateLimitLayer::builder(client)
+        .route_class(|req| if req.uri.path() == "/complete" { "llm".into() } else { "api".into() })
+        .limits("*", "llm", vec![Policy::new("tokens", Algorithm::TokenBucket { capacity: 10_000, refill_per_sec: 100.0 })])
+        .estimate("llm", 4000) // reserved before the handler runs
+        .build();
+    let app: axum::Router = axum::Router::new()
+        .route("/complete", axum::routing::post(|| async {
+            let used = 1200; /* the model's answer and the tokens it used */
+            (axum::Extension(ActualCost(used)), "the answer") // 2,800 refunded before it leaves
+        }))
+        .layer(layer);
+    // ---
+    use tower::ServiceExt;
+    let mut req = http::Request::post("/complete").body(axum::body::Body::empty())?;
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 9))));
+    let resp = app.oneshot(req).await?;
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    let state = resp.headers()["ratelimit"].to_str()?;
+    assert!(state.starts_with("\"tokens\";r=88"), "{state}");
+    Ok(())
+}
+
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_middleware(url: &str) -> Result {
+    // --- docs/client.md, block 4 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     let layer = RateLimitLayer::builder(client)
         .key(KeySource::Header(http::HeaderName::from_static("x-api-key")))
@@ -80,7 +128,7 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
         .skip(1)
         .map(|b| b.split("```").next().unwrap())
         .collect();
-    assert_eq!(blocks.len(), 3, "the page's Rust blocks");
+    assert_eq!(blocks.len(), 5, "the page's Rust blocks");
     for block in blocks {
         // `use` lines are this file's imports; the rest is the body of a function.
         let (uses, body): (Vec<&str>, Vec<&str>) =
@@ -108,5 +156,7 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     let server = Server::with_module();
     the_client(&server.url()).await.unwrap();
     the_leases(&server.url()).await.unwrap();
+    the_reservations(&server.url()).await.unwrap();
+    the_middleware_settling(&server.url()).await.unwrap();
     the_middleware(&server.url()).await.unwrap();
 }
