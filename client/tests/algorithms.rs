@@ -2,7 +2,7 @@
 //! the same `RL.ALL` keywords and parameter counts, so the two cannot drift apart.
 
 use ratelimit_client::{Algorithm, Concurrency};
-use redis_rate_limiter::command::DESCRIPTORS;
+use redis_rate_limiter::command::{DESCRIPTORS, settle};
 
 /// One of each algorithm the client knows.
 fn every_algorithm() -> Vec<Algorithm> {
@@ -44,11 +44,12 @@ fn the_client_knows_every_limiter_the_module_registers() {
     let mut ours: Vec<&str> = every_algorithm().iter().map(Algorithm::command).collect();
     ours.sort();
     // RL.ALL combines the others; CL.THROTTLE is redis-cell's interface, for its own clients;
-    // RL.RELEASE gives back what RL.ACQUIRE took (Client::release).
+    // RL.RELEASE gives back what RL.ACQUIRE took (Client::release); RL.SETTLE adjusts what the
+    // others took (Client::settle).
     let mut theirs: Vec<&str> = DESCRIPTORS
         .iter()
         .map(|d| d.name.to_str().unwrap())
-        .filter(|n| !["RL.ALL", "CL.THROTTLE", "RL.RELEASE"].contains(n))
+        .filter(|n| !["RL.ALL", "CL.THROTTLE", "RL.RELEASE", "RL.SETTLE"].contains(n))
         .collect();
     theirs.sort();
     assert_eq!(ours, theirs);
@@ -65,4 +66,19 @@ fn keywords_and_parameters_match_the_descriptors() {
         assert_eq!(d.all_keyword, Some(a.keyword()), "{}", a.command());
         assert_eq!(a.params().len(), d.all_params(), "{}", a.command());
     }
+}
+
+/// `RL.SETTLE` settles every algorithm of the client but concurrency limits, which the client
+/// refuses to settle.
+#[test]
+fn every_algorithm_but_concurrency_is_settled() {
+    let mut ours: Vec<&str> = every_algorithm()
+        .iter()
+        .filter(|a| a.concurrency().is_none())
+        .map(Algorithm::keyword)
+        .collect();
+    ours.sort();
+    let mut theirs: Vec<&str> = settle::algorithms().map(|(_, k, _)| k).collect();
+    theirs.sort();
+    assert_eq!(ours, theirs);
 }
