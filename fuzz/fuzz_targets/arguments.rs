@@ -8,7 +8,7 @@ use redis_rate_limiter::command::gcra::Gcra;
 use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
 use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
-use redis_rate_limiter::command::{acquire, all, release, sliding_log, throttle};
+use redis_rate_limiter::command::{acquire, all, release, settle, sliding_log, throttle};
 use redis_rate_limiter::pipeline::FieldsLimiter;
 
 fuzz_target!(|data: &[u8]| {
@@ -24,6 +24,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = throttle::parse(&args);
     let _ = throttle::decode(data);
     if let Ok(call) = all::parse(&args) {
+        assert_eq!(call.keys.len(), call.limits.len());
+    }
+    if let Ok(call) = settle::parse(&args) {
         assert_eq!(call.keys.len(), call.limits.len());
     }
     let positions = all::key_positions(args.len() + 1, |i| i.checked_sub(1).and_then(|i| args.get(i).copied()));
