@@ -100,13 +100,16 @@ pub struct Call<'a> {
     pub limits: Vec<Box<dyn Limit>>,
 }
 
+/// The keys of a call, and the words after them.
+pub type KeysAndWords<'a> = (&'a [&'a [u8]], &'a [&'a [u8]]);
+
 /// `numkeys key [key ...] words...`: the keys and the words after them. `min_args` is the
 /// shortest call's argument count (after the command name), `arity` its command's arity error.
 pub fn split_keys<'a>(
     args: &'a [&'a [u8]],
     min_args: usize,
     arity: ErrorReply,
-) -> Result<(&'a [&'a [u8]], &'a [&'a [u8]]), ErrorReply> {
+) -> Result<KeysAndWords<'a>, ErrorReply> {
     if args.len() < min_args {
         return Err(arity);
     }

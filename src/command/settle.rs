@@ -97,7 +97,7 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<all::Call<'a>, ErrorReply> {
         return Err(NO_DELTA);
     }
     let delta = parse_integer(delta).ok_or(DELTA_NOT_INTEGER)?;
-    if !(delta.abs() <= MAX_DELTA) {
+    if delta.abs() > MAX_DELTA {
         return Err(DELTA_OUT_OF_RANGE);
     }
     let find = |keyword: &[u8]| {
