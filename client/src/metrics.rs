@@ -8,6 +8,10 @@ pub struct Counts {
     pub allowed: u64,
     pub denied: u64,
     pub degraded: u64,
+    /// Requests a shadow limit would have refused (and let through).
+    pub shadow_denied: u64,
+    /// Whether the limit has been evaluated as a shadow limit.
+    pub shadow: bool,
     /// Units given back by settlements (an actual cost below the estimate).
     pub refunded: u64,
     /// Units taken by settlements (an actual cost above the estimate).
@@ -39,6 +43,22 @@ impl Metrics {
         }
     }
 
+    /// A shadow limit's answer: `allowed` counts as allowed, a denial as `shadow_denied` (the
+    /// request went through), never as `denied`.
+    pub fn record_shadow(&self, limit: &str, allowed: bool, degraded: bool) {
+        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let c = m.entry(limit.to_string()).or_default();
+        c.shadow = true;
+        if allowed {
+            c.allowed += 1;
+        } else {
+            c.shadow_denied += 1;
+        }
+        if degraded {
+            c.degraded += 1;
+        }
+    }
+
     /// A settlement of `delta` units on `limit`: below 0 refunded, above 0 charged.
     pub fn record_settled(&self, limit: &str, delta: i64) {
         let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
@@ -55,13 +75,15 @@ impl Metrics {
         m.get(limit).copied().unwrap_or_default()
     }
 
-    /// `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`, then, once
+    /// `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`, and for a
+    /// limit evaluated as a shadow limit also `outcome="shadow_denied"` (requests it would have
+    /// refused; its `denied` stays 0), then, once
     /// a settlement changed something, `ratelimit_settled_units_total{limit="...",
     /// direction="refunded|charged"}` for the limits that settled.
     pub fn render_prometheus(&self) -> String {
         let m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::from(
-            "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, and degraded (made without Redis).\n# TYPE ratelimit_decisions_total counter\n",
+            "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n# TYPE ratelimit_decisions_total counter\n",
         );
         for (name, c) in m.iter() {
             let n = escape(name);
@@ -72,6 +94,12 @@ impl Metrics {
             ] {
                 out.push_str(&format!(
                     "ratelimit_decisions_total{{limit=\"{n}\",outcome=\"{outcome}\"}} {v}\n"
+                ));
+            }
+            if c.shadow {
+                out.push_str(&format!(
+                    "ratelimit_decisions_total{{limit=\"{n}\",outcome=\"shadow_denied\"}} {}\n",
+                    c.shadow_denied
                 ));
             }
         }
@@ -108,7 +136,7 @@ mod tests {
         m.record("a\"b", true, false);
         assert_eq!(
             m.render_prometheus(),
-            "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, and degraded (made without Redis).\n\
+            "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n\
              # TYPE ratelimit_decisions_total counter\n\
              ratelimit_decisions_total{limit=\"a\\\"b\",outcome=\"allowed\"} 1\n\
              ratelimit_decisions_total{limit=\"a\\\"b\",outcome=\"denied\"} 0\n\
@@ -127,6 +155,25 @@ mod tests {
              # TYPE ratelimit_settled_units_total counter\n\
              ratelimit_settled_units_total{limit=\"api\",direction=\"refunded\"} 30\n\
              ratelimit_settled_units_total{limit=\"api\",direction=\"charged\"} 5\n"
+        ));
+    }
+
+    #[test]
+    fn shadow_denials_are_their_own_outcome() {
+        let m = Metrics::default();
+        m.record_shadow("new", true, false);
+        m.record_shadow("new", false, false);
+        m.record_shadow("new", false, true);
+        let c = m.counts("new");
+        assert_eq!(
+            (c.allowed, c.denied, c.shadow_denied, c.degraded, c.shadow),
+            (1, 0, 2, 1, true)
+        );
+        assert!(m.render_prometheus().ends_with(
+            "ratelimit_decisions_total{limit=\"new\",outcome=\"allowed\"} 1\n\
+             ratelimit_decisions_total{limit=\"new\",outcome=\"denied\"} 0\n\
+             ratelimit_decisions_total{limit=\"new\",outcome=\"degraded\"} 1\n\
+             ratelimit_decisions_total{limit=\"new\",outcome=\"shadow_denied\"} 2\n"
         ));
     }
 }

@@ -12,6 +12,11 @@
 //! handler reports what it really cost by putting [`ActualCost`] into the response's extensions,
 //! and the difference is refunded or charged (`RL.SETTLE`) before the response leaves, its
 //! `RateLimit` field showing the state after settlement.
+//!
+//! A shadow policy ([`Policy::shadow`]) is a limit being rolled out: evaluated in a call of its
+//! own once the enforced limits have admitted a request, shown in the response fields and
+//! counted (`outcome="shadow_denied"`), but never refusing; the enforced limits decide and
+//! consume as if it were not there.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -47,6 +52,8 @@ pub struct ActualCost(pub u64);
 pub struct Policy {
     pub name: String,
     pub algorithm: Algorithm,
+    /// Evaluated and reported, never denying (see [`Policy::shadow`]).
+    pub shadow: bool,
 }
 
 impl Policy {
@@ -54,9 +61,28 @@ impl Policy {
         Policy {
             name: name.into(),
             algorithm,
+            shadow: false,
         }
     }
+
+    /// This policy in shadow mode, for rolling a new limit out: it is evaluated on the requests
+    /// that the route's other (enforced) limits admit, each shadow policy in a call of its own
+    /// after theirs, consuming as it would if it were enforced; its state is in the response's
+    /// `RateLimit` fields and its answers in the counters (`outcome="shadow_denied"` for the
+    /// requests it would have refused), but it never refuses a request, and the enforced limits
+    /// decide and consume exactly as if it were not there. A request refused by an enforced
+    /// limit is not counted against it (it is only peeked at, for the response fields).
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
 }
+
+/// The shadow policies that would have refused the request, in the order of the route's
+/// policies: put into the response's extensions by the layer when there is at least one, for
+/// an outer layer to log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShadowDenials(pub Vec<String>);
 
 type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 
@@ -387,7 +413,7 @@ pub fn rate_limit_headers(
         .join(", ");
     headers.insert("ratelimit-policy", header(policy));
     headers.insert("ratelimit", header(state));
-    if legacy && let Some(d) = tightest(outcome) {
+    if legacy && let Some(d) = tightest(policies, outcome) {
         headers.insert("ratelimit-limit", header(d.limit.to_string()));
         headers.insert("ratelimit-remaining", header(d.remaining.to_string()));
         headers.insert(
@@ -400,12 +426,18 @@ pub fn rate_limit_headers(
     }
 }
 
-/// The limit that decided: the one that denied, else the one with the fewest units left.
-fn tightest(outcome: &MultiOutcome) -> Option<&Decision> {
+/// The limit that decided: the one that denied, else the enforced one with the fewest units
+/// left (shadow policies never decide; with no enforced policy there is none).
+fn tightest<'a>(policies: &[Policy], outcome: &'a MultiOutcome) -> Option<&'a Decision> {
     if outcome.denied_by > 0 {
         return outcome.decisions.get(outcome.denied_by - 1);
     }
-    outcome.decisions.iter().min_by_key(|d| d.remaining)
+    policies
+        .iter()
+        .zip(&outcome.decisions)
+        .filter(|(p, _)| !p.shadow)
+        .map(|(_, d)| d)
+        .min_by_key(|d| d.remaining)
 }
 
 fn problem(status: StatusCode, body: serde_json::Value) -> Response<Body> {
@@ -444,14 +476,15 @@ fn too_many(policies: &[Policy], outcome: &MultiOutcome) -> Response<Body> {
     r
 }
 
-/// A response body that holds the request's lease until it has been sent to the end (or failed),
-/// or is dropped: the connection closed before.
+/// A response body that holds the request's leases (its enforced limits' and its shadow
+/// limits') until it has been sent to the end (or failed), or is dropped: the connection closed
+/// before.
 struct LeasedBody<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     inner: Body,
-    lease: Option<Lease<C>>,
+    leases: Vec<Lease<C>>,
 }
 
 impl<C> HttpBody for LeasedBody<C>
@@ -468,7 +501,7 @@ where
         let this = self.get_mut();
         let frame = Pin::new(&mut this.inner).poll_frame(cx);
         if let Poll::Ready(None | Some(Err(_))) = frame {
-            this.lease = None;
+            this.leases.clear();
         }
         frame
     }
@@ -523,6 +556,26 @@ async fn settle<C>(
     }
 }
 
+/// One call for `limits`: `RL.ALL ... LEASE` with a lease when a concurrency limit is among
+/// them, else a plain check.
+async fn decide<C>(
+    client: &Client<C>,
+    limits: &[(String, Algorithm)],
+    cost: u64,
+) -> Result<(MultiOutcome, Option<Lease<C>>), crate::client::Error>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    if limits.iter().any(|(_, a)| a.concurrency().is_some()) {
+        client
+            .acquire_all(limits, cost)
+            .await
+            .map(|o| (o.outcome, o.lease))
+    } else {
+        client.check_all(limits, cost).await.map(|o| (o, None))
+    }
+}
+
 impl<S, C, B> Service<Request<B>> for RateLimit<S, C>
 where
     S: Service<Request<B>, Response = Response<Body>> + Clone + Send + 'static,
@@ -567,20 +620,26 @@ where
                 })
                 .collect();
             let estimate = cfg.estimate(&class);
-            let decided = if policies.iter().any(|p| p.algorithm.concurrency().is_some()) {
-                shared
-                    .client
-                    .acquire_all(&limits, estimate)
-                    .await
-                    .map(|o| (o.outcome, o.lease))
+            let (enforced, shadows): (Vec<usize>, Vec<usize>) =
+                (0..policies.len()).partition(|&i| !policies[i].shadow);
+            let e_policies: Vec<Policy> = enforced.iter().map(|&i| policies[i].clone()).collect();
+            let e_limits: Vec<(String, Algorithm)> =
+                enforced.iter().map(|&i| limits[i].clone()).collect();
+            let decided = if e_limits.is_empty() {
+                Ok((
+                    MultiOutcome {
+                        allowed: true,
+                        denied_by: 0,
+                        decisions: Vec::new(),
+                        degraded: None,
+                        mode: None,
+                    },
+                    None,
+                ))
             } else {
-                shared
-                    .client
-                    .check_all(&limits, estimate)
-                    .await
-                    .map(|outcome| (outcome, None))
+                decide(&shared.client, &e_limits, estimate).await
             };
-            let (mut outcome, mut lease) = match decided {
+            let (mut outcome, lease) = match decided {
                 Ok(o) => o,
                 Err(e) => {
                     return Ok(problem(
@@ -594,7 +653,7 @@ where
                     ));
                 }
             };
-            for (i, p) in policies.iter().enumerate() {
+            for (i, p) in e_policies.iter().enumerate() {
                 let denied_here = !outcome.allowed && outcome.denied_by == i + 1;
                 if outcome.allowed || denied_here {
                     shared
@@ -602,31 +661,107 @@ where
                         .record(&p.name, outcome.allowed, outcome.degraded.is_some());
                 }
             }
-            if let (Some(every), Some(l)) = (cfg.keep_alive, lease.as_mut()) {
-                l.keep_alive(every);
+            let mut leases: Vec<Lease<C>> = lease.into_iter().collect();
+            // Each shadow policy's answer: (index, outcome, whether it consumed).
+            let mut shadowed: Vec<(usize, MultiOutcome, bool)> = Vec::new();
+            let mut denials = Vec::new();
+            if outcome.allowed {
+                for &i in &shadows {
+                    let one = std::slice::from_ref(&limits[i]);
+                    // A shadow limit that Redis refuses is left out; it never fails a request.
+                    let Ok((o, l)) = decide(&shared.client, one, estimate).await else {
+                        continue;
+                    };
+                    let name = &policies[i].name;
+                    shared
+                        .metrics
+                        .record_shadow(name, o.allowed, o.degraded.is_some());
+                    if !o.allowed {
+                        denials.push(name.clone());
+                    }
+                    leases.extend(l);
+                    let consumed = o.allowed;
+                    shadowed.push((i, o, consumed));
+                }
+            } else if !shadows.is_empty() {
+                let s_limits: Vec<(String, Algorithm)> =
+                    shadows.iter().map(|&i| limits[i].clone()).collect();
+                if let Ok(o) = shared.client.check_all(&s_limits, 0).await {
+                    for (&i, d) in shadows.iter().zip(&o.decisions) {
+                        let one = MultiOutcome {
+                            allowed: d.allowed,
+                            denied_by: usize::from(!d.allowed),
+                            decisions: vec![*d],
+                            degraded: o.degraded,
+                            mode: o.mode,
+                        };
+                        shadowed.push((i, one, false));
+                    }
+                }
+            }
+            if let Some(every) = cfg.keep_alive {
+                for l in &mut leases {
+                    l.keep_alive(every);
+                }
             }
             let mut resp = if outcome.allowed {
-                // Should the handler fail or the request be cancelled, the lease is dropped here
-                // and the estimate stands.
+                // Should the handler fail or the request be cancelled, the leases are dropped
+                // here and the estimate stands.
                 let resp = inner.call(req).await?;
                 if let Some(&ActualCost(actual)) = resp.extensions().get::<ActualCost>()
                     && actual != estimate
                 {
-                    settle(&shared, &policies, &limits, estimate, actual, &mut outcome).await;
+                    settle(
+                        &shared,
+                        &e_policies,
+                        &e_limits,
+                        estimate,
+                        actual,
+                        &mut outcome,
+                    )
+                    .await;
+                    for (i, o, consumed) in &mut shadowed {
+                        if *consumed {
+                            let (p, l) = (&policies[*i..=*i], &limits[*i..=*i]);
+                            settle(&shared, p, l, estimate, actual, o).await;
+                        }
+                    }
                 }
-                match lease {
-                    Some(lease) => resp.map(|inner| {
-                        Body::new(LeasedBody {
-                            inner,
-                            lease: Some(lease),
-                        })
-                    }),
-                    None => resp,
+                if leases.is_empty() {
+                    resp
+                } else {
+                    resp.map(|inner| Body::new(LeasedBody { inner, leases }))
                 }
             } else {
-                too_many(&policies, &outcome)
+                too_many(&e_policies, &outcome)
             };
-            rate_limit_headers(&policies, &outcome, cfg.legacy_headers, resp.headers_mut());
+            // The fields list every policy answered for, in the route's order.
+            let mut answers: Vec<(usize, Decision)> = enforced
+                .iter()
+                .copied()
+                .zip(outcome.decisions.iter().copied())
+                .collect();
+            let mut degraded = outcome.degraded;
+            for (i, o, _) in &shadowed {
+                answers.push((*i, o.decisions[0]));
+                degraded = degraded.or(o.degraded);
+            }
+            answers.sort_by_key(|(i, _)| *i);
+            let denier = (outcome.denied_by > 0).then(|| enforced[outcome.denied_by - 1]);
+            let shown: Vec<Policy> = answers.iter().map(|(i, _)| policies[*i].clone()).collect();
+            let all = MultiOutcome {
+                allowed: outcome.allowed,
+                denied_by: denier
+                    .and_then(|d| answers.iter().position(|(i, _)| *i == d))
+                    .map_or(0, |p| p + 1),
+                decisions: answers.into_iter().map(|(_, d)| d).collect(),
+                degraded,
+                mode: outcome.mode,
+            };
+            rate_limit_headers(&shown, &all, cfg.legacy_headers, resp.headers_mut());
+            if !denials.is_empty() {
+                resp.extensions_mut().insert(ShadowDenials(denials));
+            }
             Ok(resp)
         })
     }

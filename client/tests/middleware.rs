@@ -223,7 +223,7 @@ async fn one_limit_headers_and_429() {
     );
     assert_eq!(
         layer.metrics().render_prometheus(),
-        "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, and degraded (made without Redis).\n\
+        "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n\
          # TYPE ratelimit_decisions_total counter\n\
          ratelimit_decisions_total{limit=\"per-minute\",outcome=\"allowed\"} 3\n\
          ratelimit_decisions_total{limit=\"per-minute\",outcome=\"denied\"} 1\n\
