@@ -138,12 +138,31 @@ pub struct Settlement {
     pub mode: Option<Mode>,
 }
 
+/// One of the keys with the most denials on a server (`RL.TOP`), as the module counts them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopEntry {
+    /// The key (bytes that are not UTF-8 replaced by U+FFFD).
+    pub key: String,
+    /// Denials counted for the key: at least `denied - error`, at most `denied`.
+    pub denied: u64,
+    /// The most by which `denied` may overcount (what the slot held when the key took it over).
+    pub error: u64,
+    /// The command of the latest denial (`RL.TOKENBUCKET`, `RL.ALL`).
+    pub command: String,
+    /// When the key's slot was taken, and its latest denial (Unix milliseconds, by the module's
+    /// clock).
+    pub first_denied_ms: i64,
+    pub last_denied_ms: i64,
+}
+
 #[derive(Debug)]
 pub enum Error {
     /// Redis answered with an error about the call itself (bad parameters, wrong key type).
     Rejected(String),
-    /// The combination cannot be checked in one call.
+    /// The combination cannot be checked in one call, or the mode cannot answer it.
     Unsupported(&'static str),
+    /// Redis did not answer, for a call that has no failure policy ([`Client::top`]).
+    Unavailable,
     /// The URL could not be parsed.
     Config(RedisError),
 }
@@ -153,6 +172,7 @@ impl std::fmt::Display for Error {
         match self {
             Error::Rejected(m) => write!(f, "rejected by redis: {m}"),
             Error::Unsupported(m) => write!(f, "unsupported: {m}"),
+            Error::Unavailable => write!(f, "redis did not answer"),
             Error::Config(e) => write!(f, "bad configuration: {e}"),
         }
     }
@@ -357,6 +377,34 @@ fn decisions(v: &Value, n: usize) -> Option<Vec<Decision>> {
         return None;
     }
     items.iter().map(decision).collect()
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn top_entries(v: &Value) -> Option<Vec<TopEntry>> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    items
+        .iter()
+        .map(|e| match e {
+            Value::Array(f) if f.len() == 6 => Some(TopEntry {
+                key: text(&f[0])?,
+                denied: u64::try_from(int(&f[1])?).ok()?,
+                error: u64::try_from(int(&f[2])?).ok()?,
+                command: text(&f[3])?,
+                first_denied_ms: int(&f[4])?,
+                last_denied_ms: int(&f[5])?,
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 fn unexpected(v: &Value) -> RedisError {
@@ -1050,6 +1098,54 @@ where
                     mode: None,
                 })
             }
+        }
+    }
+
+    /// The `count` keys with the most denials on the server, most first (`RL.TOP count`, count
+    /// from 1 to 100,000), as the module counts them: every limiter command's denials, in a
+    /// fixed number of slots (`ratelimit.top-slots`; 0 turns counting off and the list is
+    /// empty). Only the module keeps this list: in the Script and Function modes the answer is
+    /// `Error::Unsupported`. An operator's call: the command is outside the `ratelimit` ACL
+    /// category, so an application's user gets `Error::Rejected` (`NOPERM`). Not covered by
+    /// the failure policy: `Error::Unavailable` when Redis does not answer in time. On a
+    /// cluster each node counts its own keys, and a cluster connection asks one of them.
+    pub async fn top(&self, count: usize) -> Result<Vec<TopEntry>, Error> {
+        self.call_top(Some(count)).await
+    }
+
+    /// Clears the list of [`Client::top`] (`RL.TOP RESET`).
+    pub async fn reset_top(&self) -> Result<(), Error> {
+        self.call_top(None).await.map(|_| ())
+    }
+
+    /// `RL.TOP count`, or `RL.TOP RESET` without a count, in module mode only.
+    async fn call_top(&self, count: Option<usize>) -> Result<Vec<TopEntry>, Error> {
+        let asked = async {
+            let mut conn = self.conn.clone();
+            let mode = self.resolve_mode(&mut conn).await?;
+            if mode != Mode::Module {
+                return Ok(None);
+            }
+            let mut cmd = redis::cmd("RL.TOP");
+            match count {
+                Some(n) => cmd.arg(n),
+                None => cmd.arg("RESET"),
+            };
+            let reply: Value = cmd.query_async(&mut conn).await?;
+            match count {
+                Some(_) => top_entries(&reply)
+                    .ok_or_else(|| unexpected(&reply))
+                    .map(Some),
+                None => Ok(Some(Vec::new())),
+            }
+        };
+        match self.guarded(asked).await {
+            Ok(Some(entries)) => Ok(entries),
+            Ok(None) => Err(Error::Unsupported(
+                "the most-denied keys are counted by the module only (RL.TOP)",
+            )),
+            Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
+            Err(Failure::Unavailable) => Err(Error::Unavailable),
         }
     }
 

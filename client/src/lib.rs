@@ -8,7 +8,9 @@
 //!   dropped, released or expires.
 //! - [`Client::reserve`]: an estimate consumed up front, then a [`Reservation`] settled with the
 //!   true cost once known (refunded or charged, into debt if need be).
-//! - [`middleware`]: HTTP rate limiting with the standard response headers.
+//! - [`Client::top`]: the keys with the most denials on the server (`RL.TOP`, module only).
+//! - [`middleware`]: HTTP rate limiting with the standard response headers, and shadow policies
+//!   that are evaluated and reported but never deny.
 
 mod algorithm;
 mod breaker;
@@ -23,7 +25,7 @@ pub use algorithm::{Algorithm, Concurrency};
 pub use breaker::BreakerConfig;
 pub use client::{
     Client, Decision, Degraded, Error, FailurePolicy, Limiter, Mode, ModeChoice, MultiOutcome,
-    Options, Outcome, Settlement,
+    Options, Outcome, Settlement, TopEntry,
 };
 pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
 pub use reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
