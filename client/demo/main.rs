@@ -1,7 +1,10 @@
 //! Demo web server: a page to fire single requests or bursts at a rate-limited endpoint, switch
-//! the algorithm and its parameters, watch the headers, and peek at a key's state.
+//! the algorithm and its parameters, watch the headers and a chart of the remaining count over
+//! time, peek at a key's state, and list the most-denied keys (`RL.TOP`).
 //!
-//! `REDIS_URL` (default `redis://127.0.0.1:6379`), `LISTEN` (default `127.0.0.1:8080`).
+//! `REDIS_URL` (default `redis://127.0.0.1:6379`), `LISTEN` (default `127.0.0.1:8080`),
+//! `ADMIN_REDIS_URL` (default `REDIS_URL`): the connection of the admin view's list of the
+//! most-denied keys, whose command an application's user may not run.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,6 +25,8 @@ use serde_json::{Value, json};
 struct App {
     policy: Arc<RwLock<Policy>>,
     client: Client<ConnectionManager>,
+    /// An operator's connection, for `RL.TOP`.
+    admin: Client<ConnectionManager>,
     metrics: Arc<Metrics>,
 }
 
@@ -134,6 +139,37 @@ async fn peek(State(app): State<App>, Query(q): Query<HashMap<String, String>>) 
     }
 }
 
+/// The most-denied keys, most first: `{"entries": [{key, denied, error, command,
+/// first_denied_ms, last_denied_ms}, ...]}`, or `{"error": ...}` (no module, no permission).
+async fn top(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let count = q
+        .get("count")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(10usize)
+        .clamp(1, 100);
+    match app.admin.top(count).await {
+        Ok(entries) => Json(json!({
+            "entries": entries
+                .iter()
+                .map(|e| json!({
+                    "key": e.key,
+                    "denied": e.denied,
+                    "error": e.error,
+                    "command": e.command,
+                    "first_denied_ms": e.first_denied_ms,
+                    "last_denied_ms": e.last_denied_ms,
+                }))
+                .collect::<Vec<_>>(),
+        }))
+        .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
 async fn prometheus(State(app): State<App>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -150,6 +186,8 @@ async fn main() {
         .await
         .expect("REDIS_URL");
     let mode = client.mode();
+    let admin_url = std::env::var("ADMIN_REDIS_URL").unwrap_or_else(|_| url.clone());
+    let admin = Client::connect(&admin_url, Options::default()).expect("ADMIN_REDIS_URL");
     let metrics = Arc::new(Metrics::default());
     let app = App {
         policy: Arc::new(RwLock::new(policy_of(Algorithm::TokenBucket {
@@ -157,6 +195,7 @@ async fn main() {
             refill_per_sec: 1.0,
         }))),
         client: client.clone(),
+        admin,
         metrics: metrics.clone(),
     };
     let current = app.policy.clone();
@@ -175,6 +214,7 @@ async fn main() {
         .route("/", get(|| async { Html(include_str!("index.html")) }))
         .route("/api/config", get(get_config).post(set_config))
         .route("/admin/peek", get(peek))
+        .route("/admin/top", get(top))
         .route("/metrics", get(prometheus))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(&listen)

@@ -1,5 +1,6 @@
 //! The demo in headless Chromium, driven over WebDriver (chromedriver): apply a limit, send one
-//! request and a burst, read the counters and headers off the page, peek, take a screenshot.
+//! request and a burst, read the counters, the headers and the chart of the remaining count off
+//! the page, peek, read the most-denied keys of the admin view, take a screenshot.
 //! Needs the Debian packages `chromium` and `chromium-driver` (`make deps` installs them).
 
 mod common;
@@ -135,7 +136,7 @@ impl Browser {
                     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                     "--no-first-run", "--disable-background-networking",
                     "--disable-component-update", "--disable-sync",
-                    "--window-size=1280,1000",
+                    "--window-size=1280,1400",
                     format!("--user-data-dir={}", profile.path().display()),
                 ]
             }
@@ -211,6 +212,46 @@ impl Browser {
             assert!(Instant::now() < deadline, "{css} stayed {t:?}");
             sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Runs `script` in the page and returns its value.
+    fn script(&self, script: &str) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    /// Waits until `script`'s value satisfies `ok`; returns it.
+    fn wait_script(&self, script: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let v = self.script(script);
+            if ok(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{script} stayed {v}");
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The chart's points in order: (allowed, remaining).
+    fn chart(&self) -> Vec<(bool, u64)> {
+        let v = self.script(
+            "return [...document.querySelectorAll('#chart circle.point')].map((c) => \
+             [c.classList.contains('allowed'), c.classList.contains('denied'), \
+             parseInt(c.getAttribute('data-remaining'), 10)])",
+        );
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let allowed = p[0].as_bool().unwrap();
+                assert_ne!(allowed, p[1].as_bool().unwrap(), "{p}");
+                (allowed, p[2].as_u64().unwrap())
+            })
+            .collect()
     }
 
     fn wait_idle(&self) {
@@ -386,11 +427,81 @@ fn demo_page_in_headless_chromium() {
     // The stored `<count> <start>`: the window holds 3.
     assert_eq!(after.split(' ').next(), Some("3"), "{after}");
 
-    // Another user has a fresh limit.
+    // The chart: a point per response, in the order they came (the burst's in any order),
+    // remaining against time, each allowed or denied.
+    let mut points = b.chart();
+    assert_eq!(points.len(), 6, "{points:?}");
+    assert_eq!(points[0], (true, 2));
+    points[1..].sort();
+    assert_eq!(
+        points,
+        vec![
+            (true, 2),
+            (false, 0),
+            (false, 0),
+            (false, 0),
+            (true, 0),
+            (true, 1)
+        ]
+    );
+    assert_eq!(b.text("#chart-summary"), "6 requests: 3 allowed, 3 denied");
+    let line = b.script(
+        "return document.querySelector('#chart polyline').getAttribute('points').split(' ').length",
+    );
+    assert_eq!(line, json!(6));
+
+    // The admin view's most-denied keys (RL.TOP, polled by the page): the key, its 3 denials.
+    let rows_js = "return [...document.querySelectorAll('#top tbody tr')].map((r) => \
+                   [...r.querySelectorAll('td')].slice(0, 4).map((d) => d.textContent))";
+    let rows = b.wait_script(rows_js, |v| v[0][1] == json!("3"));
+    assert_eq!(rows, json!([[key, "3", "0", "RL.FIXEDWINDOW"]]));
+    let (status, body) = http(port, "GET", "/admin/top", None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let top: Value = serde_json::from_str(&body).unwrap();
+    let entry = &top["entries"][0];
+    assert_eq!(
+        (
+            top["entries"].as_array().unwrap().len(),
+            &entry["key"],
+            &entry["denied"],
+            &entry["error"],
+            &entry["command"]
+        ),
+        (
+            1,
+            &json!(key),
+            &json!(3),
+            &json!(0),
+            &json!("RL.FIXEDWINDOW")
+        )
+    );
+    let (first, last) = (
+        entry["first_denied_ms"].as_i64().unwrap(),
+        entry["last_denied_ms"].as_i64().unwrap(),
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!(
+        first <= last && last <= now_ms && now_ms - first < 120_000,
+        "{first} {last} {now_ms}"
+    );
+
+    // Another user has a fresh limit, and a chart of its own.
     b.fill("#user", "someone-else");
     b.click("#send-one");
     b.wait_text("#allowed-count", |t| t == "4");
     assert_eq!(b.text("#remaining"), "2");
+    assert_eq!(b.chart(), vec![(true, 2)]);
+    assert_eq!(b.text("#chart-user"), "someone-else");
+    // Back to the first user: its chart again, for the screenshot.
+    b.fill("#user", "demo");
+    assert_eq!(b.chart().len(), 6);
+    assert_eq!(b.text("#chart-user"), "demo");
+    // Still one key denied: the other user was admitted.
+    let rows = b.wait_script(rows_js, |v| v.as_array().is_some_and(|a| a.len() == 1));
+    assert_eq!(rows[0][0], json!(key));
 
     let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("demo-e2e.png");
     b.screenshot(&shot);
