@@ -136,7 +136,7 @@ impl Browser {
                     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                     "--no-first-run", "--disable-background-networking",
                     "--disable-component-update", "--disable-sync",
-                    "--window-size=1280,1400",
+                    "--window-size=1280,1700",
                     format!("--user-data-dir={}", profile.path().display()),
                 ]
             }
