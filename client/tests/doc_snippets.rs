@@ -71,7 +71,7 @@ async fn the_reservations(url: &str) -> Result {
 #[rustfmt::skip]
 #[allow(unused_variables)]
 async fn the_middleware_settling(url: &str) -> Result {
-    // --- docs/client.md, block 5 (its URL replaced by the test server's) ---
+    // --- docs/client.md, block 6 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     let layer = RateLimitLayer::builder(client)
         .route_class(|req| if req.uri.path() == "/complete" { "llm".into() } else { "api".into() })
@@ -99,7 +99,7 @@ async fn the_middleware_settling(url: &str) -> Result {
 #[rustfmt::skip]
 #[allow(unused_variables)]
 async fn the_middleware(url: &str) -> Result {
-    // --- docs/client.md, block 4 (its URL replaced by the test server's) ---
+    // --- docs/client.md, block 5 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     let layer = RateLimitLayer::builder(client)
         .key(KeySource::Header(http::HeaderName::from_static("x-api-key")))
@@ -119,6 +119,55 @@ async fn the_middleware(url: &str) -> Result {
     Ok(())
 }
 
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_top(url: &str) -> Result {
+    // Two denials of one key, for the list to show.
+    let mut c = redis::Client::open(url)?.get_connection()?;
+    for _ in 0..3 {
+        redis::cmd("RL.FIXEDWINDOW").arg(&["login:bob", "1", "60", "1"][..]).query::<redis::Value>(&mut c)?;
+    }
+    // --- docs/client.md, block 4 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?;
+    for e in client.top(10).await? {
+        println!("{}: {} denials (at most {} too many), latest by {} at {} ms", e.key, e.denied, e.error, e.command, e.last_denied_ms);
+    }
+    // ---
+    let top = client.top(10).await?;
+    assert!(top.iter().any(|e| e.key == "login:bob" && e.denied == 2 && e.command == "RL.FIXEDWINDOW"), "{top:?}");
+    Ok(())
+}
+
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_shadow_policies(url: &str) -> Result {
+    // --- docs/client.md, block 7 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?;
+    let layer = RateLimitLayer::builder(client)
+        .limits("*", "*", vec![
+            Policy::new("per-minute", Algorithm::FixedWindow { limit: 60, window_sec: 60.0 }),
+            // Being rolled out: evaluated, reported and counted, never refusing.
+            Policy::new("burst", Algorithm::TokenBucket { capacity: 5, refill_per_sec: 1.0 }).shadow(),
+        ])
+        .build();
+    let metrics = layer.metrics(); // ratelimit_decisions_total{limit="burst",outcome="shadow_denied"}
+    let app: axum::Router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(layer);
+    // ---
+    use tower::ServiceExt;
+    for _ in 0..7 {
+        let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 2], 9))));
+        let resp = app.clone().oneshot(req).await?;
+        assert_eq!(resp.status(), http::StatusCode::OK);
+    }
+    let (burst, minute) = (metrics.counts("burst"), metrics.counts("per-minute"));
+    // Seven within a second or so: 5 admitted, 2 refused, or one more admitted after a refill.
+    assert!(burst.shadow_denied >= 1 && burst.allowed + burst.shadow_denied == 7, "{burst:?}");
+    assert_eq!((minute.allowed, minute.denied, burst.denied), (7, 0, 0));
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     let this = include_str!("doc_snippets.rs");
@@ -128,7 +177,7 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
         .skip(1)
         .map(|b| b.split("```").next().unwrap())
         .collect();
-    assert_eq!(blocks.len(), 5, "the page's Rust blocks");
+    assert_eq!(blocks.len(), 7, "the page's Rust blocks");
     for block in blocks {
         // `use` lines are this file's imports; the rest is the body of a function.
         let (uses, body): (Vec<&str>, Vec<&str>) =
@@ -159,4 +208,6 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     the_reservations(&server.url()).await.unwrap();
     the_middleware_settling(&server.url()).await.unwrap();
     the_middleware(&server.url()).await.unwrap();
+    the_top(&server.url()).await.unwrap();
+    the_shadow_policies(&server.url()).await.unwrap();
 }
