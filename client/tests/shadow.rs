@@ -11,8 +11,10 @@ use axum::routing::get;
 use common::{Server, set_clock};
 use http::Request;
 use ratelimit_client::middleware::{ActualCost, KeySource, Policy, RateLimitLayer, ShadowDenials};
-use ratelimit_client::{Algorithm, Client, Options};
+use ratelimit_client::{Algorithm, Client, Concurrency, Options};
 use redis::aio::ConnectionManager;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 fn started() -> (Server, Client<ConnectionManager>) {
@@ -57,12 +59,13 @@ async fn send(router: &Router, user: &str, used: Option<u64>) -> Reply {
     if let Some(n) = used {
         b = b.header("x-used", n.to_string());
     }
-    let resp = router
-        .clone()
-        .oneshot(b.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    Reply {
+    send_req(router, b.body(Body::empty()).unwrap()).await
+}
+
+/// Sends `req` and reads the whole body (a lease is given back once it has been sent).
+async fn send_req(router: &Router, req: Request<Body>) -> Reply {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let reply = Reply {
         status: resp.status().as_u16(),
         headers: resp
             .headers()
@@ -73,7 +76,11 @@ async fn send(router: &Router, user: &str, used: Option<u64>) -> Reply {
             .extensions()
             .get::<ShadowDenials>()
             .map(|d| d.0.clone()),
-    }
+    };
+    axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    reply
 }
 
 fn router(
@@ -373,4 +380,114 @@ async fn a_shadow_limit_is_settled_when_it_admitted() {
             "cmdstat_rl.tokenbucket:calls=6".to_string()
         ]
     );
+}
+
+async fn leases(server: &Server, key: &str) -> usize {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query(&mut server.connect())
+        .unwrap()
+}
+
+/// A shadow concurrency limit of 1: the second request in flight would have been refused and
+/// goes through; the first one's slot is held until its response has been sent.
+#[tokio::test]
+async fn a_shadow_concurrency_limit_holds_a_slot_when_it_has_one() {
+    let (server, client) = started();
+    let layer = RateLimitLayer::builder(client)
+        .key(KeySource::Header(http::HeaderName::from_static(
+            "x-api-key",
+        )))
+        .limits(
+            "*",
+            "*",
+            vec![
+                fixed("hourly", 100, 3600.0),
+                Policy::new(
+                    "inflight",
+                    Algorithm::Concurrency(Concurrency {
+                        limit: 1,
+                        lease_sec: 30.0,
+                    }),
+                )
+                .shadow(),
+            ],
+        )
+        .build();
+    let gate = Arc::new(Semaphore::new(0));
+    let g = gate.clone();
+    let r = Router::new()
+        .route(
+            "/",
+            get(move |headers: http::HeaderMap| {
+                let gate = g.clone();
+                async move {
+                    if headers.contains_key("x-wait") {
+                        gate.acquire().await.unwrap().forget();
+                    }
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer.clone());
+    let req = |wait: bool| {
+        let mut b = Request::get("/").header("x-api-key", "frank");
+        if wait {
+            b = b.header("x-wait", "1");
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let key = "rl:{frank}:default:inflight";
+    let held = {
+        let r = r.clone();
+        let first = req(true);
+        tokio::spawn(async move { send_req(&r, first).await })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while leases(&server, key).await != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first never got its slot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let second = send_req(&r, req(false)).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(
+        second.limit_headers(),
+        vec![
+            (
+                "ratelimit-policy",
+                "\"hourly\";q=100;w=3600, \"inflight\";q=1;qu=\"concurrent-requests\""
+            ),
+            ("ratelimit", "\"hourly\";r=98;t=3600, \"inflight\";r=0;t=30"),
+        ]
+    );
+    assert_eq!(second.shadow_denials, Some(vec!["inflight".to_string()]));
+    assert_eq!(leases(&server, key).await, 1);
+    gate.add_permits(1);
+    let first = held.await.unwrap();
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("ratelimit"),
+        Some("\"hourly\";r=99;t=3600, \"inflight\";r=0;t=30")
+    );
+    assert_eq!(first.shadow_denials, None);
+    // Given back once the first response was sent (from a task: a round trip later).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while leases(&server, key).await != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let third = send_req(&r, req(false)).await;
+    assert_eq!(
+        third.header("ratelimit"),
+        Some("\"hourly\";r=97;t=3600, \"inflight\";r=0;t=30")
+    );
+    assert_eq!(third.shadow_denials, None);
+    let c = layer.metrics().counts("inflight");
+    assert_eq!((c.allowed, c.shadow_denied, c.denied), (2, 1, 0));
 }
