@@ -1107,8 +1107,8 @@ where
     /// empty). Only the module keeps this list: in the Script and Function modes the answer is
     /// `Error::Unsupported`. An operator's call: the command is outside the `ratelimit` ACL
     /// category, so an application's user gets `Error::Rejected` (`NOPERM`). Not covered by
-    /// the failure policy: `Error::Unavailable` when Redis does not answer in time. On a
-    /// cluster each node counts its own keys, and a cluster connection asks one of them.
+    /// the failure policy: `Error::Unavailable` when Redis does not answer in time. Each
+    /// server counts its own keys: on a cluster, ask every master through a client of its own.
     pub async fn top(&self, count: usize) -> Result<Vec<TopEntry>, Error> {
         self.call_top(Some(count)).await
     }
