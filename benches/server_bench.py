@@ -28,6 +28,11 @@ RL.RELEASE has rows of its own: releasing nothing runs under redis-benchmark lik
 case, while releasing a live lease needs an RL.ACQUIRE right before each release, so those rows
 send acquire / release pairs through `redis-cli --pipe` and read only the release's entry of
 INFO commandstats (the acquires are counted under rl.acquire); their throughput is pairs/s.
+
+RL.SETTLE settles reservations written before each run (on random keys, a fill of the whole
+keyspace through redis-cli --pipe): refunds and charges of one token bucket, a refund of two
+limits in one call, a sliding log's refund right after an admission (pairs, as for releases) and
+its charge.
 """
 
 from __future__ import annotations
@@ -139,6 +144,10 @@ class Case:
     cell: bool = False  # runs on the redis-cell server
     note: str = ""  # shown after the arguments
     setup: list[list[str]] = field(default_factory=list)  # commands run before each run
+    # Commands holding `__rand_int__`, sent for every number of the keyspace (as redis-benchmark
+    # writes it under -r) through redis-cli --pipe after the setup: state on every random key.
+    fill: list[list[str]] = field(default_factory=list)
+    fill_payload: bytes = field(default=b"", repr=False)
     # If set, each call is sent right after this command, in pairs through redis-cli --pipe;
     # `n` then counts pairs and `rps` is pairs per second.
     before: list[str] | None = None
@@ -237,6 +246,8 @@ def run_case(server: Server, case: Case, n: int, pin: list[str]) -> tuple[float,
     server.cli("FLUSHALL")
     for command in case.setup:
         server.cli(*command)
+    if case.fill:
+        fill_keyspace(server, case)
     if case.before:
         rps = run_pairs(server, case, n, pin)
     else:
@@ -249,6 +260,18 @@ def run_case(server: Server, case: Case, n: int, pin: list[str]) -> tuple[float,
             f"check the arguments (redis-cli {' '.join(case.argv)})"
         )
     return usec / calls, rps
+
+
+def fill_keyspace(server: Server, case: Case) -> None:
+    """The case's fill commands for every number 0 ... KEYSPACE - 1, through redis-cli --pipe."""
+    if not case.fill_payload:
+        case.fill_payload = b"".join(
+            resp(substitute(command, r)) for r in range(KEYSPACE) for command in case.fill
+        )
+    text = server.cli("--pipe", stdin=case.fill_payload, check=False)
+    m = re.search(r"errors:\s*(\d+),\s*replies:\s*(\d+)", text)
+    if not m or int(m.group(1)) != 0 or int(m.group(2)) != KEYSPACE * len(case.fill):
+        raise SystemExit(f"filling the keyspace failed for {case.label} {case.note}: {text}")
 
 
 def run_benchmark(server: Server, case: Case, n: int, pin: list[str]) -> float:
@@ -411,6 +434,149 @@ def check_release(server: Server, head: list[str], who: str) -> None:
         raise SystemExit(f"{who}: left {left} (other leases, the lone key)")
 
 
+# RL.SETTLE. A token budget of 10^9 refilling 1 per second, whose every key holds a reservation
+# of 10^8 (RL.TOKENBUCKET with that cost, written before each run: a setup command on the hot
+# key, a fill of the whole keyspace for random keys), refunded or charged 5 units a call: a run
+# sends at most 2,000,000 calls, 10^7 units, so refunds never reach the capacity and charges
+# never reach the debt floor (-capacity), and every call writes. Then two limits settled in one
+# call (a token bucket and a sliding window of a day, each reserved the same way) on two random
+# keys, which redis-benchmark draws independently (it replaces each `__rand_int__` of a command
+# with its own number); a sliding log refunded right after an admission of 5 on a hot key
+# seeded with 10 entries (pairs through redis-cli --pipe, which must leave the log as seeded);
+# a sliding log of 1 ms charged on a hot key (each call drops what left the window, adds 5).
+SETTLE_COMMAND = "RL.SETTLE"
+SETTLE_SCRIPT = "settle.lua"
+SETTLE_BUCKET = "TOKENBUCKET 1000000000 1"
+SETTLE_WINDOW = "SLIDINGWINDOW 1000000000 86400"
+SETTLE_RESERVED = "100000000"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One RL.SETTLE case: `limits` ("ALGORITHM params", one key each) settled by `delta`."""
+
+    name: str  # part of the key names
+    keys: str  # "hot" or "random"
+    limits: tuple[str, ...]
+    delta: int
+    note: str
+    reserve: bool = True  # each key first holds a reservation of SETTLE_RESERVED
+    seed: str = ""  # if set, the hot key is first admitted with this cost (setup)
+    admit: str = ""  # if set, each call comes right after an admission of this cost (pairs)
+
+
+SETTLEMENTS = [
+    Settlement("tb", "hot", (SETTLE_BUCKET,), -5, "refund"),
+    Settlement("tb", "random", (SETTLE_BUCKET,), -5, "refund"),
+    Settlement("tb", "hot", (SETTLE_BUCKET,), 5, "charge"),
+    Settlement("tb", "random", (SETTLE_BUCKET,), 5, "charge"),
+    Settlement("two", "random", (SETTLE_BUCKET, SETTLE_WINDOW), -5, "refund, two keys"),
+    Settlement(
+        "log", "hot", ("SLIDINGLOG 100000 3600",), -5, "refund after an admission of 5",
+        reserve=False, seed="10", admit="5",
+    ),
+    Settlement("log", "hot", ("SLIDINGLOG 100000 0.001",), 5, "charge", reserve=False),
+]  # fmt: skip
+
+
+def limit_call(key: str, limit: str, cost: str) -> list[str]:
+    """The limit's own command (`RL.<ALGORITHM> key params cost`)."""
+    keyword, *params = limit.split()
+    return [f"RL.{keyword}", key, *params, cost]
+
+
+def settle_keys(s: Settlement, prefix: str) -> list[str]:
+    kind = "refund" if s.delta < 0 else "charge"
+    last = "{__rand_int__}" if s.keys == "random" else "hot"
+    return [f"{prefix}:settle:{s.name}:{kind}:{i}:{last}" for i in range(len(s.limits))]
+
+
+def settle_argv(head: list[str], s: Settlement, keys: list[str], delta: int) -> list[str]:
+    limits = " ".join(s.limits).split()
+    return head + [str(len(keys)), *keys, *limits, "DELTA", str(delta)]
+
+
+def settle_state(s: Settlement, keys: list[str]) -> list[list[str]]:
+    """What the keys hold before a run: reservations, or a seeded log."""
+    calls = []
+    if s.reserve:
+        calls += [limit_call(k, lim, SETTLE_RESERVED) for k, lim in zip(keys, s.limits)]
+    if s.seed:
+        calls.append(limit_call(keys[0], s.limits[0], s.seed))
+    return calls
+
+
+def settle_cases(head: list[str], label: str, stat: str, prefix: str, lua: bool) -> list[Case]:
+    """RL.SETTLE (or its twin, `head` without numkeys) for every settlement of SETTLEMENTS."""
+    cases = []
+    for s in SETTLEMENTS:
+        keys = settle_keys(s, prefix)
+        state = settle_state(s, keys)
+        cases.append(
+            Case(
+                label=label,
+                args=f"{' '.join(s.limits)} DELTA {s.delta}",
+                keys=s.keys,
+                argv=settle_argv(head, s, keys, s.delta),
+                stat=stat,
+                limiter=SETTLE_COMMAND,
+                lua=lua,
+                note=s.note,
+                setup=state if s.keys == "hot" else [],
+                fill=state if s.keys == "random" else [],
+                before=limit_call(keys[0], s.limits[0], s.admit) if s.admit else None,
+            )
+        )
+    return cases
+
+
+def check_settle(server: Server, head: list[str], who: str) -> None:
+    """Each settlement, on keys prepared as its runs prepare them (a random row with one
+    number), replies one five-integer array per limit, admitted with no wait, and moves every
+    limit's remaining by -delta against a DELTA 0 report just before it (one unit more for a
+    token bucket's refill in between); a refund on a missing key changes nothing."""
+    for s in SETTLEMENTS:
+        server.cli("FLUSHALL")
+        keys = substitute(settle_keys(s, "check"), 7)
+        for call in settle_state(s, keys):
+            server.cli(*call)
+        if s.admit:
+            server.cli(*limit_call(keys[0], s.limits[0], s.admit))
+        replies = []
+        for delta in [0, s.delta]:
+            reply = [int(x) for x in server.cli(*settle_argv(head, s, keys, delta)).split()]
+            if len(reply) != 5 * len(keys) or any(
+                reply[i] != 1 or reply[i + 2] != 0 for i in range(0, len(reply), 5)
+            ):
+                raise SystemExit(f"{who} {s.limits} DELTA {delta}: unexpected reply {reply}")
+            replies.append(reply[1::5])
+        moved = [after - before for before, after in zip(*replies)]
+        slack = [1 if lim.startswith("TOKENBUCKET") else 0 for lim in s.limits]
+        if not all(-s.delta <= m <= -s.delta + e for m, e in zip(moved, slack)):
+            raise SystemExit(
+                f"{who} {s.limits} DELTA {s.delta}: remaining moved by {moved} ({replies})"
+            )
+    server.cli("FLUSHALL")
+    reply = server.cli(*head, "1", "check:missing", *SETTLE_BUCKET.split(), "DELTA", "-5").split()
+    if reply[1:2] != [SETTLE_BUCKET.split()[1]] or server.cli("DBSIZE") != "0":
+        raise SystemExit(f"{who}: a refund on a missing key replied {reply} or wrote a key")
+
+
+def check_rand_draws(server: Server) -> None:
+    """redis-benchmark replaces each `__rand_int__` of a command with a number of its own, so the
+    two keys of a two-limit settlement are independent random keys: 200 HSETs of a key and a
+    value, both `__rand_int__`, must store values that differ from their keys' numbers."""
+    server.cli("FLUSHALL")
+    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-c", "1", "-n", "200"]
+    argv += ["-r", str(KEYSPACE), "HSET", "draw:{__rand_int__}", "v", RAND]
+    subprocess.run(argv, capture_output=True, timeout=60, check=True)
+    keys = server.cli("KEYS", "draw:*").split()
+    same = sum(server.cli("HGET", k, "v") == k[len("draw:{") : -1] for k in keys)
+    if len(keys) < 150 or same > 2:
+        raise SystemExit(f"redis-benchmark: {same} of {len(keys)} keys drew their value's number")
+    server.cli("FLUSHALL")
+
+
 def floor_cases(label: str, cell: bool = False) -> list[Case]:
     """HSET on a hot key and on random keys."""
     cases = []
@@ -471,6 +637,24 @@ def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
             notes.append(f"{RELEASE_COMMAND}: no lua-reference/{RELEASE_SCRIPT}, Lua twin skipped")
     else:
         notes.append(f"{RELEASE_COMMAND}: not in the loaded module, skipped")
+    if server.has_command(SETTLE_COMMAND):
+        check_rand_draws(server)
+        check_settle(server, [SETTLE_COMMAND], SETTLE_COMMAND)
+        cases += settle_cases(
+            [SETTLE_COMMAND], SETTLE_COMMAND, SETTLE_COMMAND.lower(), "rl", lua=False
+        )
+        script = LUA_DIR / SETTLE_SCRIPT
+        if script.is_file():
+            shas[SETTLE_COMMAND] = server.cli("-x", "SCRIPT", "LOAD", stdin=script.read_bytes())
+            # The admissions before a sliding log's refunds stay RL.SLIDINGLOG, as for releases.
+            head = ["EVALSHA", shas[SETTLE_COMMAND]]
+            label = f"{SETTLE_COMMAND} (Lua twin)"
+            check_settle(server, head, label)
+            cases += settle_cases(head, label, "evalsha", "lua", lua=True)
+        else:
+            notes.append(f"{SETTLE_COMMAND}: no lua-reference/{SETTLE_SCRIPT}, Lua twin skipped")
+    else:
+        notes.append(f"{SETTLE_COMMAND}: not in the loaded module, skipped")
     cases += floor_cases(f"{FLOOR} (floor)")
     return cases, shas, notes
 
@@ -599,7 +783,9 @@ def log_call_usec(server: Server, head: list[str], stat: str, size: int, admit: 
     first = server.cli(*head, "log", limit, LOG_WINDOW).split()[:1]
     expected = ["1"] if admit else ["0"]
     if failed or n != calls or first != expected:
-        raise SystemExit(f"{' '.join(head)} on a log of {size}: {n} calls, {failed} failed, {first}")
+        raise SystemExit(
+            f"{' '.join(head)} on a log of {size}: {n} calls, {failed} failed, {first}"
+        )
     return usec / n
 
 
@@ -785,7 +971,8 @@ def main() -> int:
                 shas = {}
                 script = LUA_DIR / "sliding_log.lua"
                 if script.is_file():
-                    shas[LOG_COMMAND] = server.cli("-x", "SCRIPT", "LOAD", stdin=script.read_bytes())
+                    source = script.read_bytes()
+                    shas[LOG_COMMAND] = server.cli("-x", "SCRIPT", "LOAD", stdin=source)
                 print("\n".join(log_size_table(server, shas, opts.rounds)))
                 return 0
             cases, shas, notes = build_cases(server)
@@ -833,7 +1020,8 @@ def main() -> int:
     print(
         f"redis-benchmark -P {PIPELINE} -c {CLIENTS}, random keys from {KEYSPACE:,} (-r); "
         f"{opts.rounds} interleaved rounds, medians; -n per case (pairs through redis-cli "
-        f"--pipe for a live lease's release): {runs}; "
+        f"--pipe for a live lease's release and a sliding log's refund after an admission): "
+        f"{runs}; "
         f"memory over {opts.memory_keys:,} new keys; {time.monotonic() - started:.0f} s"
     )
     if cell_module:
