@@ -20,6 +20,7 @@ pub mod number;
 pub mod pipeline;
 pub mod stats;
 pub mod stored;
+pub mod top;
 pub mod zset_store;
 
 use binding::on_load;

@@ -4,9 +4,11 @@
 //! most-denied keys) attaches here too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, PoisonError};
 
 use crate::command::descriptor::Descriptor;
 use crate::error::ErrorReply;
+use crate::top::Top;
 
 /// The kinds of error replies, as INFO counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,15 +88,39 @@ fn bump(counter: &AtomicU64) {
     );
 }
 
+/// Slots of the most-denied keys when the module loads (`ratelimit.top-slots`).
+pub const DEFAULT_TOP_SLOTS: usize = 128;
+/// The most slots `ratelimit.top-slots` takes.
+pub const MAX_TOP_SLOTS: usize = 100_000;
+
+static TOP: LazyLock<Mutex<Top>> = LazyLock::new(|| Mutex::new(Top::new(DEFAULT_TOP_SLOTS)));
+
+/// The most-denied keys (`RL.TOP`), for reading or changing. Redis runs commands one at a time,
+/// so the lock is never contended; a panic while it was held leaves it usable.
+pub fn with_top<R>(f: impl FnOnce(&mut Top) -> R) -> R {
+    let mut top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
+    f(&mut top)
+}
+
 /// The observation hook: every call of every command, and how to get the key its outcome is
-/// about (the command's key; for `RL.ALL` the key of the limit that denied, else the first),
-/// read only by a hook that needs it.
+/// about (the command's key; for `RL.ALL` the key of the limit that denied, else the first) and
+/// the time (Unix ms), read only when needed: a denial counts for the most-denied keys.
 pub fn observe<'a>(
     command: &Descriptor,
-    _key: impl FnOnce() -> Option<&'a [u8]>,
+    key: impl FnOnce() -> Option<&'a [u8]>,
+    now_ms: impl FnOnce() -> i64,
     outcome: Outcome,
 ) {
     command.stats.record(outcome);
+    if outcome == Outcome::Denied {
+        with_top(|top| {
+            if top.slots() > 0
+                && let (Some(key), Ok(name)) = (key(), command.name.to_str())
+            {
+                top.denied(key, name, now_ms());
+            }
+        });
+    }
 }
 
 impl CommandStats {

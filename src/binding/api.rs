@@ -266,6 +266,42 @@ pub fn reply_nested(ctx: *mut RedisModuleCtx, head: &[i64], nested: &[[i64; 5]])
     raw::REDISMODULE_OK as c_int
 }
 
+/// `+OK`.
+pub fn reply_ok(ctx: *mut RedisModuleCtx) -> c_int {
+    match api!(RedisModule_ReplyWithSimpleString) {
+        // SAFETY: valid context; the string is NUL-terminated.
+        Ok(f) => unsafe { f(ctx, c"OK".as_ptr()) },
+        Err(_) => raw::REDISMODULE_ERR as c_int,
+    }
+}
+
+/// `RL.TOP`'s reply: per entry `[key, denied, error, command, first_denied_ms, last_denied_ms]`.
+pub fn reply_top(ctx: *mut RedisModuleCtx, entries: &[crate::top::Entry]) -> c_int {
+    let (Ok(array), Ok(int), Ok(bulk)) = (
+        api!(RedisModule_ReplyWithArray),
+        api!(RedisModule_ReplyWithLongLong),
+        api!(RedisModule_ReplyWithStringBuffer),
+    ) else {
+        return raw::REDISMODULE_ERR as c_int;
+    };
+    let saturate = |v: u64| c_longlong::try_from(v).unwrap_or(c_longlong::MAX);
+    // SAFETY: valid context; every array length matches the elements that follow it, and Redis
+    // copies the buffers.
+    unsafe {
+        array(ctx, entries.len() as c_long);
+        for e in entries {
+            array(ctx, 6);
+            bulk(ctx, e.key.as_ptr().cast(), e.key.len());
+            int(ctx, saturate(e.denied));
+            int(ctx, saturate(e.error));
+            bulk(ctx, e.command.as_ptr().cast(), e.command.len());
+            int(ctx, e.first_denied_ms as c_longlong);
+            int(ctx, e.last_denied_ms as c_longlong);
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
 /// Redis's own reply to a write refused for lack of memory.
 pub const OOM: ErrorReply = ErrorReply(c"OOM command not allowed when used memory > 'maxmemory'.");
 

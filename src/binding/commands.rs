@@ -69,6 +69,38 @@ pub const TEST_CLOCK: Command = Command {
     handler: test_clock_command,
 };
 
+/// `RL.TOP`, registered beside the limiters but outside their ACL category.
+pub const TOP: Command = Command {
+    descriptor: &command::top::DESCRIPTOR,
+    handler: top_command,
+};
+
+unsafe extern "C" fn top_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    entry(ctx, argv, argc, &command::top::DESCRIPTOR, |ctx, argv| {
+        let args: Vec<&[u8]> = argv
+            .get(1..)
+            .unwrap_or_default()
+            .iter()
+            // SAFETY: argv strings live for the whole call and are not modified.
+            .map(|s| unsafe { api::string_bytes(*s) })
+            .collect();
+        Ok(Sent(match command::top::parse(&args)? {
+            command::top::Request::Reset => {
+                crate::stats::with_top(|t| t.reset());
+                api::reply_ok(ctx)
+            }
+            command::top::Request::List(n) => {
+                let entries = crate::stats::with_top(|t| t.heaviest(n));
+                api::reply_top(ctx, &entries)
+            }
+        }))
+    })
+}
+
 impl Answer for Reply {
     fn decision(&self) -> Option<bool> {
         Some(self.allowed)

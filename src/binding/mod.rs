@@ -5,6 +5,7 @@ mod acl;
 pub(crate) mod api;
 mod clock;
 mod commands;
+mod config;
 mod docs;
 mod info;
 mod key;
@@ -80,7 +81,10 @@ fn entry<A: Answer>(
     if let Some((outcome, index)) = observed {
         // SAFETY: argv strings live for the whole call.
         let key = || argv.get(index).map(|s| unsafe { api::string_bytes(*s) });
-        let _ = catch_unwind(AssertUnwindSafe(|| stats::observe(command, key, outcome)));
+        let now_ms = || clock::now_us().div_euclid(1000);
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            stats::observe(command, key, now_ms, outcome)
+        }));
     }
     match answer {
         Ok(a) => catch_unwind(AssertUnwindSafe(|| a.send(ctx)))
@@ -122,14 +126,22 @@ fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
 
 /// Module load: validates the load arguments, then registers the commands.
 pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
+    let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let (top_slots, rest) = match config::load_argument(&raw_args) {
+        Ok(found) => found,
+        Err(e) => {
+            ctx.log_warning(&format!("ratelimit: refusing to load: {e}"));
+            return Status::Err;
+        }
+    };
     let mut test_clock = false;
-    for arg in args {
-        if arg.as_slice().eq_ignore_ascii_case(b"TESTCLOCK") {
+    for arg in rest {
+        if arg.eq_ignore_ascii_case(b"TESTCLOCK") {
             test_clock = true;
         } else {
             ctx.log_warning(&format!(
-                "ratelimit: refusing to load: unknown argument '{}' (the only one is TESTCLOCK, for tests)",
-                arg.to_string_lossy()
+                "ratelimit: refusing to load: unknown argument '{}' (the arguments are top-slots N and, for tests, TESTCLOCK)",
+                String::from_utf8_lossy(arg)
             ));
             return Status::Err;
         }
@@ -160,6 +172,13 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
             register(ctx.ctx, &cmd).and_then(|()| acl.assign(ctx.ctx, cmd.descriptor))
         })
     });
+    // The operator command, outside the limiters' ACL category.
+    if result.is_ok() {
+        result = register(ctx.ctx, &commands::TOP);
+    }
+    if result.is_ok() {
+        result = config::register(ctx.ctx, top_slots);
+    }
     if result.is_ok() {
         result = info::register(ctx.ctx).map_err(str::to_string);
     }

@@ -13,6 +13,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod throttle;
 pub mod token_bucket;
+pub mod top;
 
 use descriptor::Descriptor;
 
