@@ -104,15 +104,17 @@ pub fn with_top<R>(f: impl FnOnce(&mut Top) -> R) -> R {
 
 /// The observation hook: every call of every command, and how to get the key its outcome is
 /// about (the command's key; for `RL.ALL` the key of the limit that denied, else the first) and
-/// the time (Unix ms), read only when needed: a denial counts for the most-denied keys.
+/// the time (Unix ms), read only when needed: a limit's denial (`is_limit`) counts for the
+/// most-denied keys.
 pub fn observe<'a>(
     command: &Descriptor,
     key: impl FnOnce() -> Option<&'a [u8]>,
     now_ms: impl FnOnce() -> i64,
     outcome: Outcome,
+    is_limit: bool,
 ) {
     command.stats.record(outcome);
-    if outcome == Outcome::Denied {
+    if outcome == Outcome::Denied && is_limit {
         with_top(|top| {
             if top.slots() > 0
                 && let (Some(key), Ok(name)) = (key(), command.name.to_str())

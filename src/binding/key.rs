@@ -578,6 +578,9 @@ impl Answer for Released {
     fn decision(&self) -> Option<bool> {
         Some(self.0)
     }
+    fn is_limit(&self) -> bool {
+        false
+    }
     fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
         api::reply_integer(ctx, i64::from(self.0))
     }

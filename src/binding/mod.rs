@@ -33,6 +33,11 @@ trait Answer {
     fn key_index(&self) -> usize {
         1
     }
+    /// Whether a denial counts among the most-denied keys (`RL.TOP`): not a release that found
+    /// no lease, which denies nobody.
+    fn is_limit(&self) -> bool {
+        true
+    }
     fn send(&self, ctx: *mut RedisModuleCtx) -> c_int;
 }
 
@@ -74,16 +79,16 @@ fn entry<A: Answer>(
             } else {
                 Outcome::Denied
             };
-            (outcome, a.key_index())
+            (outcome, a.key_index(), a.is_limit())
         }),
-        Err(e) => Some((Outcome::Error(ErrorKind::of(e)), 1)),
+        Err(e) => Some((Outcome::Error(ErrorKind::of(e)), 1, false)),
     };
-    if let Some((outcome, index)) = observed {
+    if let Some((outcome, index, is_limit)) = observed {
         // SAFETY: argv strings live for the whole call.
         let key = || argv.get(index).map(|s| unsafe { api::string_bytes(*s) });
         let now_ms = || clock::now_us().div_euclid(1000);
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            stats::observe(command, key, now_ms, outcome)
+            stats::observe(command, key, now_ms, outcome, is_limit)
         }));
     }
     match answer {
