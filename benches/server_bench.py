@@ -20,6 +20,7 @@ floor on that server, and its CPU per call is divided by ours.
 
 Usage: python3 benches/server_bench.py [--module PATH] [--redis-cell PATH] [--quick]
                                        [--rounds N] [--budget SECONDS] [--log-sizes-only]
+                                       [--top-only]
 
 It also times RL.SLIDINGLOG and its twin on a key holding 10 entries and one holding 99,000,
 admitted and denied (pipelined calls on a seeded key, INFO commandstats per call).
@@ -33,6 +34,15 @@ RL.SETTLE settles reservations written before each run (on random keys, a fill o
 keyspace through redis-cli --pipe): refunds and charges of one token bucket, a refund of two
 limits in one call, a sliding log's refund right after an admission (pairs, as for releases) and
 its charge.
+
+The most-denied keys (RL.TOP, kept while ratelimit.top-slots is above 0) cost every denial a
+hash lookup and an ordered-set update. A section of its own runs hot-key denials of
+RL.TOKENBUCKET and RL.GCRA, denials of random keys (a fill first empties every key, so each call
+denies one of 100,000 keys and nearly every one replaces a slot) and admitted calls on a hot key,
+each with ratelimit.top-slots 128 (the default) and 0 in every round, and divides the two. After
+each run RL.TOP must hold exactly that run's denials (the hot key with one per call but the
+first; for random keys 128 entries whose counts sum to the calls) with tracking on, and nothing
+with it off or for admitted calls. --top-only runs that section alone.
 """
 
 from __future__ import annotations
@@ -817,6 +827,153 @@ def log_size_table(server: Server, shas: dict[str, str], rounds: int) -> list[st
     return lines
 
 
+# The most-denied keys (RL.TOP): every denial does a hash lookup and an ordered-set update while
+# `ratelimit.top-slots` is above 0. Each row runs with the default number of slots and with
+# tracking off, both in every round (in alternating order), on a fresh database each run.
+TOP_CONFIG = "ratelimit.top-slots"
+TOP_SLOTS_ON = 128
+TOP_COMMAND = "RL.TOP"
+
+
+@dataclass
+class TopRow:
+    """One row of the tracking comparison: the same case run with tracking on and off."""
+
+    on: Case
+    off: Case
+    expect: str  # "hot" (one key, every call but the first denied), "random" (every call a
+    # denial of a different key), "none" (admitted calls, nothing tracked)
+    seen: dict[bool, str] = field(default_factory=dict)  # RL.TOP after the latest run, on/off
+    ratios: list[float] = field(default_factory=list)  # on ÷ off within each round
+
+
+def top_rows() -> list[TopRow]:
+    """RL.TOKENBUCKET and RL.GCRA denying a hot key; RL.TOKENBUCKET denying random keys that a
+    fill of the whole keyspace has emptied (its first call on each takes the only token, and
+    none comes back for 1000 s), so every timed call is a denial of one of 100,000 keys and
+    nearly every one replaces a slot; RL.TOKENBUCKET admitting a hot key (not tracked)."""
+    spec = [
+        ("RL.TOKENBUCKET", "1 0.001", "hot", "hot"),
+        ("RL.GCRA", "0 1 1000", "hot", "hot"),
+        ("RL.TOKENBUCKET", "1 0.001", "random", "random"),
+        ("RL.TOKENBUCKET", "100 1000000", "hot", "none"),
+    ]
+    rows = []
+    for command, args, keys, expect in spec:
+        tag = command.split(".")[-1].lower()
+        kind = "admit" if expect == "none" else "deny"
+        key = f"top:{tag}:{kind}:" + ("{__rand_int__}" if keys == "random" else "hot")
+        argv = [command, key] + args.split()
+        fill = [argv] if keys == "random" else []
+        note = "keys emptied first" if keys == "random" else ""
+        on, off = (
+            Case(label=command, args=args, keys=keys, argv=argv, stat=command.lower(),
+                 limiter=command, lua=False, note=note, fill=fill)
+            for _ in range(2)
+        )  # fmt: skip
+        rows.append(TopRow(on, off, expect))
+    return rows
+
+
+def top_entries(server: Server, count: int) -> list[tuple[str, int]]:
+    """(key, denied) of each entry of RL.TOP `count`, most first."""
+    lines = server.cli(TOP_COMMAND, str(count)).splitlines()
+    if len(lines) % 6:
+        raise SystemExit(f"{TOP_COMMAND} {count}: unexpected reply {lines[:12]}")
+    return [(lines[i], int(lines[i + 1])) for i in range(0, len(lines), 6)]
+
+
+def run_top(server: Server, row: TopRow, on: bool, n: int, pin: list[str]) -> tuple[float, float]:
+    """One run of the row with tracking on or off, from an empty RL.TOP, then a check that it
+    tracked exactly the run's denials, or nothing."""
+    case = row.on if on else row.off
+    slots = str(TOP_SLOTS_ON if on else 0)
+    server.cli("CONFIG", "SET", TOP_CONFIG, slots)
+    if server.cli("CONFIG", "GET", TOP_CONFIG).split()[-1:] != [slots]:
+        raise SystemExit(f"CONFIG SET {TOP_CONFIG} {slots} did not take")
+    server.cli(TOP_COMMAND, "RESET")
+    usec, rps = run_case(server, case, n, pin)
+    calls, _, _ = command_stats(server, case.stat)
+    entries = top_entries(server, TOP_SLOTS_ON)
+    hot_key = case.argv[1]
+    if not on or row.expect == "none":
+        ok, seen = not entries, "empty"
+    elif row.expect == "hot":
+        # The first call of the run took the token; each later one was denied.
+        ok = entries == [(hot_key, calls - 1)]
+        seen = f"`{hot_key}`: {calls - 1:,} denials (every call but the first)"
+    else:
+        total = sum(d for _, d in entries)
+        prefix = hot_key.split("{")[0]
+        ok = (
+            len(entries) == TOP_SLOTS_ON
+            and total == calls
+            and all(k.startswith(prefix) for k, _ in entries)
+        )
+        seen = f"{len(entries)} keys, counts summing to {total:,} = the run's calls"
+    if not ok:
+        state = "on" if on else "off"
+        raise SystemExit(
+            f"{case.label} {case.args} ({case.keys}), tracking {state}: {calls} calls, "
+            f"{TOP_COMMAND} holds {entries[:3]}... ({len(entries)} entries)"
+        )
+    row.seen[on] = seen
+    return usec, rps
+
+
+def top_table(server: Server, rounds: int, budget: float, pin: list[str]) -> tuple[list[str], str]:
+    """The tracking comparison (Markdown lines) and a line on how it ran, or nothing when the
+    module has no RL.TOP; `budget` is the seconds of all its timed runs together (half of
+    --budget). Tracking is left at its default afterwards."""
+    rows = [r for r in top_rows() if server.has_command(r.on.label)]
+    if not rows or not server.has_command(TOP_COMMAND):
+        return [], ""
+    started = time.monotonic()
+    per_run = budget / (rounds * 2 * len(rows))
+    batch = PIPELINE * CLIENTS
+    for row in rows:
+        _, rps = run_top(server, row, True, 20_000, pin)
+        run_top(server, row, False, 20_000, pin)
+        row.on.n = int(min(max(rps * per_run, 20_000), 2_000_000)) // batch * batch
+    for r in range(rounds):
+        print(f"tracking round {r + 1}/{rounds}", file=sys.stderr)
+        for row in rows:
+            # Alternating which goes first, so neither always runs right after another row.
+            for on in ([True, False] if r % 2 == 0 else [False, True]):
+                usec, rps = run_top(server, row, on, row.on.n, pin)
+                case = row.on if on else row.off
+                case.usec.append(usec)
+                case.rps.append(rps)
+            row.ratios.append(row.on.usec[-1] / row.off.usec[-1])
+    server.cli("CONFIG", "SET", TOP_CONFIG, str(TOP_SLOTS_ON))
+    lines = [
+        f"| command | arguments | keys | µs/call, {TOP_SLOTS_ON} slots | µs/call, off "
+        "| on − off | on ÷ off | on ÷ off per round (range) | requests/s on / off "
+        "| RL.TOP after a run: on / off |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        on, off = statistics.median(row.on.usec), statistics.median(row.off.usec)
+        note = f", {row.on.note}" if row.on.note else ""
+        kind = "admitted" if row.expect == "none" else "denied"
+        lines.append(
+            f"| {row.on.label} | `{row.on.args}`{note} | {row.on.keys}, {kind} | "
+            f"{on:.2f} ({min(row.on.usec):.2f}–{max(row.on.usec):.2f}) | "
+            f"{off:.2f} ({min(row.off.usec):.2f}–{max(row.off.usec):.2f}) | "
+            f"{on - off:+.2f} | {on / off:.3f} | "
+            f"{statistics.median(row.ratios):.3f} "
+            f"({min(row.ratios):.2f}–{max(row.ratios):.2f}) | "
+            f"{statistics.median(row.on.rps):,.0f} / {statistics.median(row.off.rps):,.0f} | "
+            f"{row.seen[True]} / {row.seen[False]} |"
+        )
+    runs = ", ".join(f"{r.on.n:,}" for r in rows)
+    how = (
+        f"{TOP_CONFIG} {TOP_SLOTS_ON} against 0, both in each of {rounds} rounds (alternating "
+        f"which runs first), medians; -n per row: {runs}; {time.monotonic() - started:.0f} s"
+    )
+    return lines, how
+
+
 def settled_used_memory(server: Server) -> int:
     """used_memory once it stops moving: right after many inserts the keyspace tables may be
     halfway through an incremental rehash, holding both the old and the new bucket arrays."""
@@ -934,10 +1091,16 @@ def main() -> int:
         action="store_true",
         help=f"only the {LOG_COMMAND} rows on a small and a large key",
     )
+    ap.add_argument(
+        "--top-only",
+        action="store_true",
+        help=f"only the rows with {TOP_CONFIG} {TOP_SLOTS_ON} against 0",
+    )
     opts = ap.parse_args()
     if opts.quick:
         opts.rounds, opts.budget, opts.memory_keys = 3, 20.0, 20_000
     opts.rounds = max(opts.rounds, 3)
+    top_rounds = max(opts.rounds, 7)
 
     for tool in ["redis-server", "redis-cli", "redis-benchmark"]:
         if shutil.which(tool) is None:
@@ -975,6 +1138,17 @@ def main() -> int:
                     shas[LOG_COMMAND] = server.cli("-x", "SCRIPT", "LOAD", stdin=source)
                 print("\n".join(log_size_table(server, shas, opts.rounds)))
                 return 0
+            if opts.top_only:
+                top, how = top_table(server, top_rounds, opts.budget / 2, bench_pin)
+                if not top:
+                    raise SystemExit(f"the loaded module has no {TOP_COMMAND}")
+                print()
+                print(machine_line(pinned))
+                print()
+                print(f"redis-benchmark -P {PIPELINE} -c {CLIENTS}; {how}")
+                print()
+                print("\n".join(top))
+                return 0
             cases, shas, notes = build_cases(server)
             for note in notes:
                 print(f"note: {note}", file=sys.stderr)
@@ -998,6 +1172,7 @@ def main() -> int:
                     case.usec.append(usec)
                     case.rps.append(rps)
 
+            top, top_how = top_table(server, top_rounds, opts.budget / 2, bench_pin)
             log_sizes = log_size_table(server, shas, max(opts.rounds, 5))
             memory = measure_memory(server, cases, shas, opts.memory_keys, cell)
         finally:
@@ -1006,6 +1181,8 @@ def main() -> int:
                 cell.stop()
 
     lines = render(cases, memory)
+    if top:
+        lines += ["", f"Most-denied keys: {top_how}", ""] + top
     if log_sizes:
         lines += [""] + log_sizes
     if opts.criterion_dir:
