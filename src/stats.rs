@@ -117,9 +117,9 @@ pub fn observe<'a>(
     if outcome == Outcome::Denied && is_limit {
         with_top(|top| {
             if top.slots() > 0
-                && let (Some(key), Ok(name)) = (key(), command.name.to_str())
+                && let Some(key) = key()
             {
-                top.denied(key, name, now_ms());
+                top.denied(key, command.name, now_ms());
             }
         });
     }

@@ -10,17 +10,19 @@
 //! number of slots, however many keys exist. No Redis types here.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ffi::CStr;
+use std::sync::Arc;
 
 /// One tracked key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    pub key: Vec<u8>,
+    pub key: Arc<[u8]>,
     /// Denials counted for the key (at most `error` more than it really had).
     pub denied: u64,
     /// The most by which `denied` may overcount: the count of the key this one replaced.
     pub error: u64,
     /// The command of the key's latest denial.
-    pub command: &'static str,
+    pub command: &'static CStr,
     /// Unix milliseconds of its first and latest denial since it was tracked.
     pub first_denied_ms: i64,
     pub last_denied_ms: i64,
@@ -30,8 +32,10 @@ pub struct Entry {
 pub struct Top {
     slots: usize,
     entries: Vec<Entry>,
-    by_key: HashMap<Vec<u8>, usize>,
-    /// `(denied, slot)` of every entry: the first is the one to replace.
+    by_key: HashMap<Arc<[u8]>, usize>,
+    /// `(denied, slot)` of every entry, as it was when last ordered: a tracked key's denial only
+    /// counts in its entry (so the common case costs a hash lookup), and an entry whose count
+    /// moved on is put back in order when it comes up as the one to replace.
     order: BTreeSet<(u64, usize)>,
 }
 
@@ -48,48 +52,57 @@ impl Top {
     }
 
     /// One denial of `key` by `command` at `now_ms`.
-    pub fn denied(&mut self, key: &[u8], command: &'static str, now_ms: i64) {
+    pub fn denied(&mut self, key: &[u8], command: &'static CStr, now_ms: i64) {
         if self.slots == 0 {
             return;
         }
         if let Some(&i) = self.by_key.get(key) {
             if let Some(e) = self.entries.get_mut(i) {
-                self.order.remove(&(e.denied, i));
                 e.denied += 1;
                 e.command = command;
                 e.last_denied_ms = now_ms;
-                self.order.insert((e.denied, i));
             }
             return;
         }
+        let key: Arc<[u8]> = Arc::from(key);
         if self.entries.len() < self.slots {
             let i = self.entries.len();
             self.entries.push(Entry {
-                key: key.to_vec(),
+                key: Arc::clone(&key),
                 denied: 1,
                 error: 0,
                 command,
                 first_denied_ms: now_ms,
                 last_denied_ms: now_ms,
             });
-            self.by_key.insert(key.to_vec(), i);
+            self.by_key.insert(key, i);
             self.order.insert((1, i));
             return;
         }
-        let Some((fewest, i)) = self.order.pop_first() else {
-            return;
+        // The entry with the fewest denials: the first in order whose count has not moved on
+        // since it was ordered (one that has is put back where it now belongs).
+        let (fewest, i) = loop {
+            let Some((ordered, i)) = self.order.pop_first() else {
+                return;
+            };
+            match self.entries.get(i) {
+                Some(e) if e.denied == ordered => break (ordered, i),
+                Some(e) => {
+                    self.order.insert((e.denied, i));
+                }
+                None => {}
+            }
         };
         if let Some(e) = self.entries.get_mut(i) {
             self.by_key.remove(&e.key);
-            e.key.clear();
-            e.key.extend_from_slice(key);
+            e.key = Arc::clone(&key);
             e.denied = fewest + 1;
             e.error = fewest;
             e.command = command;
             e.first_denied_ms = now_ms;
             e.last_denied_ms = now_ms;
-            self.by_key.insert(key.to_vec(), i);
-            self.order.insert((e.denied, i));
+            self.by_key.insert(key, i);
+            self.order.insert((fewest + 1, i));
         }
     }
 
@@ -114,7 +127,7 @@ impl Top {
         let kept = self.heaviest(slots);
         *self = Top::new(slots);
         for (i, e) in kept.into_iter().enumerate() {
-            self.by_key.insert(e.key.clone(), i);
+            self.by_key.insert(Arc::clone(&e.key), i);
             self.order.insert((e.denied, i));
             self.entries.push(e);
         }
@@ -129,14 +142,14 @@ mod tests {
     fn counts_exactly_while_every_key_has_a_slot() {
         let mut t = Top::new(3);
         for (i, k) in ["a", "b", "a", "c", "a", "b"].iter().enumerate() {
-            t.denied(k.as_bytes(), "RL.GCRA", 1000 + i as i64);
+            t.denied(k.as_bytes(), c"RL.GCRA", 1000 + i as i64);
         }
         let top = t.heaviest(10);
         let rows: Vec<(&[u8], u64, u64, i64, i64)> = top
             .iter()
             .map(|e| {
                 (
-                    e.key.as_slice(),
+                    &e.key[..],
                     e.denied,
                     e.error,
                     e.first_denied_ms,
@@ -159,15 +172,15 @@ mod tests {
     fn a_new_key_takes_the_fewest_count_and_records_it_as_error() {
         let mut t = Top::new(2);
         for k in ["a", "a", "a", "b", "c"] {
-            t.denied(k.as_bytes(), "RL.ALL", 5);
+            t.denied(k.as_bytes(), c"RL.ALL", 5);
         }
         let top = t.heaviest(2);
         assert_eq!(
-            (top[0].key.as_slice(), top[0].denied, top[0].error),
+            (&top[0].key[..], top[0].denied, top[0].error),
             (&b"a"[..], 3, 0)
         );
         assert_eq!(
-            (top[1].key.as_slice(), top[1].denied, top[1].error),
+            (&top[1].key[..], top[1].denied, top[1].error),
             (&b"c"[..], 2, 1)
         );
     }
@@ -183,14 +196,14 @@ mod tests {
         for round in 0..20_000u64 {
             let light = format!("light:{round}").into_bytes();
             for _ in 0..(1 + round % 2) {
-                t.denied(&light, "RL.TOKENBUCKET", 0);
+                t.denied(&light, c"RL.TOKENBUCKET", 0);
                 *truth.entry(light.clone()).or_default() += 1;
                 n += 1;
             }
             if round % 10 == 0 {
                 let heavy = format!("heavy:{}", round % 50 / 10).into_bytes();
                 for _ in 0..5 {
-                    t.denied(&heavy, "RL.TOKENBUCKET", 0);
+                    t.denied(&heavy, c"RL.TOKENBUCKET", 0);
                     *truth.entry(heavy.clone()).or_default() += 1;
                     n += 1;
                 }
@@ -201,7 +214,7 @@ mod tests {
         let top = t.heaviest(5);
         let mut names: Vec<String> = top
             .iter()
-            .map(|e| String::from_utf8(e.key.clone()).unwrap())
+            .map(|e| String::from_utf8(e.key.to_vec()).unwrap())
             .collect();
         names.sort();
         assert_eq!(
@@ -209,7 +222,7 @@ mod tests {
             ["heavy:0", "heavy:1", "heavy:2", "heavy:3", "heavy:4"]
         );
         for e in t.heaviest(slots) {
-            let real = truth[&e.key];
+            let real = truth[&e.key.to_vec()];
             assert!(
                 e.denied >= real && e.denied - e.error <= real,
                 "{e:?} {real}"
@@ -222,18 +235,18 @@ mod tests {
     fn resizing_keeps_the_heaviest_and_zero_turns_it_off() {
         let mut t = Top::new(3);
         for k in ["a", "a", "a", "b", "b", "c"] {
-            t.denied(k.as_bytes(), "RL.GCRA", 1);
+            t.denied(k.as_bytes(), c"RL.GCRA", 1);
         }
         t.resize(2);
-        let keys: Vec<Vec<u8>> = t.heaviest(9).into_iter().map(|e| e.key).collect();
+        let keys: Vec<Vec<u8>> = t.heaviest(9).into_iter().map(|e| e.key.to_vec()).collect();
         assert_eq!(keys, [b"a".to_vec(), b"b".to_vec()]);
-        t.denied(b"a", "RL.GCRA", 2);
+        t.denied(b"a", c"RL.GCRA", 2);
         assert_eq!(t.heaviest(1)[0].denied, 4);
         t.resize(0);
-        t.denied(b"a", "RL.GCRA", 3);
+        t.denied(b"a", c"RL.GCRA", 3);
         assert!(t.heaviest(9).is_empty());
         t.resize(2);
-        t.denied(b"z", "RL.GCRA", 4);
+        t.denied(b"z", c"RL.GCRA", 4);
         t.reset();
         assert!(t.heaviest(9).is_empty());
         assert_eq!(t.slots(), 2);

@@ -294,7 +294,8 @@ pub fn reply_top(ctx: *mut RedisModuleCtx, entries: &[crate::top::Entry]) -> c_i
             bulk(ctx, e.key.as_ptr().cast(), e.key.len());
             int(ctx, saturate(e.denied));
             int(ctx, saturate(e.error));
-            bulk(ctx, e.command.as_ptr().cast(), e.command.len());
+            let command = e.command.to_bytes();
+            bulk(ctx, command.as_ptr().cast(), command.len());
             int(ctx, e.first_denied_ms as c_longlong);
             int(ctx, e.last_denied_ms as c_longlong);
         }

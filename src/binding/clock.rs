@@ -41,8 +41,23 @@ static STATS: CommandStats = CommandStats::new();
 static TEST_CLOCK_ON: AtomicBool = AtomicBool::new(false);
 static TEST_CLOCK_US: AtomicI64 = AtomicI64::new(0);
 
+/// The time the latest call decided at (`now_us`), for what observes that call.
+static LAST_US: AtomicI64 = AtomicI64::new(0);
+
+/// The time `now_us` last returned: the instant the current call decided at, read again without
+/// asking the clock (the observation hook stamps denials with it).
+pub fn decided_at_us() -> i64 {
+    LAST_US.load(Ordering::Relaxed)
+}
+
 /// Current time in Unix microseconds.
 pub fn now_us() -> i64 {
+    let now = read_clock();
+    LAST_US.store(now, Ordering::Relaxed);
+    now
+}
+
+fn read_clock() -> i64 {
     if TEST_CLOCK_ON.load(Ordering::Relaxed) {
         return TEST_CLOCK_US.load(Ordering::Relaxed);
     }

@@ -86,7 +86,8 @@ fn entry<A: Answer>(
     if let Some((outcome, index, is_limit)) = observed {
         // SAFETY: argv strings live for the whole call.
         let key = || argv.get(index).map(|s| unsafe { api::string_bytes(*s) });
-        let now_ms = || clock::now_us().div_euclid(1000);
+        // A denial was decided at the time the call read last.
+        let now_ms = || clock::decided_at_us().div_euclid(1000);
         let _ = catch_unwind(AssertUnwindSafe(|| {
             stats::observe(command, key, now_ms, outcome, is_limit)
         }));
