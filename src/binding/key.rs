@@ -65,13 +65,7 @@ impl RedisKey {
         // Trim first, then add, as the replicated commands do: a set emptied by the trim is
         // deleted and created anew, so the encoding Redis picks (listpack or skiplist) is the
         // one a replica or the Lua twin ends up with too.
-        let trim = match e.trim_up_to {
-            Some(up_to) => {
-                self.trim(up_to)?;
-                Some(score_string(self.ctx, up_to)?)
-            }
-            None => None,
-        };
+        let trim = self.trim_first(e.trim_up_to)?;
         let score = score_string(self.ctx, e.score)?;
         // ZADD's argument vector: score member score member ...
         let capacity = usize::try_from(e.count).unwrap_or(0);
@@ -92,15 +86,7 @@ impl RedisKey {
         if expiry_moved {
             self.key.set_abs_expire(expire_at_ms)?;
         }
-        if let Some(up_to) = &trim {
-            let low = TempString::new(self.ctx, b"-inf")?;
-            api::replicate_key_command(
-                self.ctx,
-                c"ZREMRANGEBYSCORE",
-                self.name,
-                &[low.as_ptr(), up_to.as_ptr()],
-            )?;
-        }
+        self.replicate_trim(trim.as_ref())?;
         api::replicate_key_command(self.ctx, c"ZADD", self.name, &zadd)?;
         if expiry_moved {
             api::replicate_pexpireat(self.ctx, self.name, expire_at_ms)?;
@@ -125,10 +111,7 @@ impl RedisKey {
         expiry: Option<f64>,
         expire_at_ms: Option<i64>,
     ) -> Result<(), ErrorReply> {
-        let trim = match trim_up_to {
-            Some(up_to) => Some((self.trim(up_to)?, score_string(self.ctx, up_to)?)),
-            None => None,
-        };
+        let trim = self.trim_first(trim_up_to)?;
         let member = TempString::new(self.ctx, id)?;
         let score = match expiry {
             Some(e) => {
@@ -140,26 +123,8 @@ impl RedisKey {
                 None
             }
         };
-        let deleted = self.key.kind()? == KeyKind::Empty;
-        let expiry_moved = match expire_at_ms {
-            Some(at) if !deleted => {
-                let moved = self.key.abs_expire()? != Some(at);
-                if moved {
-                    self.key.set_abs_expire(at)?;
-                }
-                moved
-            }
-            _ => false,
-        };
-        if let Some((_, up_to)) = &trim {
-            let low = TempString::new(self.ctx, b"-inf")?;
-            api::replicate_key_command(
-                self.ctx,
-                c"ZREMRANGEBYSCORE",
-                self.name,
-                &[low.as_ptr(), up_to.as_ptr()],
-            )?;
-        }
+        let (deleted, expiry_moved) = self.move_expiry(expire_at_ms)?;
+        self.replicate_trim(trim.as_ref())?;
         match &score {
             Some(s) => api::replicate_key_command(
                 self.ctx,
@@ -169,9 +134,7 @@ impl RedisKey {
             )?,
             None => api::replicate_key_command(self.ctx, c"ZREM", self.name, &[member.as_ptr()])?,
         }
-        if let (true, Some(at)) = (expiry_moved, expire_at_ms) {
-            api::replicate_pexpireat(self.ctx, self.name, at)?;
-        }
+        self.replicate_expiry(expiry_moved, expire_at_ms)?;
         api::signal_zset_write(
             self.ctx,
             self.name,
@@ -191,13 +154,7 @@ impl RedisKey {
         count: i64,
         expire_at_ms: Option<i64>,
     ) -> Result<(), ErrorReply> {
-        let trim = match trim_up_to {
-            Some(up_to) => {
-                self.trim(up_to)?;
-                Some(score_string(self.ctx, up_to)?)
-            }
-            None => None,
-        };
+        let trim = self.trim_first(trim_up_to)?;
         let mut newest = Vec::new();
         let mut left = count;
         self.key
@@ -209,34 +166,9 @@ impl RedisKey {
         for m in &newest {
             self.key.zset_rem(m.as_ptr())?;
         }
-        let deleted = self.key.kind()? == KeyKind::Empty;
-        let expiry_moved = match expire_at_ms {
-            Some(at) if !deleted => {
-                let moved = self.key.abs_expire()? != Some(at);
-                if moved {
-                    self.key.set_abs_expire(at)?;
-                }
-                moved
-            }
-            _ => false,
-        };
-        if let Some(up_to) = &trim {
-            let low = TempString::new(self.ctx, b"-inf")?;
-            api::replicate_key_command(
-                self.ctx,
-                c"ZREMRANGEBYSCORE",
-                self.name,
-                &[low.as_ptr(), up_to.as_ptr()],
-            )?;
-        }
-        let mut from = [0u8; 24];
-        let from = {
-            use std::io::Write;
-            let mut cursor = std::io::Cursor::new(&mut from[..]);
-            let _ = write!(cursor, "{}", -count);
-            let n = usize::try_from(cursor.position()).unwrap_or(0);
-            TempString::new(self.ctx, from.get(..n).unwrap_or_default())?
-        };
+        let (deleted, expiry_moved) = self.move_expiry(expire_at_ms)?;
+        self.replicate_trim(trim.as_ref())?;
+        let from = TempString::new(self.ctx, format!("{}", -count).as_bytes())?;
         let to = TempString::new(self.ctx, b"-1")?;
         api::replicate_key_command(
             self.ctx,
@@ -244,9 +176,7 @@ impl RedisKey {
             self.name,
             &[from.as_ptr(), to.as_ptr()],
         )?;
-        if let (true, Some(at)) = (expiry_moved, expire_at_ms) {
-            api::replicate_pexpireat(self.ctx, self.name, at)?;
-        }
+        self.replicate_expiry(expiry_moved, expire_at_ms)?;
         api::signal_zset_write(
             self.ctx,
             self.name,
@@ -259,8 +189,59 @@ impl RedisKey {
         )
     }
 
-    /// Removes the entries with a score up to and including `up_to`; how many went.
-    fn trim(&mut self, up_to: f64) -> Result<usize, ErrorReply> {
+    /// Removes the entries up to `trim_up_to` (when given), first of a sorted-set write, as
+    /// the replicated commands do; the bound as `ZREMRANGEBYSCORE` gets it.
+    fn trim_first(&mut self, trim_up_to: Option<f64>) -> Result<Option<TempString>, ErrorReply> {
+        match trim_up_to {
+            Some(up_to) => {
+                self.trim(up_to)?;
+                score_string(self.ctx, up_to).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// After a sorted-set write: whether it left the key empty (deleted), and whether the
+    /// expiry moved to `expire_at_ms` (set only when it did; none on a deleted key).
+    fn move_expiry(&mut self, expire_at_ms: Option<i64>) -> Result<(bool, bool), ErrorReply> {
+        let deleted = self.key.kind()? == KeyKind::Empty;
+        let moved = match expire_at_ms {
+            Some(at) if !deleted => {
+                let moved = self.key.abs_expire()? != Some(at);
+                if moved {
+                    self.key.set_abs_expire(at)?;
+                }
+                moved
+            }
+            _ => false,
+        };
+        Ok((deleted, moved))
+    }
+
+    /// `ZREMRANGEBYSCORE key -inf up_to`, when entries were trimmed.
+    fn replicate_trim(&self, up_to: Option<&TempString>) -> Result<(), ErrorReply> {
+        let Some(up_to) = up_to else {
+            return Ok(());
+        };
+        let low = TempString::new(self.ctx, b"-inf")?;
+        api::replicate_key_command(
+            self.ctx,
+            c"ZREMRANGEBYSCORE",
+            self.name,
+            &[low.as_ptr(), up_to.as_ptr()],
+        )
+    }
+
+    /// `PEXPIREAT key ms`, when the expiry moved.
+    fn replicate_expiry(&self, moved: bool, expire_at_ms: Option<i64>) -> Result<(), ErrorReply> {
+        match expire_at_ms {
+            Some(at) if moved => api::replicate_pexpireat(self.ctx, self.name, at),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes the entries with a score up to and including `up_to`.
+    fn trim(&mut self, up_to: f64) -> Result<(), ErrorReply> {
         let mut old = Vec::new();
         self.key.zset_range(f64::NEG_INFINITY, up_to, &mut |m, _| {
             old.push(m);
@@ -269,7 +250,7 @@ impl RedisKey {
         for m in &old {
             self.key.zset_rem(m.as_ptr())?;
         }
-        Ok(old.len())
+        Ok(())
     }
 }
 

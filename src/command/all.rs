@@ -6,7 +6,8 @@
 //! applies to every limit (default 1), and one `LEASE id` to every concurrency limit (the lease
 //! id of `RL.ACQUIRE`). The two may come in either order, after the limits.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
+use std::sync::OnceLock;
 
 use crate::command::descriptor::ArgKind::{self, Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional, repeated};
@@ -52,17 +53,24 @@ pub const MIN_ARGS: usize = 5;
 const NUMKEYS: ErrorReply = ErrorReply(c"ERR numkeys must be an integer between 1 and 16");
 /// `ERR unknown algorithm, expected one of: ...` with every keyword of the registry, made once.
 fn unknown() -> ErrorReply {
-    static TEXT: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
-    let text = TEXT.get_or_init(|| {
-        let keywords: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
+    static TEXT: OnceLock<CString> = OnceLock::new();
+    unknown_among(&TEXT, algorithms().map(|(_, k, _)| k))
+}
+
+/// `ERR unknown algorithm, expected one of: <keywords>`, made once into `text`.
+pub fn unknown_among<'a>(
+    text: &'static OnceLock<CString>,
+    keywords: impl Iterator<Item = &'a str>,
+) -> ErrorReply {
+    let text = text.get_or_init(|| {
+        let keywords: Vec<&str> = keywords.collect();
         let message = format!(
             "ERR unknown algorithm, expected one of: {}",
             keywords.join(" ")
         );
-        std::ffi::CString::new(message).unwrap_or_default()
+        CString::new(message).unwrap_or_default()
     });
-    let text: &'static std::ffi::CStr = text.as_c_str();
-    ErrorReply(text)
+    ErrorReply(text.as_c_str())
 }
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const LEASE_UNUSED: ErrorReply = ErrorReply(c"ERR LEASE is given only with a CONCURRENCY limit");

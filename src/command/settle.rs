@@ -75,16 +75,7 @@ pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, 
 /// `ERR unknown algorithm, expected one of: ...` with every keyword `RL.SETTLE` settles.
 fn unknown() -> ErrorReply {
     static TEXT: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
-    let text = TEXT.get_or_init(|| {
-        let keywords: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
-        let message = format!(
-            "ERR unknown algorithm, expected one of: {}",
-            keywords.join(" ")
-        );
-        std::ffi::CString::new(message).unwrap_or_default()
-    });
-    let text: &'static CStr = text.as_c_str();
-    ErrorReply(text)
+    all::unknown_among(&TEXT, algorithms().map(|(_, k, _)| k))
 }
 
 /// Parses everything after the command name: the keys and one settling limit per key.
