@@ -64,7 +64,13 @@ fn small_integer(s: &[u8]) -> Option<f64> {
         return None;
     }
     let mut n: u64 = 0;
-    for &d in digits {
+    let mut rest = digits;
+    // Eight digits at a time (a 16-digit timestamp is two steps), then one at a time.
+    while let Some((chunk, tail)) = rest.split_first_chunk::<8>() {
+        n = n * 100_000_000 + eight_digits(*chunk)?;
+        rest = tail;
+    }
+    for &d in rest {
         if !d.is_ascii_digit() {
             return None;
         }
@@ -75,6 +81,32 @@ fn small_integer(s: &[u8]) -> Option<f64> {
     }
     let v = n as f64;
     Some(if negative { -v } else { v })
+}
+
+/// The value of eight ASCII digits, or `None` if any byte is not one: the bytes are read as one
+/// little-endian word and combined pairwise (2, then 4, then 8 digits) in three multiplications.
+fn eight_digits(chunk: [u8; 8]) -> Option<u64> {
+    const HIGH_NIBBLES: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    let word = u64::from_le_bytes(chunk);
+    // Every byte is 0x30..=0x39: its high nibble is 3, and adding 6 keeps it 3. (A byte that
+    // fails the first test may carry into the next in the second; the first already failed.)
+    if word & HIGH_NIBBLES != ZEROS
+        || word.wrapping_add(0x0606_0606_0606_0606) & HIGH_NIBBLES != ZEROS
+    {
+        return None;
+    }
+    let d = word - ZEROS;
+    // Each even byte becomes the two-digit value of its byte pair...
+    let pairs = d.wrapping_mul(10).wrapping_add(d >> 8);
+    // ...then two pairs make four digits and two fours make eight, in the top half.
+    let low = pairs & 0x0000_00FF_0000_00FF;
+    let high = (pairs >> 16) & 0x0000_00FF_0000_00FF;
+    Some(
+        low.wrapping_mul(100 + (1_000_000 << 32))
+            .wrapping_add(high.wrapping_mul(1 + (10_000 << 32)))
+            >> 32,
+    )
 }
 
 /// A decimal string as a double, or `None` if it is not in the grammar.
@@ -96,8 +128,10 @@ pub const G17_MAX_LEN: usize = 32;
 pub fn format_g17(value: f64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
     // Integers below 1e17 print as plain digits under %.17g; this covers timestamps and whole
     // token counts without going through printf.
-    if value == value.trunc() && value.abs() < 1e17 && !(value == 0.0 && value.is_sign_negative()) {
-        return format_i64(value as i64, buf);
+    // (`as` saturates, and NaN becomes 0, so the round trip holds only for integers.)
+    let whole = value as i64;
+    if whole as f64 == value && value.abs() < 1e17 && !(value == 0.0 && value.is_sign_negative()) {
+        return format_i64(whole, buf);
     }
     if let Some(len) = g17_layout(value, buf) {
         return len;
@@ -304,27 +338,43 @@ impl<const N: usize> std::fmt::Write for ByteWriter<N> {
 
 /// Decimal text of an integer, without allocating; returns the used length of `buf`.
 pub fn format_i64(value: i64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
-    // Digits from the end of the buffer backwards, then moved to the front.
     let mut n = value.unsigned_abs();
-    let mut start = buf.len();
-    for slot in buf.iter_mut().rev() {
-        *slot = b'0' + (n % 10) as u8;
-        start -= 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if value < 0
-        && let Some(sign) = start.checked_sub(1)
-        && let Some(slot) = buf.get_mut(sign)
+    let sign = usize::from(value < 0);
+    let len = sign + n.checked_ilog10().map_or(1, |l| l as usize + 1);
+    if sign == 1
+        && let Some(slot) = buf.first_mut()
     {
         *slot = b'-';
-        start = sign;
     }
-    buf.copy_within(start.., 0);
-    buf.len() - start
+    // Two digits at a time from the last, straight into place.
+    let mut at = len;
+    while n >= 10 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        if let (Some(dst), Some(src)) = (buf.get_mut(at..at + 2), DIGIT_PAIRS.get(pair..pair + 2)) {
+            dst.copy_from_slice(src);
+        }
+    }
+    if at > sign
+        && let Some(slot) = buf.get_mut(at - 1)
+    {
+        *slot = b'0' + n as u8;
+    }
+    len
 }
+
+/// "00" to "99", for writing integers two digits at a time.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut table = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        table[2 * i] = b'0' + (i / 10) as u8;
+        table[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    table
+};
 
 /// Convenience for tests and cold paths.
 pub fn g17_string(value: f64) -> String {
@@ -434,6 +484,47 @@ mod tests {
             let len = format_i64(v, &mut buf);
             assert_eq!(&buf[..len], v.to_string().as_bytes());
         }
+    }
+
+    #[test]
+    fn integers_of_every_length_format_and_parse_like_std() {
+        // Every digit count and sign, then pseudo-random values (xorshift).
+        let mut values: Vec<i64> = Vec::new();
+        let mut p: i64 = 1;
+        for _ in 0..19 {
+            values.extend([p - 1, p, p + 1, -p, 9 * p, -(p - 1)]);
+            p = p.saturating_mul(10);
+        }
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push((x >> (x % 64)) as i64);
+        }
+        for v in values {
+            let mut buf = [0u8; G17_MAX_LEN];
+            let len = format_i64(v, &mut buf);
+            assert_eq!(&buf[..len], v.to_string().as_bytes());
+            let text = v.to_string();
+            let expected = (v.unsigned_abs() <= 1 << 53).then_some(v as f64);
+            assert_eq!(small_integer(text.as_bytes()), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_byte_that_is_not_a_digit_is_refused_in_any_position() {
+        for len in 1..=19 {
+            for at in 0..len {
+                for bad in [b'/', b':', b' ', b'.', b'e', 0x00, 0x80, 0xB0, 0xFF] {
+                    let mut text = vec![b'7'; len];
+                    text[at] = bad;
+                    assert_eq!(small_integer(&text), None, "{text:?}");
+                }
+            }
+        }
+        assert_eq!(eight_digits(*b"01234567"), Some(1_234_567));
+        assert_eq!(eight_digits(*b"99999999"), Some(99_999_999));
     }
 
     fn printf_g17(value: f64) -> String {

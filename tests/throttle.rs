@@ -304,7 +304,7 @@ fn stored(c: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
 #[test]
 fn values_rewritten_in_place_reach_the_replica() {
     // A microsecond apart the value keeps its length and the expiry (whole ms) mostly stays:
-    // rewritten in place, the expiry set only when it moves, and still the same on the replica.
+    // rewritten in place, its expiry set again each time, and still the same on the replica.
     let master = Server::with_test_clock();
     let replica = Server::start();
     replica.replicate_from(&master);

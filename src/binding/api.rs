@@ -3,12 +3,14 @@
 //! Every API pointer is an `Option` filled in at load time; a missing one becomes an error reply,
 //! never a panic. Nothing here allocates Rust memory per call.
 
-use std::ffi::{c_int, c_long, c_longlong};
+use std::ffi::{CStr, c_int, c_long, c_longlong};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
 use crate::error::ErrorReply;
+use crate::number::{G17_MAX_LEN, format_i64};
 
 pub(crate) const API_MISSING: ErrorReply =
     ErrorReply(c"ERR this Redis server lacks a module API this command needs");
@@ -384,7 +386,35 @@ impl OpenKey {
     }
 }
 
-/// Propagates `SET key value PXAT unix_ms`: one command, with an absolute expiry.
+/// A string made once and kept for the module's lifetime, for a constant argument of propagated
+/// commands: format `s` hands Redis a reference, where `c` would copy it into a new object on
+/// every call (and free it again after propagation).
+fn kept_string(
+    cell: &AtomicPtr<RedisModuleString>,
+    text: &'static CStr,
+) -> Result<*mut RedisModuleString, ErrorReply> {
+    let kept = cell.load(Ordering::Relaxed);
+    if !kept.is_null() {
+        return Ok(kept);
+    }
+    let create = api!(RedisModule_CreateString)?;
+    let bytes = text.to_bytes();
+    // SAFETY: a NULL context makes a string that no automatic memory frees; the bytes are
+    // copied. Commands run on the main thread only, so the cell is filled once.
+    let made = unsafe { create(ptr::null_mut(), bytes.as_ptr().cast(), bytes.len()) };
+    if made.is_null() {
+        return Err(API_MISSING);
+    }
+    cell.store(made, Ordering::Relaxed);
+    Ok(made)
+}
+
+static PXAT: AtomicPtr<RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+
+/// Propagates `SET key value PXAT unix_ms`: one command, with an absolute expiry. The key is the
+/// caller's argument and `PXAT` a kept string (both passed by reference); the value and the
+/// expiry are each copied once, the expiry as digits formatted here (format `l` would build it
+/// through an sds and a second object).
 pub fn replicate_set_pxat(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
@@ -392,28 +422,33 @@ pub fn replicate_set_pxat(
     unix_ms: i64,
 ) -> Result<(), ErrorReply> {
     let replicate = api!(RedisModule_Replicate)?;
-    // SAFETY: format "sbcl": key string, buffer and its length (copied), C string, long long.
+    let pxat = kept_string(&PXAT, c"PXAT")?;
+    let mut digits = [0u8; G17_MAX_LEN];
+    let digits_len = format_i64(unix_ms, &mut digits);
+    // SAFETY: format "sbsb": key string, buffer and its length (copied), string, buffer and its
+    // length (copied).
     unsafe {
         replicate(
             ctx,
             c"SET".as_ptr(),
-            c"sbcl".as_ptr(),
+            c"sbsb".as_ptr(),
             key,
             value.as_ptr(),
             value.len(),
-            c"PXAT".as_ptr(),
-            unix_ms as c_longlong,
+            pxat,
+            digits.as_ptr(),
+            digits_len,
         )
     };
     Ok(())
 }
 
 /// Tells WATCH, client-side caching and keyspace-notification subscribers that a string was set
-/// (`set`), and given a new expiry (`expire`, only when it moved).
+/// with an expiry: `set`, then `expire`, the events of `SET key value PXAT ms` (what replicas and
+/// the Lua twins run).
 pub fn signal_string_write(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
-    expiry_moved: bool,
 ) -> Result<(), ErrorReply> {
     let signal = api!(RedisModule_SignalModifiedKey)?;
     let notify = api!(RedisModule_NotifyKeyspaceEvent)?;
@@ -421,14 +456,12 @@ pub fn signal_string_write(
     unsafe {
         signal(ctx, key);
         notify(ctx, raw::REDISMODULE_NOTIFY_STRING, c"set".as_ptr(), key);
-        if expiry_moved {
-            notify(
-                ctx,
-                raw::REDISMODULE_NOTIFY_GENERIC,
-                c"expire".as_ptr(),
-                key,
-            );
-        }
+        notify(
+            ctx,
+            raw::REDISMODULE_NOTIFY_GENERIC,
+            c"expire".as_ptr(),
+            key,
+        );
     }
     Ok(())
 }

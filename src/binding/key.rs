@@ -42,23 +42,19 @@ impl RedisKey {
 
     fn set(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
         // A busy key's value often keeps its length from call to call: written in place it
-        // keeps the key and its expiry, which is then set only if it moves. Any other value
-        // replaces the key's, of whatever type (SET semantics: the expiry goes, and is set anew).
+        // keeps the key. Any other value replaces the key's, of whatever type (SET semantics:
+        // the expiry goes, and is set anew).
         let in_place =
             self.key.kind()? == KeyKind::String && self.key.string_overwrite_same_length(value)?;
-        // A replaced value has no expiry left, so only an in-place write needs to look it up.
-        let expiry_moved = if in_place {
-            self.key.abs_expire()? != Some(expire_at_ms)
-        } else {
+        if !in_place {
             let fresh = TempString::new(self.ctx, value)?;
             self.key.string_set(fresh.as_ptr())?;
-            true
-        };
-        if expiry_moved {
-            self.key.set_abs_expire(expire_at_ms)?;
         }
+        // Set every time, as the propagated `SET ... PXAT` and the twin's set it: one lookup,
+        // where asking first whether it moved would take one more.
+        self.key.set_abs_expire(expire_at_ms)?;
         api::replicate_set_pxat(self.ctx, self.name, value, expire_at_ms)?;
-        api::signal_string_write(self.ctx, self.name, expiry_moved)
+        api::signal_string_write(self.ctx, self.name)
     }
 
     fn append(&mut self, e: &Entries, expire_at_ms: i64) -> Result<(), ErrorReply> {
