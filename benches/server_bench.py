@@ -923,8 +923,8 @@ def run_top(server: Server, row: TopRow, on: bool, n: int, pin: list[str]) -> tu
 
 def top_table(server: Server, rounds: int, budget: float, pin: list[str]) -> tuple[list[str], str]:
     """The tracking comparison (Markdown lines) and a line on how it ran, or nothing when the
-    module has no RL.TOP; `budget` is the seconds of all its timed runs together (half of
-    --budget). Tracking is left at its default afterwards."""
+    module has no RL.TOP; `budget` is the seconds of all its timed runs together (--budget,
+    at least 15 rounds). Tracking is left at its default afterwards."""
     rows = [r for r in top_rows() if server.has_command(r.on.label)]
     if not rows or not server.has_command(TOP_COMMAND):
         return [], ""
@@ -1100,7 +1100,9 @@ def main() -> int:
     if opts.quick:
         opts.rounds, opts.budget, opts.memory_keys = 3, 20.0, 20_000
     opts.rounds = max(opts.rounds, 3)
-    top_rounds = max(opts.rounds, 7)
+    # Tracking's cost is a few percent of a call, below what one round's noise moves here: more
+    # rounds, with the whole budget, keep its medians steady.
+    top_rounds = max(opts.rounds, 15)
 
     for tool in ["redis-server", "redis-cli", "redis-benchmark"]:
         if shutil.which(tool) is None:
@@ -1139,7 +1141,7 @@ def main() -> int:
                 print("\n".join(log_size_table(server, shas, opts.rounds)))
                 return 0
             if opts.top_only:
-                top, how = top_table(server, top_rounds, opts.budget / 2, bench_pin)
+                top, how = top_table(server, top_rounds, opts.budget, bench_pin)
                 if not top:
                     raise SystemExit(f"the loaded module has no {TOP_COMMAND}")
                 print()
@@ -1172,7 +1174,7 @@ def main() -> int:
                     case.usec.append(usec)
                     case.rps.append(rps)
 
-            top, top_how = top_table(server, top_rounds, opts.budget / 2, bench_pin)
+            top, top_how = top_table(server, top_rounds, opts.budget, bench_pin)
             log_sizes = log_size_table(server, shas, max(opts.rounds, 5))
             memory = measure_memory(server, cases, shas, opts.memory_keys, cell)
         finally:
