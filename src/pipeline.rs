@@ -194,7 +194,6 @@ impl Encoded {
             buf: [0; MAX_FIELDS * (G17_MAX_LEN + 1)],
             len: 0,
         };
-        let mut number = [0u8; G17_MAX_LEN];
         for (i, v) in values.iter().take(MAX_FIELDS).enumerate() {
             if i > 0
                 && let Some(b) = out.buf.get_mut(out.len)
@@ -202,12 +201,13 @@ impl Encoded {
                 *b = b' ';
                 out.len += 1;
             }
-            let n = format_g17(*v, &mut number);
-            if let (Some(dest), Some(src)) =
-                (out.buf.get_mut(out.len..out.len + n), number.get(..n))
+            // Formatted in place: a number's widest form fits after any 7 before it.
+            if let Some(Ok(number)) = out
+                .buf
+                .get_mut(out.len..out.len + G17_MAX_LEN)
+                .map(<&mut [u8; G17_MAX_LEN]>::try_from)
             {
-                dest.copy_from_slice(src);
-                out.len += n;
+                out.len += format_g17(*v, number);
             }
         }
         out

@@ -310,11 +310,13 @@ pub const OOM: ErrorReply = ErrorReply(c"OOM command not allowed when used memor
 
 /// Fails with Redis's OOM error when the server is over `maxmemory` (and may not evict). Called
 /// right before a write, so denials and peeks keep answering under memory pressure.
-pub fn check_memory(ctx: *mut RedisModuleCtx) -> Result<(), ErrorReply> {
-    let flags = api!(RedisModule_GetContextFlags)?;
-    // SAFETY: valid context.
-    let flags = unsafe { flags(ctx) };
-    if flags & raw::REDISMODULE_CTX_FLAGS_OOM as c_int != 0 {
+pub fn check_memory() -> Result<(), ErrorReply> {
+    // The share of `maxmemory` in use as eviction counts it (0 without a limit): above 1 is when
+    // Redis sets the OOM context flag (up to the float's rounding, about maxmemory / 2^24 bytes),
+    // and asking for it alone costs a fraction of computing every context flag.
+    let used_ratio = api!(RedisModule_GetUsedMemoryRatio)?;
+    // SAFETY: takes no arguments, only reads the server's memory counters.
+    if unsafe { used_ratio() } > 1.0 {
         Err(OOM)
     } else {
         Ok(())

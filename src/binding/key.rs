@@ -405,7 +405,7 @@ impl Store for RedisKey {
     }
 
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
-        api::check_memory(self.ctx)?;
+        api::check_memory()?;
         match effect {
             Effect::Set {
                 value,

@@ -57,7 +57,7 @@ pub fn required() -> Vec<(&'static str, bool)> {
         RedisModule_Replicate,
         RedisModule_SignalModifiedKey,
         RedisModule_NotifyKeyspaceEvent,
-        RedisModule_GetContextFlags,
+        RedisModule_GetUsedMemoryRatio,
         RedisModule_ReplyWithArray,
         RedisModule_ReplyWithError,
         RedisModule_ReplyWithLongLong,
