@@ -11,8 +11,11 @@ Cases: for every limiter of numbers and CL.THROTTLE, an admitted call on a hot k
 on a hot key and a call on a new key, for the module and its Lua twin (EVALSHA); HSET as the
 floor. Prints a Markdown table.
 
+With --top it measures only what tracking the most-denied keys (RL.TOP) adds to a denial:
+ratelimit.top-slots 128 against 0, on a hot key and on keys that all ran out first.
+
 Usage: python3 benches/callgrind.py [--module PATH] [--lua-dir DIR] [--server PATH]
-                                    [--calls N] [--only SUBSTRING]
+                                    [--calls N] [--only SUBSTRING] [--top]
 """
 
 from __future__ import annotations
@@ -68,8 +71,11 @@ def cli(port: int, *args: str) -> str:
 
 
 def instructions_per_call(server: str, module: Path, setup: list[list[str]],
-                          call: list[str], calls: int, random_keys: bool) -> float:
-    """Runs `call` `calls` times (after `setup`) and returns Ir per call inside `call()`."""
+                          call: list[str], calls: int, random_keys: bool,
+                          load_args: tuple[str, ...] = (), keyspace: int = 100_000_000,
+                          prefill: int = 0) -> float:
+    """Runs `call` `calls` times (after `setup`, and after `prefill` untimed calls of the same
+    command over the same keyspace) and returns Ir per call inside `call()`."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         port = free_port()
@@ -78,7 +84,7 @@ def instructions_per_call(server: str, module: Path, setup: list[list[str]],
                 "valgrind", "--tool=callgrind", "--toggle-collect=call",
                 f"--callgrind-out-file={out}",
                 server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", tmp, "--loadmodule", str(module),
+                "--appendonly", "no", "--dir", tmp, "--loadmodule", str(module), *load_args,
             ],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -86,6 +92,10 @@ def instructions_per_call(server: str, module: Path, setup: list[list[str]],
             wait_ready(port, proc)
             for args in setup:
                 cli(port, *args)
+            if prefill:
+                subprocess.run(["redis-benchmark", "-p", str(port), "-c", "1", "-P", "64", "-n",
+                                str(prefill), "-q", "-r", str(keyspace), *call],
+                               capture_output=True, check=True)
             cli(port, "CONFIG", "RESETSTAT")
             # Start counting from zero: the pings and the setup are not part of the case.
             subprocess.run(["callgrind_control", "-z", str(proc.pid)], capture_output=True,
@@ -93,7 +103,7 @@ def instructions_per_call(server: str, module: Path, setup: list[list[str]],
             bench = ["redis-benchmark", "-p", str(port), "-c", "1", "-P", "16", "-n",
                      str(calls), "-q"]
             if random_keys:
-                bench += ["-r", "100000000"]
+                bench += ["-r", str(keyspace)]
             subprocess.run(bench + call, capture_output=True, check=True)
             stats = cli(port, "INFO", "commandstats")
             name = call[0].lower()
@@ -123,6 +133,8 @@ def main() -> None:
     ap.add_argument("--server", default="redis-server")
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--only", default="", help="only cases whose label contains this")
+    ap.add_argument("--top", action="store_true",
+                    help="only the cost of tracking the most-denied keys (top-slots 128 against 0)")
     a = ap.parse_args()
     module = a.module.resolve()
 
@@ -134,6 +146,28 @@ def main() -> None:
         ir = instructions_per_call(a.server, module, setup, call, a.calls, random_keys)
         rows.append((label, case, ir))
         print(f"{label:32} {case:10} {ir:10,.0f}", file=sys.stderr, flush=True)
+
+    if a.top:
+        # Denials with tracking on and off: a hot key (tracked, and the latest denied), and keys
+        # drawn from 10,000 that all ran out first (each denial nearly always replaces a slot).
+        for slots in ("128", "0"):
+            label = f"RL.GCRA, top-slots {slots}"
+            ir = instructions_per_call(a.server, module, [["RL.GCRA", "hot", "0", "1", "1000"]],
+                                       ["RL.GCRA", "hot", "0", "1", "1000"], a.calls, False,
+                                       ("top-slots", slots))
+            rows.append((label, "denied, hot key", ir))
+            print(f"{label:32} {ir:10,.0f}", file=sys.stderr, flush=True)
+            label = f"RL.TOKENBUCKET, top-slots {slots}"
+            call = ["RL.TOKENBUCKET", "k:__rand_int__", "1", "0.001"]
+            ir = instructions_per_call(a.server, module, [], call, a.calls, True,
+                                       ("top-slots", slots), keyspace=10_000, prefill=400_000)
+            rows.append((label, "denied, random keys", ir))
+            print(f"{label:32} {ir:10,.0f}", file=sys.stderr, flush=True)
+        print("| call | case | instructions per call |")
+        print("|---|---|---:|")
+        for label, case, ir in rows:
+            print(f"| {label} | {case} | {ir:,.0f} |")
+        return
 
     measure("HSET key f1 v1 f2 v2", "hot", [], ["HSET", "k", "f1", "v1", "f2", "v2"])
     measure("HSET key f1 v1 f2 v2", "new key", [],
