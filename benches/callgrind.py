@@ -140,10 +140,10 @@ def main() -> None:
 
     rows: list[tuple[str, str, float]] = []
 
-    def measure(label: str, case: str, setup, call, random_keys=False):
+    def measure(label: str, case: str, setup, call, random_keys=False, **load):
         if a.only and a.only not in f"{label} {case}":
             return
-        ir = instructions_per_call(a.server, module, setup, call, a.calls, random_keys)
+        ir = instructions_per_call(a.server, module, setup, call, a.calls, random_keys, **load)
         rows.append((label, case, ir))
         print(f"{label:32} {case:10} {ir:10,.0f}", file=sys.stderr, flush=True)
 
@@ -151,45 +151,34 @@ def main() -> None:
         # Denials with tracking on and off: a hot key (tracked, and the latest denied), and keys
         # drawn from 10,000 that all ran out first (each denial nearly always replaces a slot).
         for slots in ("128", "0"):
-            label = f"RL.GCRA, top-slots {slots}"
-            ir = instructions_per_call(a.server, module, [["RL.GCRA", "hot", "0", "1", "1000"]],
-                                       ["RL.GCRA", "hot", "0", "1", "1000"], a.calls, False,
-                                       ("top-slots", slots))
-            rows.append((label, "denied, hot key", ir))
-            print(f"{label:32} {ir:10,.0f}", file=sys.stderr, flush=True)
-            label = f"RL.TOKENBUCKET, top-slots {slots}"
-            call = ["RL.TOKENBUCKET", "k:__rand_int__", "1", "0.001"]
-            ir = instructions_per_call(a.server, module, [], call, a.calls, True,
-                                       ("top-slots", slots), keyspace=10_000, prefill=400_000)
-            rows.append((label, "denied, random keys", ir))
-            print(f"{label:32} {ir:10,.0f}", file=sys.stderr, flush=True)
-        print("| call | case | instructions per call |")
-        print("|---|---|---:|")
-        for label, case, ir in rows:
-            print(f"| {label} | {case} | {ir:,.0f} |")
-        return
+            hot = ["RL.GCRA", "hot", "0", "1", "1000"]
+            measure(f"RL.GCRA, top-slots {slots}", "denied, hot key", [hot], hot,
+                    load_args=("top-slots", slots))
+            measure(f"RL.TOKENBUCKET, top-slots {slots}", "denied, random keys", [],
+                    ["RL.TOKENBUCKET", "k:__rand_int__", "1", "0.001"], random_keys=True,
+                    load_args=("top-slots", slots), keyspace=10_000, prefill=400_000)
+    else:
+        measure("HSET key f1 v1 f2 v2", "hot", [], ["HSET", "k", "f1", "v1", "f2", "v2"])
+        measure("HSET key f1 v1 f2 v2", "new key", [],
+                ["HSET", "k:__rand_int__", "f1", "v1", "f2", "v2"], random_keys=True)
+        for command, script, admit, deny, new in CASES:
+            source = (a.lua_dir / script).read_text()
+            for twin in (False, True):
+                label = f"{command} (Lua twin)" if twin else command
 
-    measure("HSET key f1 v1 f2 v2", "hot", [], ["HSET", "k", "f1", "v1", "f2", "v2"])
-    measure("HSET key f1 v1 f2 v2", "new key", [],
-            ["HSET", "k:__rand_int__", "f1", "v1", "f2", "v2"], random_keys=True)
-    for command, script, admit, deny, new in CASES:
-        source = (a.lua_dir / script).read_text()
-        for twin in (False, True):
-            label = f"{command} (Lua twin)" if twin else command
+                def argv(key: str, params: str) -> list[str]:
+                    if twin:
+                        return ["EVALSHA", sha, "1", key, *params.split()]
+                    return [command, key, *params.split()]
 
-            def argv(key: str, params: str) -> list[str]:
+                sha = ""
+                setup_load = []
                 if twin:
-                    return ["EVALSHA", sha, "1", key, *params.split()]
-                return [command, key, *params.split()]
-
-            sha = ""
-            setup_load = []
-            if twin:
-                sha = hashlib.sha1(source.encode()).hexdigest()
-                setup_load = [["SCRIPT", "LOAD", source]]
-            measure(label, "admitted", setup_load + [argv("hot", admit)], argv("hot", admit))
-            measure(label, "denied", setup_load + [argv("hot", deny)], argv("hot", deny))
-            measure(label, "new key", setup_load, argv("k:__rand_int__", new), random_keys=True)
+                    sha = hashlib.sha1(source.encode()).hexdigest()
+                    setup_load = [["SCRIPT", "LOAD", source]]
+                measure(label, "admitted", setup_load + [argv("hot", admit)], argv("hot", admit))
+                measure(label, "denied", setup_load + [argv("hot", deny)], argv("hot", deny))
+                measure(label, "new key", setup_load, argv("k:__rand_int__", new), random_keys=True)
 
     print("| call | case | instructions per call |")
     print("|---|---|---:|")

@@ -148,16 +148,17 @@ impl Top {
         if self.tracked() == 0 {
             return;
         }
-        if let Some(slot) = self.slot_mut(self.last)
-            && slot.entry.key == key
+        // The latest denied key is checked before hashing (its hash is then not needed).
+        let (hash, found) = if self
+            .slot(self.last)
+            .is_some_and(|slot| slot.entry.key == key)
         {
-            slot.entry.command = command;
-            slot.entry.last_denied_ms = now_ms;
-            self.count(self.last);
-            return;
-        }
-        let hash = self.hasher.hash(key);
-        let place = match self.find(hash, key) {
+            (0, Ok(self.last))
+        } else {
+            let hash = self.hasher.hash(key);
+            (hash, self.find(hash, key))
+        };
+        let place = match found {
             Ok(s) => {
                 self.last = s;
                 if let Some(slot) = self.slot_mut(s) {

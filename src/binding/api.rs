@@ -3,7 +3,7 @@
 //! Every API pointer is an `Option` filled in at load time; a missing one becomes an error reply,
 //! never a panic. Nothing here allocates Rust memory per call.
 
-use std::ffi::{CStr, c_int, c_long, c_longlong};
+use std::ffi::{c_int, c_long, c_longlong, c_void};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -49,7 +49,7 @@ pub unsafe fn string_bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
 
 /// A Redis string created with no context: it lives until freed, which the caller never does
 /// (used for names kept for the module's life).
-pub fn unmanaged_string(bytes: &[u8]) -> Result<*mut RedisModuleString, ErrorReply> {
+fn unmanaged_string(bytes: &[u8]) -> Result<*mut RedisModuleString, ErrorReply> {
     let create = api!(RedisModule_CreateString)?;
     // SAFETY: a NULL context makes an unmanaged string; the bytes are valid for `len`.
     let s = unsafe { create(ptr::null_mut(), bytes.as_ptr().cast(), bytes.len()) };
@@ -388,30 +388,24 @@ impl OpenKey {
     }
 }
 
-/// A string made once and kept for the module's lifetime, for a constant argument of propagated
-/// commands: format `s` hands Redis a reference, where `c` would copy it into a new object on
-/// every call (and free it again after propagation).
-fn kept_string(
-    cell: &AtomicPtr<RedisModuleString>,
-    text: &'static CStr,
+/// The string kept in `cell`, made (unmanaged) on first use: for names and constant arguments that
+/// live as long as the module. Format `s` of `RedisModule_Replicate` hands Redis a reference to
+/// one, where `c` would copy it into a new object on every call. Commands run on the main thread
+/// only, so the cell is filled once.
+pub fn kept_string(
+    cell: &AtomicPtr<c_void>,
+    text: &[u8],
 ) -> Result<*mut RedisModuleString, ErrorReply> {
     let kept = cell.load(Ordering::Relaxed);
     if !kept.is_null() {
-        return Ok(kept);
+        return Ok(kept.cast());
     }
-    let create = api!(RedisModule_CreateString)?;
-    let bytes = text.to_bytes();
-    // SAFETY: a NULL context makes a string that no automatic memory frees; the bytes are
-    // copied. Commands run on the main thread only, so the cell is filled once.
-    let made = unsafe { create(ptr::null_mut(), bytes.as_ptr().cast(), bytes.len()) };
-    if made.is_null() {
-        return Err(API_MISSING);
-    }
-    cell.store(made, Ordering::Relaxed);
+    let made = unmanaged_string(text)?;
+    cell.store(made.cast(), Ordering::Relaxed);
     Ok(made)
 }
 
-static PXAT: AtomicPtr<RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+static PXAT: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
 
 /// Propagates `SET key value PXAT unix_ms`: one command, with an absolute expiry. The key is the
 /// caller's argument and `PXAT` a kept string (both passed by reference); the value and the
@@ -424,7 +418,7 @@ pub fn replicate_set_pxat(
     unix_ms: i64,
 ) -> Result<(), ErrorReply> {
     let replicate = api!(RedisModule_Replicate)?;
-    let pxat = kept_string(&PXAT, c"PXAT")?;
+    let pxat = kept_string(&PXAT, b"PXAT")?;
     let mut digits = [0u8; G17_MAX_LEN];
     let digits_len = format_i64(unix_ms, &mut digits);
     // SAFETY: format "sbsb": key string, buffer and its length (copied), string, buffer and its

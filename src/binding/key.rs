@@ -4,8 +4,7 @@
 //! it. A hash of the earlier layout is read field by field and replaced by the string on its next
 //! write.
 
-use std::ffi::{c_int, c_void};
-use std::sync::atomic::Ordering;
+use std::ffi::c_int;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
@@ -274,13 +273,7 @@ fn bound(score: f64, exclusive: bool, out: &mut [u8; G17_MAX_LEN + 1]) -> &[u8] 
 /// A field name of the earlier layout as a Redis string, created on first use and kept for the
 /// module's life.
 fn field_string(field: &'static FieldName) -> Result<*mut RedisModuleString, ErrorReply> {
-    let cached = field.handle.load(Ordering::Relaxed);
-    if !cached.is_null() {
-        return Ok(cached.cast());
-    }
-    let s = api::unmanaged_string(field.name.to_bytes())?;
-    field.handle.store(s.cast::<c_void>(), Ordering::Relaxed);
-    Ok(s)
+    api::kept_string(&field.handle, field.name.to_bytes())
 }
 
 impl Store for RedisKey {
