@@ -49,6 +49,54 @@ fn general(s: &[u8]) -> Option<f64> {
     std::str::from_utf8(s).ok()?.parse::<f64>().ok()
 }
 
+/// 10^0 ... 10^19, all exact in a double (up to 10^22 are); at most 19 digits are read.
+const EXACT_POWERS_OF_TEN: [f64; 20] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19,
+];
+
+/// Fast path for `[+-]?digits.digits` without an exponent whose digits, read as one integer,
+/// are at most 2^53 (`0.001`, `2.5`, `1000.75`): that integer and 10^(fraction digits) are both
+/// exact doubles, and one IEEE division of exact operands is correctly rounded, so the result is
+/// the one the general parser gives (Clinger's fast path). `None` sends the string to it.
+fn small_fraction(s: &[u8]) -> Option<f64> {
+    let (negative, unsigned) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, s),
+    };
+    let dot = unsigned.iter().position(|&c| c == b'.')?;
+    let (int_part, frac_part) = (unsigned.get(..dot)?, unsigned.get(dot + 1..)?);
+    if int_part.len() + frac_part.len() > 19 || (int_part.is_empty() && frac_part.is_empty()) {
+        return None;
+    }
+    let scale = *EXACT_POWERS_OF_TEN.get(frac_part.len())?;
+    let n = digits_value(int_part)? * scale as u64 + digits_value(frac_part)?;
+    if n > 1 << f64::MANTISSA_DIGITS {
+        return None;
+    }
+    let v = n as f64 / scale;
+    Some(if negative { -v } else { v })
+}
+
+/// The value of at most 19 ASCII digits (0 for none), or `None` if a byte is not a digit.
+fn digits_value(digits: &[u8]) -> Option<u64> {
+    let mut n: u64 = 0;
+    let mut rest = digits;
+    // Eight digits at a time (a 16-digit timestamp is two steps), then one at a time.
+    while let Some((chunk, tail)) = rest.split_first_chunk::<8>() {
+        n = n * 100_000_000 + eight_digits(*chunk)?;
+        rest = tail;
+    }
+    for &d in rest {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u64::from(d - b'0');
+    }
+    Some(n)
+}
+
 /// Fast path for the common case, plain digits with an optional sign whose value is at most 2^53
 /// (microsecond timestamps are 16 digits): the integer is exact in a double, so converting it is
 /// the correctly rounded result too.
@@ -63,19 +111,7 @@ fn small_integer(s: &[u8]) -> Option<f64> {
     if digits.is_empty() || digits.len() > 19 {
         return None;
     }
-    let mut n: u64 = 0;
-    let mut rest = digits;
-    // Eight digits at a time (a 16-digit timestamp is two steps), then one at a time.
-    while let Some((chunk, tail)) = rest.split_first_chunk::<8>() {
-        n = n * 100_000_000 + eight_digits(*chunk)?;
-        rest = tail;
-    }
-    for &d in rest {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        n = n * 10 + u64::from(d - b'0');
-    }
+    let n = digits_value(digits)?;
     if n > EXACT {
         return None;
     }
@@ -112,7 +148,9 @@ fn eight_digits(chunk: [u8; 8]) -> Option<u64> {
 /// A decimal string as a double, or `None` if it is not in the grammar.
 pub fn parse_decimal(s: &[u8]) -> Option<f64> {
     // Plain digits are in both grammars; the fast path checks them itself.
-    small_integer(s).or_else(|| if is_decimal(s) { general(s) } else { None })
+    small_integer(s)
+        .or_else(|| small_fraction(s))
+        .or_else(|| if is_decimal(s) { general(s) } else { None })
 }
 
 /// An integer string as a double (Lua has no other number type), or `None` if not in the grammar.
@@ -510,6 +548,79 @@ mod tests {
             let expected = (v.unsigned_abs() <= 1 << 53).then_some(v as f64);
             assert_eq!(small_integer(text.as_bytes()), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn the_fraction_fast_path_agrees_with_the_general_parser() {
+        let same = |text: &str| {
+            let general = text
+                .parse::<f64>()
+                .ok()
+                .filter(|_| is_decimal(text.as_bytes()));
+            assert_eq!(
+                parse_decimal(text.as_bytes()).map(f64::to_bits),
+                general.map(f64::to_bits),
+                "{text}"
+            );
+        };
+        for text in [
+            "0.001",
+            "1.",
+            ".5",
+            "-.5",
+            "+2.5",
+            "-0.0",
+            "0.1",
+            "0.3",
+            "1000.75",
+            ".",
+            "-.",
+            "1.5.2",
+            "1.5e3",
+            "1.e",
+            "9007199254740.992",
+            "9007199254740.993",
+            "900719925474099.3",
+            "0.0000000000000000001",
+            "1234567890.123456789",
+            "12345678901.23456789",
+            "99.99999999999999",
+            "0.30000000000000004",
+            "1 .5",
+            "1._5",
+            "1.5 ",
+        ] {
+            same(text);
+        }
+        // Random digit strings with the point in every place, up to 21 digits (past the limit
+        // of the fast path), and signs (xorshift).
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..50_000 {
+            let len = (next() % 22) as usize;
+            let mut text: String = (0..len)
+                .map(|_| char::from(b'0' + (next() % 10) as u8))
+                .collect();
+            text.insert((next() as usize) % (len + 1), '.');
+            match next() % 3 {
+                0 => text.insert(0, '-'),
+                1 => text.insert(0, '+'),
+                _ => {}
+            }
+            same(&text);
+        }
+        assert_eq!(
+            small_fraction(b"9007199254740.993"),
+            None,
+            "above 2^53 the general parser decides"
+        );
+        assert_eq!(small_fraction(b"0.001"), Some(0.001));
+        assert_eq!(small_fraction(b"12"), None, "no point: the integer path's");
     }
 
     #[test]
