@@ -140,10 +140,18 @@ BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
 BENCH_ARGS ?=
 REDIS_CELL_MODULE ?=
 
+# The floor module (benches/floor_module.c) is compiled against the redismodule.h that the
+# redis-module crate ships, found through cargo metadata.
 bench: deps
 	$(CARGO) build --release
+	include=$$($(CARGO) metadata --format-version 1 | python3 -c 'import json, os, sys; \
+		print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] \
+		if p["name"] == "redis-module") + "/src/include")') && \
+		cc -O2 -Wall -Wextra -shared -fPIC -I"$$include" benches/floor_module.c \
+		-o $(BENCH_TARGET)/floor_module.so
 	$(CARGO) bench --bench core -- --warm-up-time 1 --measurement-time 2
 	python3 benches/server_bench.py --module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
+		--floor-module $(BENCH_TARGET)/floor_module.so \
 		--criterion-dir $(BENCH_TARGET)/criterion \
 		$(if $(REDIS_CELL_MODULE),--redis-cell $(REDIS_CELL_MODULE)) $(BENCH_ARGS)
 

@@ -7,15 +7,25 @@ not. For each case this starts redis-server under `valgrind --tool=callgrind
 command, is counted), sends the case's calls with redis-benchmark (one connection, pipelined),
 shuts the server down and divides the instructions collected by the number of calls.
 
+With --proc only the command's own function is counted (`hsetCommand`, `evalShaCommand`, the
+module command dispatcher), which is the span INFO commandstats times and `make bench` reports:
+`call()` adds the same bookkeeping and propagation to every command, so counts inside it put
+every command nearer to HSET than the server's CPU column does. With --sim callgrind also
+simulates the caches and the branch predictor and the table adds first-level instruction-cache
+misses and mispredicted branches per call, which cost time that instruction counts do not show.
+
 Cases: for every limiter of numbers and CL.THROTTLE, an admitted call on a hot key, a denied call
 on a hot key and a call on a new key, for the module and its Lua twin (EVALSHA); HSET as the
-floor. Prints a Markdown table.
+floor. With --floor-module PATH (benches/floor_module.c, built by `make bench`) also FLOOR.ADMIT
+and FLOOR.DENY on a hot key: only the server calls of an admitted and a denied call. Prints a
+Markdown table.
 
 With --top it measures only what tracking the most-denied keys (RL.TOP) adds to a denial:
 ratelimit.top-slots 128 against 0, on a hot key and on keys that all ran out first.
 
 Usage: python3 benches/callgrind.py [--module PATH] [--lua-dir DIR] [--server PATH]
-                                    [--calls N] [--only SUBSTRING] [--top]
+                                    [--calls N] [--only SUBSTRING] [--top] [--proc] [--sim]
+                                    [--floor-module PATH]
 """
 
 from __future__ import annotations
@@ -70,21 +80,25 @@ def cli(port: int, *args: str) -> str:
     ).stdout.strip()
 
 
-def instructions_per_call(server: str, module: Path, setup: list[list[str]],
-                          call: list[str], calls: int, random_keys: bool,
-                          load_args: tuple[str, ...] = (), keyspace: int = 100_000_000,
-                          prefill: int = 0) -> float:
+def events_per_call(server: str, module: Path, setup: list[list[str]],
+                    call: list[str], calls: int, random_keys: bool, collect: str = "call",
+                    sim: bool = False, load_args: tuple[str, ...] = (),
+                    keyspace: int = 100_000_000, prefill: int = 0,
+                    floor_module: Path | None = None) -> dict[str, float]:
     """Runs `call` `calls` times (after `setup`, and after `prefill` untimed calls of the same
-    command over the same keyspace) and returns Ir per call inside `call()`."""
+    command over the same keyspace) and returns callgrind's events per call (`Ir`, and with
+    `sim` the cache and branch events) inside the function `collect`."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         port = free_port()
         proc = subprocess.Popen(
             [
-                "valgrind", "--tool=callgrind", "--toggle-collect=call",
+                "valgrind", "--tool=callgrind", f"--toggle-collect={collect}",
+                *(["--cache-sim=yes", "--branch-sim=yes"] if sim else []),
                 f"--callgrind-out-file={out}",
                 server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", tmp, "--loadmodule", str(module), *load_args,
+                *(["--loadmodule", str(floor_module)] if floor_module else []),
             ],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -118,11 +132,19 @@ def instructions_per_call(server: str, module: Path, setup: list[list[str]],
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        total = 0
+        names: list[str] = []
+        totals: list[int] = []
         for line in out.read_text().splitlines():
+            if line.startswith("events:"):
+                names = line.split()[1:]
             if line.startswith("totals:") or line.startswith("summary:"):
-                total = int(line.split()[1])
-        return total / done
+                totals = [int(v) for v in line.split()[1:]]
+        return {name: total / done for name, total in zip(names, totals)}
+
+
+def server_is_valkey(server: str) -> bool:
+    out = subprocess.run([server, "--version"], capture_output=True, text=True).stdout
+    return "valkey" in out.lower()
 
 
 def main() -> None:
@@ -135,17 +157,32 @@ def main() -> None:
     ap.add_argument("--only", default="", help="only cases whose label contains this")
     ap.add_argument("--top", action="store_true",
                     help="only the cost of tracking the most-denied keys (top-slots 128 against 0)")
+    ap.add_argument("--proc", action="store_true",
+                    help="count inside the command's own function (what INFO commandstats times)")
+    ap.add_argument("--sim", action="store_true",
+                    help="also simulate caches and branches: I1 misses, mispredicted branches")
+    ap.add_argument("--floor-module", type=Path,
+                    help="benches/floor_module.c built: adds FLOOR.ADMIT and FLOOR.DENY")
     a = ap.parse_args()
     module = a.module.resolve()
+    floor_module = a.floor_module.resolve() if a.floor_module else None
+    dispatcher = ("ValkeyModuleCommandDispatcher" if server_is_valkey(a.server)
+                  else "RedisModuleCommandDispatcher")
 
-    rows: list[tuple[str, str, float]] = []
+    def collected(call: list[str]) -> str:
+        if not a.proc:
+            return "call"
+        return {"HSET": "hsetCommand", "EVALSHA": "evalShaCommand"}.get(call[0], dispatcher)
+
+    rows: list[tuple[str, str, dict[str, float]]] = []
 
     def measure(label: str, case: str, setup, call, random_keys=False, **load):
         if a.only and a.only not in f"{label} {case}":
             return
-        ir = instructions_per_call(a.server, module, setup, call, a.calls, random_keys, **load)
-        rows.append((label, case, ir))
-        print(f"{label:32} {case:10} {ir:10,.0f}", file=sys.stderr, flush=True)
+        ev = events_per_call(a.server, module, setup, call, a.calls, random_keys,
+                             collected(call), a.sim, floor_module=floor_module, **load)
+        rows.append((label, case, ev))
+        print(f"{label:32} {case:10} {ev['Ir']:10,.0f}", file=sys.stderr, flush=True)
 
     if a.top:
         # Denials with tracking on and off: a hot key (tracked, and the latest denied), and keys
@@ -161,6 +198,12 @@ def main() -> None:
         measure("HSET key f1 v1 f2 v2", "hot", [], ["HSET", "k", "f1", "v1", "f2", "v2"])
         measure("HSET key f1 v1 f2 v2", "new key", [],
                 ["HSET", "k:__rand_int__", "f1", "v1", "f2", "v2"], random_keys=True)
+        if floor_module:
+            measure("FLOOR.ADMIT (server calls only)", "admitted", [], ["FLOOR.ADMIT", "hot"])
+            # A denied token bucket's key: the same length of value, an expiry far ahead.
+            measure("FLOOR.DENY (server calls only)", "denied",
+                    [["SET", "hot", "0 1796156770512147", "PX", "100000000"]],
+                    ["FLOOR.DENY", "hot"])
         for command, script, admit, deny, new in CASES:
             source = (a.lua_dir / script).read_text()
             for twin in (False, True):
@@ -180,10 +223,18 @@ def main() -> None:
                 measure(label, "denied", setup_load + [argv("hot", deny)], argv("hot", deny))
                 measure(label, "new key", setup_load, argv("k:__rand_int__", new), random_keys=True)
 
-    print("| call | case | instructions per call |")
-    print("|---|---|---:|")
-    for label, case, ir in rows:
-        print(f"| {label} | {case} | {ir:,.0f} |")
+    where = "in the command's function" if a.proc else "inside call()"
+    if a.sim:
+        print(f"| call | case | instructions per call ({where}) | I1 misses | mispredicted branches |")
+        print("|---|---|---:|---:|---:|")
+    else:
+        print(f"| call | case | instructions per call ({where}) |")
+        print("|---|---|---:|")
+    for label, case, ev in rows:
+        line = f"| {label} | {case} | {ev['Ir']:,.0f} |"
+        if a.sim:
+            line += f" {ev['I1mr']:,.1f} | {ev['Bcm'] + ev['Bim']:,.1f} |"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,19 @@ redis-cell module loaded: both modules register CL.THROTTLE, so they cannot shar
 CL.THROTTLE runs with the same arguments and keys as ours, in the same rounds, next to an HSET
 floor on that server, and its CPU per call is divided by ours.
 
+Every limiter admits on a hot key, on random keys from 100,000 (revisited within a run, so a
+slowly refilling limiter finds its state again) and on new keys (drawn from 1,000,000,000, so
+nearly every call writes a key that does not exist yet); HSET runs on the same three.
+
+With --floor-module PATH (benches/floor_module.c, built by `make bench`) the same server also
+loads a small C module whose FLOOR.ADMIT and FLOOR.DENY make only the server calls of an
+admitted and of a denied RL.TOKENBUCKET call on a hot key (open, read in place, rewrite in
+place, expiry, keyspace events, one propagated SET, five integers replied): the least any module
+command doing that work costs on this server.
+
 Usage: python3 benches/server_bench.py [--module PATH] [--redis-cell PATH] [--quick]
                                        [--rounds N] [--budget SECONDS] [--log-sizes-only]
-                                       [--top-only]
+                                       [--top-only] [--floor-module PATH]
 
 It also times RL.SLIDINGLOG and its twin on a key holding 10 entries and one holding 99,000,
 admitted and denied (pipelined calls on a seeded key, INFO commandstats per call).
@@ -72,6 +82,9 @@ LUA_DIR = ROOT / "lua-reference"
 PIPELINE = 16
 CLIENTS = 50
 KEYSPACE = 100_000
+# Keys drawn from this many are new on nearly every call (at most about 2 million calls per run:
+# under 0.2% of them meet a key drawn before).
+NEW_KEYSPACE = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -146,7 +159,7 @@ CELL_LABEL = f"{CELL_COMMAND} (redis-cell)"
 class Case:
     label: str  # command as shown in the table
     args: str  # arguments shown in the table
-    keys: str  # "hot" or "random"
+    keys: str  # "hot", "random" (from KEYSPACE) or "new" (from NEW_KEYSPACE)
     argv: list[str]  # redis-benchmark command line after the options
     stat: str  # commandstats entry to read, lower case
     limiter: str | None  # module command this case belongs to, or None for the floor
@@ -177,7 +190,7 @@ def free_port() -> int:
 class Server:
     """A redis-server process, talked to with redis-cli."""
 
-    def __init__(self, module: Path, workdir: Path, pin: list[str]):
+    def __init__(self, module: Path, workdir: Path, pin: list[str], also: Path | None = None):
         self.port = free_port()
         self.workdir = workdir
         argv = pin + [
@@ -189,6 +202,7 @@ class Server:
             "--dir", str(workdir),
             "--logfile", str(workdir / "redis.log"),
             "--loadmodule", str(module),
+            *(["--loadmodule", str(also)] if also else []),
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -291,7 +305,7 @@ def run_benchmark(server: Server, case: Case, n: int, pin: list[str]) -> float:
     argv = pin + ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port)]
     argv += ["-P", str(PIPELINE), "-c", str(CLIENTS), "-n", str(n), "--csv"]
     if any(RAND in a for a in case.argv):
-        argv += ["-r", str(KEYSPACE)]
+        argv += ["-r", str(NEW_KEYSPACE if case.keys == "new" else KEYSPACE)]
     out = subprocess.run(argv + case.argv, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise SystemExit(f"redis-benchmark failed for {case.label}: {out.stderr}")
@@ -366,18 +380,20 @@ def check_decisions(server: Server, limiter: Limiter, sha: str | None) -> None:
 def limiter_cases(
     lim: Limiter, head: list[str], label: str, stat: str, prefix: str, lua: bool, cell: bool
 ) -> list[Case]:
-    """One limiter's cases (hot and random admits, a hot denial, steady random keys), each called
-    as `head + [key] + arguments`, with keys named `prefix:command:kind:...`."""
+    """One limiter's cases (admits on a hot key, on random keys and on new keys, a hot denial,
+    steady random keys), each called as `head + [key] + arguments`, with keys named
+    `prefix:command:kind:...`."""
     tag = lim.command.split(".")[-1].lower()
     variants = [
         ("admit", "hot", lim.admit),
         ("admit", "random", lim.admit),
+        ("admit", "new", lim.admit),
         ("deny", "hot", lim.deny),
         ("steady", "random", lim.steady),
     ]
     cases = []
     for kind, keys, args in variants:
-        key = f"{prefix}:{tag}:{kind}:" + ("{__rand_int__}" if keys == "random" else "hot")
+        key = f"{prefix}:{tag}:{kind}:" + ("hot" if keys == "hot" else "{__rand_int__}")
         cases.append(
             Case(
                 label=label,
@@ -588,10 +604,10 @@ def check_rand_draws(server: Server) -> None:
 
 
 def floor_cases(label: str, cell: bool = False) -> list[Case]:
-    """HSET on a hot key and on random keys."""
+    """HSET on a hot key, on random keys and on new keys."""
     cases = []
-    for keys in ["hot", "random"]:
-        key = "floor:{__rand_int__}" if keys == "random" else "floor:hot"
+    for keys in ["hot", "random", "new"]:
+        key = "floor:hot" if keys == "hot" else "floor:{__rand_int__}"
         cases.append(
             Case(
                 label=label,
@@ -667,6 +683,30 @@ def build_cases(server: Server) -> tuple[list[Case], dict[str, str], list[str]]:
         notes.append(f"{SETTLE_COMMAND}: not in the loaded module, skipped")
     cases += floor_cases(f"{FLOOR} (floor)")
     return cases, shas, notes
+
+
+# benches/floor_module.c: only the server calls of an admitted and of a denied RL.TOKENBUCKET
+# call on a hot key (the denied key holds a value of the same length, with an expiry far ahead).
+FLOOR_MODULE_CASES = [
+    ("FLOOR.ADMIT", []),
+    ("FLOOR.DENY", [["SET", "floor:api:hot", "0 1796156770512147", "PX", "100000000"]]),
+]
+
+
+def floor_module_cases() -> list[Case]:
+    return [
+        Case(
+            label=f"{command} (server calls only)",
+            args="",
+            keys="hot",
+            argv=[command, "floor:api:hot"],
+            stat=command.lower(),
+            limiter=command,
+            lua=False,
+            setup=setup,
+        )
+        for command, setup in FLOOR_MODULE_CASES
+    ]
 
 
 def build_cell_cases(cell: Server) -> list[Case]:
@@ -1049,7 +1089,7 @@ def render(cases: list[Case], memory: list[tuple[str, str, int, float, int]]) ->
         note = f", {c.note}" if c.note else ""
         unit = " pairs/s" if c.before else ""
         lines.append(
-            f"| {c.label} | `{c.args}`{note} | {c.keys} | {usec:.2f} | "
+            f"| {c.label} | {f'`{c.args}`' if c.args else '—'}{note} | {c.keys} | {usec:.2f} | "
             f"{min(c.usec):.2f}–{max(c.usec):.2f} | {rps:,.0f}{unit} | "
             f"{fmt_ratio(vs_floor)} | {fmt_ratio(vs_module)} |"
         )
@@ -1083,6 +1123,12 @@ def main() -> int:
         default=120.0,
         help="seconds of redis-benchmark runs in all rounds together; sets -n per case",
     )
+    ap.add_argument(
+        "--floor-module",
+        type=Path,
+        metavar="PATH",
+        help="benches/floor_module.c built: rows of the server calls alone (FLOOR.ADMIT/DENY)",
+    )
     ap.add_argument("--memory-keys", type=int, default=100_000, help="keys per memory measurement")
     ap.add_argument("--quick", action="store_true", help="3 short rounds and 20,000 memory keys")
     ap.add_argument("--criterion-dir", type=Path, help="also tabulate criterion results found here")
@@ -1110,6 +1156,9 @@ def main() -> int:
     module = opts.module.resolve()
     if not module.is_file():
         raise SystemExit(f"module not found: {module} (build it with cargo build --release)")
+    floor_module = opts.floor_module.resolve() if opts.floor_module else None
+    if floor_module and not floor_module.is_file():
+        raise SystemExit(f"floor module not found: {floor_module}")
     cell_module = opts.redis_cell.resolve() if opts.redis_cell else None
     if cell_module and not cell_module.is_file():
         raise SystemExit(f"redis-cell module not found: {cell_module}")
@@ -1124,7 +1173,7 @@ def main() -> int:
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as tmp:
-        server = Server(module, Path(tmp), server_pin)
+        server = Server(module, Path(tmp), server_pin, also=floor_module)
         cell: Server | None = None
         try:
             if cell_module:
@@ -1152,6 +1201,8 @@ def main() -> int:
                 print("\n".join(top))
                 return 0
             cases, shas, notes = build_cases(server)
+            if floor_module:
+                cases += floor_module_cases()
             for note in notes:
                 print(f"note: {note}", file=sys.stderr)
             if cell:
@@ -1197,7 +1248,8 @@ def main() -> int:
     print(machine_line(pinned))
     print()
     print(
-        f"redis-benchmark -P {PIPELINE} -c {CLIENTS}, random keys from {KEYSPACE:,} (-r); "
+        f"redis-benchmark -P {PIPELINE} -c {CLIENTS}, random keys from {KEYSPACE:,} and new keys "
+        f"from {NEW_KEYSPACE:,} (-r); "
         f"{opts.rounds} interleaved rounds, medians; -n per case (pairs through redis-cli "
         f"--pipe for a live lease's release and a sliding log's refund after an admission): "
         f"{runs}; "
