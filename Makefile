@@ -133,7 +133,7 @@ lint: deps
 	$(CARGO) clippy --all-targets --features containers -- -D warnings
 
 # Micro-benchmarks of the pure core (criterion), then the server benchmark (module vs Lua twin vs
-# HSET, 3-4 minutes). `make bench BENCH_ARGS=--quick` for a short run. With
+# HSET, about 9 minutes here). `make bench BENCH_ARGS=--quick` for a short run. With
 # REDIS_CELL_MODULE=/path/to/libredis_cell.so (built separately) it also compares CL.THROTTLE with
 # redis-cell's, on a second redis-server.
 BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
