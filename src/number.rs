@@ -4,12 +4,18 @@
 //! what is a number. Values are read as IEEE doubles with correct rounding, as C's `strtod` does
 //! (Lua's `tonumber`), and written the way Redis turns a Lua number into a string: `%.17g`.
 
+/// Whether `s` starts with `-`, and `s` without its sign (`+` or `-`), if it has one.
+fn split_sign(s: &[u8]) -> (bool, &[u8]) {
+    match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, s),
+    }
+}
+
 /// `[+-]?[0-9]+`
 pub fn is_integer(s: &[u8]) -> bool {
-    let digits = match s.first() {
-        Some(b'+' | b'-') => &s[1..],
-        _ => s,
-    };
+    let (_, digits) = split_sign(s);
     !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
 }
 
@@ -25,10 +31,7 @@ pub fn is_decimal(s: &[u8]) -> bool {
     {
         return false;
     }
-    let unsigned = match mantissa.first() {
-        Some(b'+' | b'-') => &mantissa[1..],
-        _ => mantissa,
-    };
+    let (_, unsigned) = split_sign(mantissa);
     let (int_part, frac_part) = match unsigned.iter().position(|&c| c == b'.') {
         Some(dot) => (&unsigned[..dot], Some(&unsigned[dot + 1..])),
         None => (unsigned, None),
@@ -60,11 +63,7 @@ const EXACT_POWERS_OF_TEN: [f64; 20] = [
 /// exact doubles, and one IEEE division of exact operands is correctly rounded, so the result is
 /// the one the general parser gives (Clinger's fast path). `None` sends the string to it.
 fn small_fraction(s: &[u8]) -> Option<f64> {
-    let (negative, unsigned) = match s.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        Some((b'+', rest)) => (false, rest),
-        _ => (false, s),
-    };
+    let (negative, unsigned) = split_sign(s);
     let dot = unsigned.iter().position(|&c| c == b'.')?;
     let (int_part, frac_part) = (unsigned.get(..dot)?, unsigned.get(dot + 1..)?);
     if int_part.len() + frac_part.len() > 19 || (int_part.is_empty() && frac_part.is_empty()) {
@@ -102,11 +101,7 @@ fn digits_value(digits: &[u8]) -> Option<u64> {
 /// the correctly rounded result too.
 fn small_integer(s: &[u8]) -> Option<f64> {
     const EXACT: u64 = 1 << f64::MANTISSA_DIGITS;
-    let (negative, digits) = match s.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        Some((b'+', rest)) => (false, rest),
-        _ => (false, s),
-    };
+    let (negative, digits) = split_sign(s);
     // 19 digits cannot overflow a u64.
     if digits.is_empty() || digits.len() > 19 {
         return None;
@@ -425,6 +420,17 @@ pub fn g17_string(value: f64) -> String {
 mod tests {
     use super::*;
 
+    /// A xorshift64 generator from `seed`: reproducible pseudo-random test inputs.
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     #[test]
     fn grammar_accepts_plain_numbers_only() {
         for ok in [
@@ -533,11 +539,9 @@ mod tests {
             values.extend([p - 1, p, p + 1, -p, 9 * p, -(p - 1)]);
             p = p.saturating_mul(10);
         }
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next();
             values.push((x >> (x % 64)) as i64);
         }
         for v in values {
@@ -594,13 +598,7 @@ mod tests {
         }
         // Random digit strings with the point in every place, up to 21 digits (past the limit
         // of the fast path), and signs (xorshift).
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for _ in 0..50_000 {
             let len = (next() % 22) as usize;
             let mut text: String = (0..len)
@@ -682,13 +680,7 @@ mod tests {
         }
         // Pseudo-random: raw bit patterns, short binary fractions (whose exact decimal
         // expansions end in 5 and so hit rounding ties) and decimals of every magnitude.
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for _ in 0..300_000 {
             let bits = next();
             values.push(f64::from_bits(bits));
