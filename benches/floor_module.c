@@ -54,24 +54,24 @@ static int floor_admit(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         return RedisModule_ReplyWithError(ctx, "OOM command not allowed");
     RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
     int type = RedisModule_KeyType(key);
+    if (type != REDISMODULE_KEYTYPE_STRING && type != REDISMODULE_KEYTYPE_EMPTY) {
+        RedisModule_CloseKey(key);
+        return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+    }
+    int in_place = 0;
     if (type == REDISMODULE_KEYTYPE_STRING) {
         size_t len = 0;
         RedisModule_StringDMA(key, &len, REDISMODULE_READ);
         char *w = RedisModule_StringDMA(key, &len, REDISMODULE_WRITE);
         if (w != NULL && len == VALUE_LEN) {
             memcpy(w, VALUE, VALUE_LEN);
-        } else {
-            RedisModuleString *s = RedisModule_CreateString(ctx, VALUE, VALUE_LEN);
-            RedisModule_StringSet(key, s);
-            RedisModule_FreeString(ctx, s);
+            in_place = 1;
         }
-    } else if (type == REDISMODULE_KEYTYPE_EMPTY) {
+    }
+    if (!in_place) {
         RedisModuleString *s = RedisModule_CreateString(ctx, VALUE, VALUE_LEN);
         RedisModule_StringSet(key, s);
         RedisModule_FreeString(ctx, s);
-    } else {
-        RedisModule_CloseKey(key);
-        return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
     }
     long long at = now_ms() + 1;
     RedisModule_SetAbsExpire(key, at);
