@@ -52,7 +52,7 @@ run: build $(if $(SERVER),servers)
 		--save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
 # Every crate of the workspace on Redis 7.0: unit tests, the embedded-Lua differential suite, the
-# module's server suites, the client's and the demo in headless Chromium (client/tests/e2e.rs).
+# module's server suites, the client's and the demo in headless Chromium (clients/rust/tests/e2e.rs).
 # Then the examples in Python, Node.js and Go, the module's server suites on every other server
 # of the matrix, the client's on Redis 8.2, and a short fuzzing run.
 test: deps servers check-containers

@@ -84,15 +84,15 @@ impl Algorithm {
     /// The Lua twin in `lua-reference/`.
     pub(crate) fn script(&self) -> &'static str {
         match self {
-            Algorithm::TokenBucket { .. } => include_str!("../../lua-reference/token_bucket.lua"),
-            Algorithm::LeakyBucket { .. } => include_str!("../../lua-reference/leaky_bucket.lua"),
-            Algorithm::FixedWindow { .. } => include_str!("../../lua-reference/fixed_window.lua"),
+            Algorithm::TokenBucket { .. } => include_str!("../../../lua-reference/token_bucket.lua"),
+            Algorithm::LeakyBucket { .. } => include_str!("../../../lua-reference/leaky_bucket.lua"),
+            Algorithm::FixedWindow { .. } => include_str!("../../../lua-reference/fixed_window.lua"),
             Algorithm::SlidingWindow { .. } => {
-                include_str!("../../lua-reference/sliding_window.lua")
+                include_str!("../../../lua-reference/sliding_window.lua")
             }
-            Algorithm::SlidingLog { .. } => include_str!("../../lua-reference/sliding_log.lua"),
-            Algorithm::Gcra { .. } => include_str!("../../lua-reference/gcra.lua"),
-            Algorithm::Concurrency(_) => include_str!("../../lua-reference/acquire.lua"),
+            Algorithm::SlidingLog { .. } => include_str!("../../../lua-reference/sliding_log.lua"),
+            Algorithm::Gcra { .. } => include_str!("../../../lua-reference/gcra.lua"),
+            Algorithm::Concurrency(_) => include_str!("../../../lua-reference/acquire.lua"),
         }
     }
 

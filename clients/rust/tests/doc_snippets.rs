@@ -171,7 +171,7 @@ async fn the_shadow_policies(url: &str) -> Result {
 #[tokio::test]
 async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     let this = include_str!("doc_snippets.rs");
-    let page = include_str!("../../docs/client.md");
+    let page = include_str!("../../../docs/client.md");
     let blocks: Vec<&str> = page
         .split("```rust\n")
         .skip(1)

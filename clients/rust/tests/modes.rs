@@ -296,7 +296,7 @@ async fn bad_parameters_are_reported_not_degraded() {
 }
 
 fn load_library(c: &mut redis::Connection) {
-    let library = include_str!("../../lua-reference/ratelimit.lua");
+    let library = include_str!("../../../lua-reference/ratelimit.lua");
     let name: String = redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")

@@ -194,11 +194,11 @@ const MODE_SCRIPT: u8 = 2;
 const MODE_FUNCTION: u8 = 3;
 
 static ALL_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua-reference/all.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua-reference/all.lua")));
 static RELEASE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua-reference/release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua-reference/release.lua")));
 static SETTLE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua-reference/settle.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua-reference/settle.lua")));
 static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
     [
         Algorithm::TokenBucket {

@@ -44,7 +44,7 @@ fn client(server: &Server, mode: ModeChoice) -> Client<ConnectionManager> {
 }
 
 fn load_library(c: &mut redis::Connection) {
-    let library = include_str!("../../lua-reference/ratelimit.lua");
+    let library = include_str!("../../../lua-reference/ratelimit.lua");
     let name: String = redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
