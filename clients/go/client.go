@@ -1,0 +1,919 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Decision is one limit's answer: the five fields every RL.* command replies.
+type Decision struct {
+	Allowed   bool
+	Remaining int64
+	// RetryAfterMs is 0 when allowed; -1 when the cost can never be admitted.
+	RetryAfterMs int64
+	ResetAfterMs int64
+	Limit        int64
+}
+
+// Mode is how decisions are made on the server.
+type Mode int
+
+const (
+	// ModeModule calls the module's RL.* commands.
+	ModeModule Mode = iota + 1
+	// ModeScript runs the lua-reference/ scripts with EVALSHA (EVAL when the server answers
+	// NOSCRIPT, which loads them again).
+	ModeScript
+	// ModeFunction calls the Functions library `ratelimit` (FCALL), loaded on the server
+	// beforehand (LoadLibrary).
+	ModeFunction
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeModule:
+		return "module"
+	case ModeScript:
+		return "script"
+	case ModeFunction:
+		return "function"
+	}
+	return "unknown"
+}
+
+// ModeChoice is the Mode to use: ModeAuto detects it, the others force it.
+type ModeChoice int
+
+const (
+	// ModeAuto takes the module if COMMAND INFO rl.all knows it, else the Functions library if
+	// FUNCTION LIST has it, else the scripts; detected on the first call that reaches Redis (or
+	// at once with Detect).
+	ModeAuto ModeChoice = iota
+	ChooseModule
+	ChooseScript
+	ChooseFunction
+)
+
+type policyKind int
+
+const (
+	policyFailOpen policyKind = iota
+	policyFailClosed
+	policyLocal
+)
+
+// FailurePolicy says what to answer when Redis cannot: it did not answer within the timeout,
+// the connection failed, it answered LOADING, CLUSTERDOWN, MASTERDOWN, TRYAGAIN..., or the
+// breaker is open. The zero FailurePolicy is FailOpen.
+type FailurePolicy struct {
+	kind      policyKind
+	instances int
+}
+
+var (
+	// FailOpen admits everything.
+	FailOpen = FailurePolicy{kind: policyFailOpen}
+	// FailClosed denies everything (RetryAfterMs = Options.FailClosedRetryMs).
+	FailClosed = FailurePolicy{kind: policyFailClosed}
+)
+
+// Local decides in process: a token bucket per key with the limit and the rate divided by the
+// expected number of instances sharing the limit; for a concurrency limit, a counting semaphore
+// per key with the limit divided alike and the same lease expiry.
+func Local(instances int) FailurePolicy {
+	if instances < 1 {
+		instances = 1
+	}
+	return FailurePolicy{kind: policyLocal, instances: instances}
+}
+
+func (p FailurePolicy) String() string {
+	switch p.kind {
+	case policyFailClosed:
+		return "FailClosed"
+	case policyLocal:
+		return fmt.Sprintf("Local(%d)", p.instances)
+	}
+	return "FailOpen"
+}
+
+// Degraded says that an outcome did not come from Redis, and which policy made it.
+type Degraded int
+
+const (
+	NotDegraded Degraded = iota
+	DegradedFailOpen
+	DegradedFailClosed
+	DegradedLocal
+)
+
+// String is the value of the RateLimit-Degraded response field: fail-open, fail-closed, local
+// (empty when not degraded).
+func (d Degraded) String() string {
+	switch d {
+	case DegradedFailOpen:
+		return "fail-open"
+	case DegradedFailClosed:
+		return "fail-closed"
+	case DegradedLocal:
+		return "local"
+	}
+	return ""
+}
+
+// Options configure a Client. The zero value is the defaults.
+type Options struct {
+	// Budget of one call to Redis, mode detection included (default 100 ms). A deadline of the
+	// caller's context that comes sooner applies too.
+	Timeout time.Duration
+	// What to answer when Redis cannot (default FailOpen).
+	Policy  FailurePolicy
+	Breaker BreakerConfig
+	Mode    ModeChoice
+	// RetryAfterMs reported by FailClosed (default 1000).
+	FailClosedRetryMs int64
+}
+
+func (o Options) withDefaults() Options {
+	if o.Timeout <= 0 {
+		o.Timeout = 100 * time.Millisecond
+	}
+	if o.Breaker.Failures <= 0 {
+		o.Breaker.Failures = 3
+	}
+	if o.Breaker.Cooldown <= 0 {
+		o.Breaker.Cooldown = time.Second
+	}
+	if o.FailClosedRetryMs <= 0 {
+		o.FailClosedRetryMs = 1000
+	}
+	return o
+}
+
+// Outcome is the answer for one limit.
+type Outcome struct {
+	Decision Decision
+	// Degraded is set when Redis was not asked or did not answer in time.
+	Degraded Degraded
+	// Mode is the mode that answered (0 when degraded).
+	Mode Mode
+}
+
+// MultiOutcome is the answer for several limits checked at once (RL.ALL).
+type MultiOutcome struct {
+	Allowed bool
+	// DeniedBy is the 1-based position of the first limit that denied, 0 when allowed.
+	DeniedBy  int
+	Decisions []Decision
+	Degraded  Degraded
+	Mode      Mode
+}
+
+// Settlement is the state of every limit after a settlement (RL.SETTLE), in the order of the
+// limits.
+type Settlement struct {
+	// One per limit: Allowed true, RetryAfterMs 0, Remaining 0 while in debt.
+	Decisions []Decision
+	// Set when Redis was not asked or did not answer in time: the decisions are then the
+	// failure policy's.
+	Degraded Degraded
+	Mode     Mode
+}
+
+// TopEntry is one of the keys with the most denials on a server (RL.TOP), as the module counts
+// them.
+type TopEntry struct {
+	// The key (bytes that are not UTF-8 replaced by U+FFFD).
+	Key string
+	// Denials counted for the key: at least Denied - Error, at most Denied.
+	Denied int64
+	// The most by which Denied may overcount.
+	Error int64
+	// The command of the latest denial (RL.TOKENBUCKET, RL.ALL).
+	Command string
+	// When the key's slot was taken and its latest denial (Unix ms by the module's clock).
+	FirstDeniedMs int64
+	LastDeniedMs  int64
+}
+
+// Limit is a key and the algorithm that limits it, for the calls over several limits.
+type Limit struct {
+	Key       string
+	Algorithm Algorithm
+}
+
+// RejectedError is Redis's answer about the call itself (bad parameters, WRONGTYPE, CROSSSLOT),
+// or a refusal that asking again cannot fix and that failing open would hide: NOPERM, NOAUTH or
+// WRONGPASS (the application's user or password is wrong), OOM (the server is full), READONLY
+// (the address is a replica, as after a failover). It never triggers the failure policy nor the
+// breaker.
+type RejectedError struct {
+	// The server's message, its code first: "ERR capacity must be ...".
+	Message string
+}
+
+func (e *RejectedError) Error() string { return "rejected by redis: " + e.Message }
+
+// Code is the message's first word (ERR, WRONGTYPE, NOPERM...).
+func (e *RejectedError) Code() string { return ServerError(e.Message).Code() }
+
+// UnsupportedError is a call that cannot be made: a combination that cannot be checked in one
+// call, or that the mode cannot answer.
+type UnsupportedError struct {
+	Reason string
+}
+
+func (e *UnsupportedError) Error() string { return "unsupported: " + e.Reason }
+
+// ErrUnavailable is returned when Redis did not answer a call that has no failure policy
+// (Client.Top, Client.ResetTop).
+var ErrUnavailable = errors.New("redis did not answer")
+
+func unsupported(reason string) error { return &UnsupportedError{Reason: reason} }
+
+// rejectedCodes are the error replies returned to the caller as they are; any other error
+// means Redis could not decide.
+var rejectedCodes = map[string]bool{
+	"ERR": true, "WRONGTYPE": true, "CROSSSLOT": true, "NOPERM": true, "NOAUTH": true,
+	"WRONGPASS": true, "OOM": true, "READONLY": true,
+}
+
+// Client decides with the module, the Functions library or the scripts, over one Conn (a
+// single server or a cluster). It is safe for concurrent use; copies of a *Client share the
+// breaker, the mode and the local fallback.
+type Client struct {
+	conn    Conn
+	opts    Options
+	mode    atomic.Int32
+	breaker *breaker
+	local   *localLimiter
+	leases  *localLeases
+}
+
+// New is a client over conn. Nothing is sent until the first call (or Detect).
+func New(conn Conn, opts Options) *Client {
+	opts = opts.withDefaults()
+	c := &Client{conn: conn, opts: opts, breaker: newBreaker(opts.Breaker),
+		local: newLocalLimiter(), leases: newLocalLeases()}
+	switch opts.Mode {
+	case ChooseModule:
+		c.mode.Store(int32(ModeModule))
+	case ChooseScript:
+		c.mode.Store(int32(ModeScript))
+	case ChooseFunction:
+		c.mode.Store(int32(ModeFunction))
+	}
+	return c
+}
+
+// Options are the client's options, defaults filled in.
+func (c *Client) Options() Options { return c.opts }
+
+// Mode is the mode in use, once known (after the first call that reached Redis in ModeAuto).
+func (c *Client) Mode() (Mode, bool) {
+	m := Mode(c.mode.Load())
+	return m, m != 0
+}
+
+// BreakerOpen says whether the circuit breaker is open (or half open).
+func (c *Client) BreakerOpen() bool { return c.breaker.isOpen() }
+
+// Detect detects the mode now if it is not known yet (within the timeout); false if Redis
+// could not say.
+func (c *Client) Detect(ctx context.Context) (Mode, bool) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	m, err := c.resolveMode(ctx)
+	return m, err == nil
+}
+
+func (c *Client) resolveMode(ctx context.Context) (Mode, error) {
+	if m, ok := c.Mode(); ok {
+		return m, nil
+	}
+	info, err := do(ctx, c.conn, "COMMAND", "INFO", "rl.all")
+	if err != nil {
+		return 0, err
+	}
+	items, ok := info.([]interface{})
+	if !ok {
+		return 0, errUnexpected{info}
+	}
+	mode := ModeScript
+	if len(items) > 0 && items[0] != nil {
+		mode = ModeModule
+	} else if has, err := c.hasLibrary(ctx); err != nil {
+		return 0, err
+	} else if has {
+		mode = ModeFunction
+	}
+	c.mode.Store(int32(mode))
+	return mode, nil
+}
+
+// hasLibrary says whether the Functions library is loaded. A server that refuses to say (an
+// error reply, such as NOPERM for FUNCTION) is taken to have none: the scripts decide alike.
+func (c *Client) hasLibrary(ctx context.Context) (bool, error) {
+	v, err := do(ctx, c.conn, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName)
+	var se ServerError
+	if errors.As(err, &se) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	switch x := v.(type) {
+	case []interface{}:
+		return len(x) > 0, nil
+	case map[interface{}]interface{}:
+		return len(x) > 0, nil
+	}
+	return false, errUnexpected{v}
+}
+
+// functionName is a command's function in the library: RL.TOKENBUCKET is rl_tokenbucket.
+func functionName(command string) string {
+	return strings.ReplaceAll(strings.ToLower(command), ".", "_")
+}
+
+// call sends command (keys, then args) in the client's mode: the module's command, FCALL of
+// the library's function, or EVALSHA of script (EVAL on NOSCRIPT).
+func (c *Client) call(ctx context.Context, command, script string, multi bool, keys []string,
+	args []string) (interface{}, Mode, error) {
+	mode, err := c.resolveMode(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	n := len(keys) + len(args)
+	var out []interface{}
+	switch mode {
+	case ModeModule:
+		out = make([]interface{}, 0, n+2)
+		out = append(out, command)
+		if multi {
+			out = append(out, integer(int64(len(keys))))
+		}
+	case ModeFunction:
+		out = make([]interface{}, 0, n+3)
+		out = append(out, "FCALL", functionName(command), integer(int64(len(keys))))
+	default:
+		out = make([]interface{}, 0, n+3)
+		out = append(out, "EVALSHA", shas[script], integer(int64(len(keys))))
+	}
+	for _, k := range keys {
+		out = append(out, k)
+	}
+	for _, a := range args {
+		out = append(out, a)
+	}
+	reply, err := do(ctx, c.conn, out...)
+	var se ServerError
+	if mode == ModeScript && errors.As(err, &se) && se.Code() == "NOSCRIPT" {
+		out[0], out[1] = "EVAL", script
+		reply, err = do(ctx, c.conn, out...)
+	}
+	return reply, mode, err
+}
+
+// callOne is one limit's command: the parameters, then the cost, or for a concurrency limit
+// the lease id (RL.ACQUIRE takes no cost).
+func (c *Client) callOne(ctx context.Context, key string, a Algorithm, cost int64,
+	lease string) (Decision, Mode, error) {
+	args := a.Params()
+	if _, ok := concurrencyOf(a); ok && lease != "" {
+		args = append(args, lease)
+	} else {
+		args = append(args, integer(cost))
+	}
+	reply, mode, err := c.call(ctx, a.Command(), a.script(), false, []string{key}, args)
+	if err != nil {
+		return Decision{}, 0, err
+	}
+	d, ok := decisionOf(reply)
+	if !ok {
+		return Decision{}, 0, errUnexpected{reply}
+	}
+	return d, mode, nil
+}
+
+func limitArgs(limits []Limit) ([]string, []string) {
+	keys := make([]string, len(limits))
+	var args []string
+	for i, l := range limits {
+		keys[i] = l.Key
+		args = append(args, l.Algorithm.Keyword())
+		args = append(args, l.Algorithm.Params()...)
+	}
+	return keys, args
+}
+
+func (c *Client) callAll(ctx context.Context, limits []Limit, cost int64,
+	lease string) (MultiOutcome, error) {
+	keys, args := limitArgs(limits)
+	if lease != "" {
+		args = append(args, "LEASE", lease)
+	}
+	args = append(args, "COST", integer(cost))
+	reply, mode, err := c.call(ctx, "RL.ALL", scriptAll, true, keys, args)
+	if err != nil {
+		return MultiOutcome{}, err
+	}
+	allowed, deniedBy, ds, ok := multiOf(reply, len(limits))
+	if !ok {
+		return MultiOutcome{}, errUnexpected{reply}
+	}
+	return MultiOutcome{Allowed: allowed, DeniedBy: deniedBy, Decisions: ds, Mode: mode}, nil
+}
+
+func (c *Client) callSettle(ctx context.Context, limits []Limit, delta int64) ([]Decision,
+	Mode, error) {
+	keys, args := limitArgs(limits)
+	args = append(args, "DELTA", integer(delta))
+	reply, mode, err := c.call(ctx, "RL.SETTLE", scriptSettle, true, keys, args)
+	if err != nil {
+		return nil, 0, err
+	}
+	ds, ok := decisionsOf(reply, len(limits))
+	if !ok {
+		return nil, 0, errUnexpected{reply}
+	}
+	return ds, mode, nil
+}
+
+func (c *Client) callRelease(ctx context.Context, key, id string) (int64, error) {
+	reply, _, err := c.call(ctx, "RL.RELEASE", scriptRelease, false, []string{key}, []string{id})
+	if err != nil {
+		return 0, err
+	}
+	n, ok := asInt(reply)
+	if !ok {
+		return 0, errUnexpected{reply}
+	}
+	return n, nil
+}
+
+// guarded runs f under the timeout and the breaker: nil, a *RejectedError, or errUnavailable
+// (Redis did not answer: the failure policy decides).
+func (c *Client) guarded(ctx context.Context, f func(context.Context) error) error {
+	if !c.breaker.permit() {
+		return errUnavailable
+	}
+	cctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	err := f(cctx)
+	if err == nil {
+		c.breaker.success()
+		return nil
+	}
+	var se ServerError
+	if errors.As(err, &se) && rejectedCodes[se.Code()] {
+		c.breaker.success()
+		return &RejectedError{Message: string(se)}
+	}
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		// The caller gave up (a client that went away): nothing was learnt about Redis.
+		c.breaker.neutral()
+		return errUnavailable
+	}
+	c.breaker.failure()
+	return errUnavailable
+}
+
+// errUnavailable is guarded's answer when Redis did not decide.
+var errUnavailable = errors.New("unavailable")
+
+func (c *Client) degradedOne(key string, a Algorithm, cost int64, lease string) (Decision,
+	Degraded) {
+	o := c.opts
+	switch o.Policy.kind {
+	case policyFailClosed:
+		return Decision{Allowed: false, Remaining: 0, RetryAfterMs: o.FailClosedRetryMs,
+			ResetAfterMs: o.FailClosedRetryMs, Limit: a.Quota()}, DegradedFailClosed
+	case policyLocal:
+		if cc, ok := concurrencyOf(a); ok {
+			return c.leases.acquire(key, lease, cc, o.Policy.instances, cost > 0), DegradedLocal
+		}
+		return c.local.check(key, a, o.Policy.instances, cost), DegradedLocal
+	}
+	return Decision{Allowed: true, Remaining: a.Quota(), Limit: a.Quota()}, DegradedFailOpen
+}
+
+// Check checks (and on admission consumes) cost units of a on key. A concurrency limit is only
+// peeked at here (cost 0, through RL.ALL); its slots are taken with Acquire (an
+// *UnsupportedError for a cost above 0).
+func (c *Client) Check(ctx context.Context, key string, a Algorithm, cost int64) (Outcome, error) {
+	if _, ok := concurrencyOf(a); !ok {
+		return c.decideOne(ctx, key, a, cost, "")
+	}
+	o, err := c.CheckAll(ctx, []Limit{{key, a}}, cost)
+	if err != nil {
+		return Outcome{}, err
+	}
+	return Outcome{Decision: o.Decisions[0], Degraded: o.Degraded, Mode: o.Mode}, nil
+}
+
+// Peek is the state of a on key, consuming nothing (cost 0).
+func (c *Client) Peek(ctx context.Context, key string, a Algorithm) (Outcome, error) {
+	return c.Check(ctx, key, a, 0)
+}
+
+func (c *Client) decideOne(ctx context.Context, key string, a Algorithm, cost int64,
+	lease string) (Outcome, error) {
+	if cost < 0 {
+		return Outcome{}, unsupported("a cost of at least 0")
+	}
+	var o Outcome
+	err := c.guarded(ctx, func(ctx context.Context) error {
+		d, m, err := c.callOne(ctx, key, a, cost, lease)
+		o = Outcome{Decision: d, Mode: m}
+		return err
+	})
+	if err == errUnavailable {
+		d, g := c.degradedOne(key, a, cost, lease)
+		return Outcome{Decision: d, Degraded: g}, nil
+	}
+	return o, err
+}
+
+// CheckAll checks several limits at once: admitted only if every limit admits, and then cost is
+// consumed from all of them (RL.ALL, or all.lua; one limit alone uses its own command).
+// Concurrency limits are only peeked at here (cost 0); their slots are taken with AcquireAll.
+func (c *Client) CheckAll(ctx context.Context, limits []Limit, cost int64) (MultiOutcome, error) {
+	if !hasConcurrency(limits) {
+		return c.decideAll(ctx, limits, cost, "")
+	}
+	if cost > 0 {
+		return MultiOutcome{}, unsupported("concurrency limits take a lease: Client.AcquireAll")
+	}
+	return c.decideAll(ctx, limits, 0, newLeaseID())
+}
+
+func hasConcurrency(limits []Limit) bool {
+	for _, l := range limits {
+		if _, ok := concurrencyOf(l.Algorithm); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// decideAll is several limits in one call (one alone with its own command, except a
+// concurrency limit peeked at with cost 0, which only RL.ALL can do).
+func (c *Client) decideAll(ctx context.Context, limits []Limit, cost int64,
+	lease string) (MultiOutcome, error) {
+	if len(limits) == 1 {
+		_, conc := concurrencyOf(limits[0].Algorithm)
+		if cost > 0 || !conc {
+			o, err := c.decideOne(ctx, limits[0].Key, limits[0].Algorithm, cost, lease)
+			if err != nil {
+				return MultiOutcome{}, err
+			}
+			deniedBy := 0
+			if !o.Decision.Allowed {
+				deniedBy = 1
+			}
+			return MultiOutcome{Allowed: o.Decision.Allowed, DeniedBy: deniedBy,
+				Decisions: []Decision{o.Decision}, Degraded: o.Degraded, Mode: o.Mode}, nil
+		}
+	}
+	if len(limits) == 0 || len(limits) > 16 {
+		return MultiOutcome{}, unsupported("between 1 and 16 limits per call")
+	}
+	if cost < 0 {
+		return MultiOutcome{}, unsupported("a cost of at least 0")
+	}
+	var o MultiOutcome
+	err := c.guarded(ctx, func(ctx context.Context) error {
+		var err error
+		o, err = c.callAll(ctx, limits, cost, lease)
+		return err
+	})
+	if err == errUnavailable {
+		return c.degradedAll(limits, cost, lease), nil
+	}
+	return o, err
+}
+
+func (c *Client) degradedAll(limits []Limit, cost int64, lease string) MultiOutcome {
+	degraded := DegradedFailOpen
+	// Peek first so that a denial consumes from none of the limits.
+	peeks := make([]Decision, len(limits))
+	for i, l := range limits {
+		peeks[i], degraded = c.degradedOne(l.Key, l.Algorithm, 0, lease)
+	}
+	denier := -1
+	for i, l := range limits {
+		_, conc := concurrencyOf(l.Algorithm)
+		var denies bool
+		switch {
+		case degraded == DegradedFailClosed:
+			denies = true
+		case conc:
+			// One slot whatever the cost; none taken by a peek.
+			denies = cost > 0 && !peeks[i].Allowed
+		default:
+			denies = peeks[i].Remaining < cost
+		}
+		if denies {
+			denier = i
+			break
+		}
+	}
+	out := MultiOutcome{Allowed: denier < 0, Degraded: degraded}
+	if denier >= 0 {
+		out.DeniedBy = denier + 1
+		peeks[denier], _ = c.degradedOne(limits[denier].Key, limits[denier].Algorithm, cost, lease)
+		out.Decisions = peeks
+		return out
+	}
+	out.Decisions = make([]Decision, len(limits))
+	for i, l := range limits {
+		out.Decisions[i], _ = c.degradedOne(l.Key, l.Algorithm, cost, lease)
+	}
+	return out
+}
+
+// leaseIDs are unique per call: a random per-process prefix, the process id, then a counter.
+var (
+	leasePrefix  string
+	leaseCounter atomic.Uint64
+)
+
+func init() {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		binaryTime := uint64(time.Now().UnixNano())
+		for i := range b {
+			b[i] = byte(binaryTime >> (8 * i))
+		}
+	}
+	leasePrefix = hex.EncodeToString(b[:]) + "-" + fmt.Sprintf("%x", os.Getpid())
+}
+
+func newLeaseID() string {
+	return fmt.Sprintf("%s-%x", leasePrefix, leaseCounter.Add(1)-1)
+}
+
+// Acquire takes one of limit.Limit slots of key for a new lease (RL.ACQUIRE with a fresh lease
+// id). Admitted: the outcome and the Lease, which gives the slot back when released
+// (Lease.Release) and can be renewed. Denied: the outcome alone, RetryAfterMs until a lease
+// expires. When Redis cannot answer the failure policy decides: FailOpen admits with a lease
+// that holds nothing, FailClosed denies, Local takes a slot of an in-process semaphore.
+func (c *Client) Acquire(ctx context.Context, key string, limit Concurrency) (LeaseOutcome,
+	error) {
+	return c.AcquireAs(ctx, key, limit, newLeaseID())
+}
+
+// AcquireAs is Acquire with the caller's lease id (1 to 128 bytes, unique to the holder, such
+// as a job id): a live lease of that id is renewed instead of taking a second slot.
+func (c *Client) AcquireAs(ctx context.Context, key string, limit Concurrency,
+	id string) (LeaseOutcome, error) {
+	o, err := c.decideOne(ctx, key, limit, 1, id)
+	if err != nil {
+		return LeaseOutcome{}, err
+	}
+	out := LeaseOutcome{Outcome: o}
+	if o.Decision.Allowed {
+		out.Lease = newLease(c, id, []leaseLimit{{key, limit}}, o.Degraded)
+	}
+	return out, nil
+}
+
+// AcquireAll checks several limits at once, concurrency limits among them (RL.ALL ... LEASE id
+// COST cost): admitted only if every limit admits; then cost is consumed from the others and
+// one slot of each concurrency limit is held by the returned lease (nil without a concurrency
+// limit). Cost 0 peeks and takes no slot.
+func (c *Client) AcquireAll(ctx context.Context, limits []Limit, cost int64) (MultiLeaseOutcome,
+	error) {
+	var held []leaseLimit
+	for _, l := range limits {
+		if cc, ok := concurrencyOf(l.Algorithm); ok {
+			held = append(held, leaseLimit{l.Key, cc})
+		}
+	}
+	if len(held) == 0 {
+		o, err := c.decideAll(ctx, limits, cost, "")
+		return MultiLeaseOutcome{Outcome: o}, err
+	}
+	id := newLeaseID()
+	o, err := c.decideAll(ctx, limits, cost, id)
+	if err != nil {
+		return MultiLeaseOutcome{}, err
+	}
+	out := MultiLeaseOutcome{Outcome: o}
+	if o.Allowed && cost > 0 {
+		out.Lease = newLease(c, id, held, o.Degraded)
+	}
+	return out, nil
+}
+
+// Release gives back id's slot of key (RL.RELEASE): whether a live lease was released; false
+// too when Redis cannot answer (the lease then expires by itself). Idempotent.
+func (c *Client) Release(ctx context.Context, key, id string) (bool, error) {
+	var n int64
+	err := c.guarded(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = c.callRelease(ctx, key, id)
+		return err
+	})
+	if err == errUnavailable {
+		return false, nil
+	}
+	return n == 1, err
+}
+
+// Reserve checks and on admission consumes estimate units of a on key, as Check does, for work
+// whose true cost is known only afterwards. Admitted: the outcome and the Reservation, whose
+// Settle charges or refunds the difference once the cost is known (left unsettled, the
+// estimate stays charged). Denied: the outcome alone. Concurrency limits are not settled (an
+// *UnsupportedError).
+func (c *Client) Reserve(ctx context.Context, key string, a Algorithm,
+	estimate int64) (ReservationOutcome, error) {
+	if _, ok := concurrencyOf(a); ok {
+		return ReservationOutcome{}, unsupported("concurrency limits are not settled: Client.Acquire")
+	}
+	o, err := c.decideOne(ctx, key, a, estimate, "")
+	if err != nil {
+		return ReservationOutcome{}, err
+	}
+	out := ReservationOutcome{Outcome: o}
+	if o.Decision.Allowed {
+		out.Reservation = &Reservation{client: c, limits: []Limit{{key, a}}, estimate: estimate,
+			charged: o.Degraded}
+	}
+	return out, nil
+}
+
+// ReserveAll is Reserve over several limits at once, as CheckAll: admitted only if every limit
+// admits, and then estimate is consumed from all of them; the reservation settles them all in
+// one call.
+func (c *Client) ReserveAll(ctx context.Context, limits []Limit,
+	estimate int64) (MultiReservationOutcome, error) {
+	if hasConcurrency(limits) {
+		return MultiReservationOutcome{},
+			unsupported("concurrency limits are not settled: Client.AcquireAll")
+	}
+	o, err := c.decideAll(ctx, limits, estimate, "")
+	if err != nil {
+		return MultiReservationOutcome{}, err
+	}
+	out := MultiReservationOutcome{Outcome: o}
+	if o.Allowed {
+		out.Reservation = &Reservation{client: c, limits: append([]Limit(nil), limits...),
+			estimate: estimate, charged: o.Degraded}
+	}
+	return out, nil
+}
+
+// Settle adjusts what was consumed from every limit by delta units in one call (RL.SETTLE ...
+// DELTA delta): below 0 gives -delta units back (never above the limit), above 0 takes delta
+// more without asking whether they are left (a limit may go into debt, and then denies until it
+// is paid back), 0 only reports. The answer is every limit's state afterwards. When Redis
+// cannot answer nothing is adjusted, and the decisions are the failure policy's for a cost of 0.
+func (c *Client) Settle(ctx context.Context, limits []Limit, delta int64) (Settlement, error) {
+	if hasConcurrency(limits) {
+		return Settlement{}, unsupported("concurrency limits are not settled")
+	}
+	if len(limits) == 0 || len(limits) > 16 {
+		return Settlement{}, unsupported("between 1 and 16 limits per call")
+	}
+	var s Settlement
+	err := c.guarded(ctx, func(ctx context.Context) error {
+		ds, m, err := c.callSettle(ctx, limits, delta)
+		s = Settlement{Decisions: ds, Mode: m}
+		return err
+	})
+	if err == errUnavailable {
+		s = Settlement{Decisions: make([]Decision, len(limits))}
+		for i, l := range limits {
+			s.Decisions[i], s.Degraded = c.degradedOne(l.Key, l.Algorithm, 0, "")
+		}
+		return s, nil
+	}
+	return s, err
+}
+
+// settleCharged settles where a reservation was charged: Redis, the in-process buckets of the
+// Local policy, or nowhere (admitted by FailOpen: the policy's answer, nothing sent).
+func (c *Client) settleCharged(ctx context.Context, limits []Limit, delta int64,
+	charged Degraded) (Settlement, error) {
+	switch {
+	case charged == NotDegraded:
+		return c.Settle(ctx, limits, delta)
+	case charged == DegradedLocal && c.opts.Policy.kind == policyLocal:
+		s := Settlement{Decisions: make([]Decision, len(limits)), Degraded: DegradedLocal}
+		for i, l := range limits {
+			s.Decisions[i] = c.local.adjust(l.Key, l.Algorithm, c.opts.Policy.instances, delta)
+		}
+		return s, nil
+	}
+	s := Settlement{Decisions: make([]Decision, len(limits)), Degraded: charged}
+	for i, l := range limits {
+		s.Decisions[i], _ = c.degradedOne(l.Key, l.Algorithm, 0, "")
+	}
+	return s, nil
+}
+
+// Top is the count keys with the most denials on the server, most first (RL.TOP count, count
+// from 1 to 100,000), as the module counts them. Only the module keeps this list: in ModeScript
+// and ModeFunction the answer is an *UnsupportedError. An operator's call: the command is
+// outside the ratelimit ACL category, so an application's user gets a *RejectedError (NOPERM).
+// No failure policy answers it: ErrUnavailable when Redis does not answer in time. Each server
+// counts its own keys: on a cluster, ask every master through a client of its own.
+func (c *Client) Top(ctx context.Context, count int) ([]TopEntry, error) {
+	return c.callTop(ctx, integer(int64(count)))
+}
+
+// ResetTop clears the list of Top (RL.TOP RESET).
+func (c *Client) ResetTop(ctx context.Context) error {
+	_, err := c.callTop(ctx, "RESET")
+	return err
+}
+
+func (c *Client) callTop(ctx context.Context, arg string) ([]TopEntry, error) {
+	var entries []TopEntry
+	moduleless := false
+	err := c.guarded(ctx, func(ctx context.Context) error {
+		mode, err := c.resolveMode(ctx)
+		if err != nil {
+			return err
+		}
+		if mode != ModeModule {
+			moduleless = true
+			return nil
+		}
+		reply, err := do(ctx, c.conn, "RL.TOP", arg)
+		if err != nil || arg == "RESET" {
+			return err
+		}
+		var ok bool
+		if entries, ok = topEntriesOf(reply); !ok {
+			return errUnexpected{reply}
+		}
+		return nil
+	})
+	switch {
+	case err == errUnavailable:
+		return nil, ErrUnavailable
+	case err != nil:
+		return nil, err
+	case moduleless:
+		return nil, unsupported("the most-denied keys are counted by the module only (RL.TOP)")
+	}
+	if entries == nil {
+		entries = []TopEntry{}
+	}
+	return entries, nil
+}
+
+// Limiter is a Client bound to one algorithm and its parameters.
+type Limiter struct {
+	client    *Client
+	algorithm Algorithm
+}
+
+// NewLimiter binds a to c.
+func NewLimiter(c *Client, a Algorithm) *Limiter {
+	return &Limiter{client: c, algorithm: a}
+}
+
+func (l *Limiter) Client() *Client      { return l.client }
+func (l *Limiter) Algorithm() Algorithm { return l.algorithm }
+
+// Check checks and consumes one unit.
+func (l *Limiter) Check(ctx context.Context, key string) (Outcome, error) {
+	return l.client.Check(ctx, key, l.algorithm, 1)
+}
+
+// CheckCost checks and consumes cost units.
+func (l *Limiter) CheckCost(ctx context.Context, key string, cost int64) (Outcome, error) {
+	return l.client.Check(ctx, key, l.algorithm, cost)
+}
+
+// Peek is the current state, consuming nothing (cost 0).
+func (l *Limiter) Peek(ctx context.Context, key string) (Outcome, error) {
+	return l.client.Check(ctx, key, l.algorithm, 0)
+}
+
+// Reserve reserves estimate units, settled later with the true cost (see Client.Reserve).
+func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (ReservationOutcome,
+	error) {
+	return l.client.Reserve(ctx, key, l.algorithm, estimate)
+}
+
+// Acquire takes a slot of the limiter's concurrency limit (see Client.Acquire); an
+// *UnsupportedError for the other algorithms.
+func (l *Limiter) Acquire(ctx context.Context, key string) (LeaseOutcome, error) {
+	cc, ok := concurrencyOf(l.algorithm)
+	if !ok {
+		return LeaseOutcome{}, unsupported("acquire takes a concurrency limit")
+	}
+	return l.client.Acquire(ctx, key, cc)
+}

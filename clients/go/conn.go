@@ -1,0 +1,240 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// Conn is how the package talks to Redis: one command, its name first, and its reply. The
+// package passes every argument as a string and honours ctx itself (it stops waiting when ctx
+// is done), but an implementation that gives ctx to its client also frees the connection then.
+//
+// A redigo pool (github.com/gomodule/redigo/redis) satisfies it with:
+//
+//	type Redigo struct{ *redis.Pool }
+//
+//	func (p Redigo) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
+//		c, err := p.GetContext(ctx)
+//		if err != nil {
+//			return nil, err
+//		}
+//		defer c.Close()
+//		return redis.DoContext(c, ctx, args[0].(string), args[1:]...)
+//	}
+//
+// and a go-redis client (github.com/redis/go-redis/v9: *redis.Client, *redis.ClusterClient or
+// redis.UniversalClient) with:
+//
+//	type GoRedis struct{ redis.UniversalClient }
+//
+//	func (c GoRedis) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
+//		return c.UniversalClient.Do(ctx, args...).Result()
+//	}
+//
+// Replies of both are normalised here (bulk strings as []byte or string, integers as int64 or
+// int, arrays, nil; go-redis's redis.Nil is a nil reply), and so are their server errors
+// (redigo's redis.Error, go-redis's RedisError: error types whose underlying type is a string),
+// which the package tells apart from connection failures. An implementation of another client
+// returns server error replies as a ServerError.
+type Conn interface {
+	Do(ctx context.Context, args ...interface{}) (interface{}, error)
+}
+
+// ServerError is an error reply of Redis (`ERR ...`, `WRONGTYPE ...`), as opposed to a failure
+// to reach it. Connections of other clients than redigo and go-redis return their error replies
+// as ServerError.
+type ServerError string
+
+func (e ServerError) Error() string { return string(e) }
+
+// Code is the error's first word: ERR, WRONGTYPE, NOPERM, NOSCRIPT...
+func (e ServerError) Code() string {
+	s := string(e)
+	if i := strings.IndexByte(s, ' '); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// serverMessage says whether err is an error reply of the server, and its message.
+func serverMessage(err error) (string, bool) {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if se, ok := e.(ServerError); ok {
+			return string(se), true
+		}
+		// redigo's redis.Error and go-redis's proto.RedisError are string types.
+		if v := reflect.ValueOf(e); v.Kind() == reflect.String {
+			return v.String(), true
+		}
+		if _, ok := e.(interface{ RedisError() }); ok {
+			return e.Error(), true
+		}
+	}
+	return "", false
+}
+
+// goRedisNil is go-redis's nil reply, which it returns as an error.
+const goRedisNil = "redis: nil"
+
+// do sends one command through conn and waits for its reply or for ctx, whichever comes
+// first. A server error comes back as a ServerError; any other error means Redis did not
+// answer.
+func do(ctx context.Context, conn Conn, args ...interface{}) (interface{}, error) {
+	type result struct {
+		v   interface{}
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				ch <- result{nil, fmt.Errorf("ratelimit: the connection panicked: %v", p)}
+			}
+		}()
+		v, err := conn.Do(ctx, args...)
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			if msg, ok := serverMessage(r.err); ok {
+				if msg == goRedisNil {
+					return nil, nil
+				}
+				return nil, ServerError(msg)
+			}
+			return nil, r.err
+		}
+		return normalize(r.v), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// normalize turns the replies of the common clients into int64, string, []interface{} and nil.
+func normalize(v interface{}) interface{} {
+	switch x := v.(type) {
+	case []byte:
+		return string(x)
+	case int:
+		return int64(x)
+	case int32:
+		return int64(x)
+	case []interface{}:
+		out := make([]interface{}, len(x))
+		for i, e := range x {
+			out[i] = normalize(e)
+		}
+		return out
+	case []string:
+		out := make([]interface{}, len(x))
+		for i, e := range x {
+			out[i] = e
+		}
+		return out
+	case []int64:
+		out := make([]interface{}, len(x))
+		for i, e := range x {
+			out[i] = e
+		}
+		return out
+	}
+	return v
+}
+
+// errUnexpected is a reply of the wrong shape: Redis is not answering as the module would.
+type errUnexpected struct{ reply interface{} }
+
+func (e errUnexpected) Error() string { return fmt.Sprintf("unexpected reply: %#v", e.reply) }
+
+func asInt(v interface{}) (int64, bool) {
+	i, ok := v.(int64)
+	return i, ok
+}
+
+func asText(v interface{}) (string, bool) {
+	s, ok := v.(string)
+	return s, ok
+}
+
+// decisionOf reads a five-integer reply.
+func decisionOf(v interface{}) (Decision, bool) {
+	items, ok := v.([]interface{})
+	if !ok || len(items) != 5 {
+		return Decision{}, false
+	}
+	var f [5]int64
+	for i, it := range items {
+		n, ok := asInt(it)
+		if !ok {
+			return Decision{}, false
+		}
+		f[i] = n
+	}
+	if f[1] < 0 || f[3] < 0 || f[4] < 0 {
+		return Decision{}, false
+	}
+	return Decision{Allowed: f[0] == 1, Remaining: f[1], RetryAfterMs: f[2], ResetAfterMs: f[3],
+		Limit: f[4]}, true
+}
+
+// decisionsOf reads n five-integer replies.
+func decisionsOf(v interface{}, n int) ([]Decision, bool) {
+	items, ok := v.([]interface{})
+	if !ok || len(items) != n {
+		return nil, false
+	}
+	out := make([]Decision, n)
+	for i, it := range items {
+		d, ok := decisionOf(it)
+		if !ok {
+			return nil, false
+		}
+		out[i] = d
+	}
+	return out, true
+}
+
+// multiOf reads RL.ALL's reply for n limits: [allowed, denied_by, reply...].
+func multiOf(v interface{}, n int) (bool, int, []Decision, bool) {
+	items, ok := v.([]interface{})
+	if !ok || len(items) != n+2 {
+		return false, 0, nil, false
+	}
+	allowed, ok1 := asInt(items[0])
+	deniedBy, ok2 := asInt(items[1])
+	ds, ok3 := decisionsOf(items[2:], n)
+	if !ok1 || !ok2 || !ok3 || deniedBy < 0 {
+		return false, 0, nil, false
+	}
+	return allowed == 1, int(deniedBy), ds, true
+}
+
+func topEntriesOf(v interface{}) ([]TopEntry, bool) {
+	items, ok := v.([]interface{})
+	if !ok {
+		return nil, false
+	}
+	out := make([]TopEntry, 0, len(items))
+	for _, it := range items {
+		f, ok := it.([]interface{})
+		if !ok || len(f) != 6 {
+			return nil, false
+		}
+		key, ok1 := asText(f[0])
+		denied, ok2 := asInt(f[1])
+		errBound, ok3 := asInt(f[2])
+		command, ok4 := asText(f[3])
+		first, ok5 := asInt(f[4])
+		last, ok6 := asInt(f[5])
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || denied < 0 || errBound < 0 {
+			return nil, false
+		}
+		out = append(out, TopEntry{Key: strings.ToValidUTF8(key, "\uFFFD"), Denied: denied,
+			Error: errBound, Command: command, FirstDeniedMs: first, LastDeniedMs: last})
+	}
+	return out, true
+}

@@ -1,0 +1,3 @@
+module redis-rate-limiter/ratelimit
+
+go 1.19

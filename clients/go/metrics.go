@@ -1,0 +1,152 @@
+package ratelimit
+
+import (
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Counts are one limit's counters.
+type Counts struct {
+	Allowed  uint64
+	Denied   uint64
+	Degraded uint64
+	// Requests a shadow limit would have refused (and let through).
+	ShadowDenied uint64
+	// Whether the limit has been evaluated as a shadow limit.
+	Shadow bool
+	// Units given back by settlements (an actual cost below the estimate).
+	Refunded uint64
+	// Units taken by settlements (an actual cost above the estimate).
+	Charged uint64
+}
+
+// Metrics counts the middleware's decisions per limit, for Prometheus's text format. Safe for
+// concurrent use; it is also an http.Handler serving that text (for /metrics).
+type Metrics struct {
+	mu      sync.Mutex
+	byLimit map[string]*Counts
+}
+
+// NewMetrics is an empty set of counters.
+func NewMetrics() *Metrics {
+	return &Metrics{byLimit: map[string]*Counts{}}
+}
+
+func (m *Metrics) entry(limit string) *Counts {
+	c := m.byLimit[limit]
+	if c == nil {
+		c = &Counts{}
+		m.byLimit[limit] = c
+	}
+	return c
+}
+
+// Record counts an enforced limit's answer.
+func (m *Metrics) Record(limit string, allowed, degraded bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.entry(limit)
+	if allowed {
+		c.Allowed++
+	} else {
+		c.Denied++
+	}
+	if degraded {
+		c.Degraded++
+	}
+}
+
+// RecordShadow counts a shadow limit's answer: allowed counts as allowed, a denial as
+// shadow_denied (the request went through), never as denied.
+func (m *Metrics) RecordShadow(limit string, allowed, degraded bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.entry(limit)
+	c.Shadow = true
+	if allowed {
+		c.Allowed++
+	} else {
+		c.ShadowDenied++
+	}
+	if degraded {
+		c.Degraded++
+	}
+}
+
+// RecordSettled counts a settlement of delta units on limit: below 0 refunded, above 0 charged.
+func (m *Metrics) RecordSettled(limit string, delta int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.entry(limit)
+	if delta < 0 {
+		c.Refunded += uint64(-(delta + 1)) + 1
+	} else {
+		c.Charged += uint64(delta)
+	}
+}
+
+// Counts are limit's counters (zero for a limit never counted).
+func (m *Metrics) Counts(limit string) Counts {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.byLimit[limit]; c != nil {
+		return *c
+	}
+	return Counts{}
+}
+
+func escapeLabel(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
+}
+
+// Prometheus is the counters in Prometheus's text format:
+// ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}, and for a limit
+// evaluated as a shadow limit also outcome="shadow_denied"; then, once a settlement changed
+// something, ratelimit_settled_units_total{limit="...",direction="refunded|charged"} for the
+// limits that settled. Limits in byte order of their names.
+func (m *Metrics) Prometheus() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	names := make([]string, 0, len(m.byLimit))
+	for n := range m.byLimit {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.WriteString("# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n# TYPE ratelimit_decisions_total counter\n")
+	line := func(metric, name, label, value string, v uint64) {
+		b.WriteString(metric + `{limit="` + escapeLabel(name) + `",` + label + `="` + value + `"} ` +
+			strconv.FormatUint(v, 10) + "\n")
+	}
+	settled := false
+	for _, n := range names {
+		c := m.byLimit[n]
+		line("ratelimit_decisions_total", n, "outcome", "allowed", c.Allowed)
+		line("ratelimit_decisions_total", n, "outcome", "denied", c.Denied)
+		line("ratelimit_decisions_total", n, "outcome", "degraded", c.Degraded)
+		if c.Shadow {
+			line("ratelimit_decisions_total", n, "outcome", "shadow_denied", c.ShadowDenied)
+		}
+		settled = settled || c.Refunded > 0 || c.Charged > 0
+	}
+	if settled {
+		b.WriteString("# HELP ratelimit_settled_units_total Units given back (refunded) or taken (charged) when reservations were settled with their actual cost.\n# TYPE ratelimit_settled_units_total counter\n")
+	}
+	for _, n := range names {
+		c := m.byLimit[n]
+		if c.Refunded > 0 || c.Charged > 0 {
+			line("ratelimit_settled_units_total", n, "direction", "refunded", c.Refunded)
+			line("ratelimit_settled_units_total", n, "direction", "charged", c.Charged)
+		}
+	}
+	return b.String()
+}
+
+// ServeHTTP serves Prometheus's text format.
+func (m *Metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write([]byte(m.Prometheus()))
+}
