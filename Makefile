@@ -76,7 +76,7 @@ examples: deps servers
 # The module's suites that run on a server (every tests/*.rs but the two that need none), on each
 # server of SERVERS in turn: `make test-servers SERVERS=valkey-9.1`.
 SERVERS ?= $(MATRIX)
-SERVERLESS_TESTS := lua_differential lua_blocks
+SERVERLESS_TESTS := lua_differential lua_blocks layers
 SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS),$(basename $(notdir $(wildcard tests/*.rs))))
 
 test-servers: servers

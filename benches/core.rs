@@ -7,10 +7,10 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use redis_rate_limiter::codec::number::{G17_MAX_LEN, format_g17};
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::core::token_bucket::{self, Params, State};
-use redis_rate_limiter::number::{G17_MAX_LEN, format_g17};
-use redis_rate_limiter::pipeline::FieldsLimiter;
+use redis_rate_limiter::store::string::FieldsLimiter;
 
 /// A plausible "now" in Unix microseconds.
 const NOW_US: i64 = 1_700_000_000_123_456;

@@ -1,34 +1,36 @@
-//! Native rate-limiter commands for Redis.
+//! Native rate-limiter commands for Redis and Valkey. The layers, lowest first; each folder is
+//! one layer and imports only from the layers above it in this list (`tests/layers.rs` checks it
+//! against `docs/architecture.md`):
 //!
-//! - `core`: one pure file per algorithm (no Redis types).
-//! - `command`: one file per command: its arguments and stored fields, wired to its core.
-//! - `pipeline`: load -> decide -> store, over a storage trait (Redis, or memory in tests).
-//! - `zset_store`: the same pipeline for limiters whose state is a sorted set.
-//! - `args`, `stored`, `number`: shared parsing and formatting of numbers.
-//! - `binding`: the thin Redis layer (key I/O, replication, replies).
+//! - `codec`: bytes to values and back: error replies, numbers as `%.17g`, arguments, the checks
+//!   on stored numbers.
+//! - `core`: one pure file per algorithm: state and time (µs) in, decision and new state out.
+//! - `observe`: what calls came to: the counters of `INFO ratelimit` and `RL.TOP`'s most-denied
+//!   keys.
+//! - `store`: the `Store` trait over one open key, the `Effect` a decision writes, and the
+//!   pipelines over it, one per shape of stored state (`string`, `zset`) and one for several
+//!   limits at once (`all`).
+//! - `command`: one file per command: its descriptor, arguments, error texts and wiring to its
+//!   core and its pipeline; `registry` lists them.
+//! - `binding`: the only FFI: module load, the entry point of every command, a key as a `Store`
+//!   (the one applier of `Effect`), replies and replication.
 
 // Range checks are written as plain comparisons, the way the Lua twins must write them.
 #![allow(clippy::manual_range_contains)]
 
-pub mod allocator;
-pub mod args;
 mod binding;
+pub mod codec;
 pub mod command;
 pub mod core;
-pub mod error;
-pub mod number;
-pub mod pipeline;
-pub mod stats;
-pub mod stored;
-pub mod top;
-pub mod zset_store;
+pub mod observe;
+pub mod store;
 
 use binding::on_load;
 
 redis_module::redis_module! {
     name: "ratelimit",
     version: 1,
-    allocator: (crate::allocator::ModuleAllocator, crate::allocator::ModuleAllocator),
+    allocator: (crate::binding::allocator::ModuleAllocator, crate::binding::allocator::ModuleAllocator),
     data_types: [],
     init: on_load,
     commands: [],

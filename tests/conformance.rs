@@ -14,7 +14,7 @@ use std::sync::{Arc, Barrier};
 use harness::cases::{CASES, NOT_LIMITERS};
 use harness::{Options, Server, Stored, cmd, info_field, pexpiretime, set_clock, stored};
 use redis::{Connection, Value};
-use redis_rate_limiter::command::DESCRIPTORS;
+use redis_rate_limiter::command::registry::DESCRIPTORS;
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const T0: i64 = 1_900_000_000_000_000;

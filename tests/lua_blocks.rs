@@ -124,7 +124,7 @@ fn the_functions_library_is_made_from_the_scripts() {
         .map(|l| l.split('\'').next().unwrap().to_string())
         .collect();
     functions.sort();
-    let mut commands: Vec<String> = redis_rate_limiter::command::DESCRIPTORS
+    let mut commands: Vec<String> = redis_rate_limiter::command::registry::DESCRIPTORS
         .iter()
         .map(|d| {
             d.name

@@ -25,7 +25,8 @@ use redis_rate_limiter::command::gcra::Gcra;
 use redis_rate_limiter::command::sliding_log;
 use redis_rate_limiter::command::throttle;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
-use redis_rate_limiter::pipeline::{self, FieldsLimiter, Store};
+use redis_rate_limiter::store::Store;
+use redis_rate_limiter::store::string::{self, FieldsLimiter};
 
 const START_US: i64 = 1_700_000_000_000_000;
 
@@ -77,7 +78,7 @@ fn module_call<L: FieldsLimiter<N>, const N: usize>(
         space,
         key: KEY.to_vec(),
     };
-    pipeline::apply::<L, _, N>(&mut key, &parsed, now)
+    string::apply::<L, _, N>(&mut key, &parsed, now)
         .map(|r| r.to_array().to_vec())
         .map_err(|e| e.message().to_string())
 }
@@ -226,7 +227,7 @@ fn module_all_call(
     let mut open: Vec<SharedKey> = keys.iter().map(|k| SharedKey::open(space, k)).collect();
     let mut stores: Vec<&mut dyn Store> = open.iter_mut().map(|k| k as &mut dyn Store).collect();
     let now = space.borrow().now_us;
-    let r = pipeline::apply_all(&mut call.limits, &mut stores, now)
+    let r = redis_rate_limiter::store::all::apply_all(&mut call.limits, &mut stores, now)
         .map_err(|e| e.message().to_string())?;
     let mut out = if settle {
         Vec::new()
@@ -552,7 +553,7 @@ fn sliding_log_call(space: &mut Keyspace, args: &[Vec<u8>]) -> ScriptReply {
         space,
         key: KEY.to_vec(),
     };
-    redis_rate_limiter::zset_store::apply(&mut key, &parsed, now)
+    redis_rate_limiter::store::zset::apply(&mut key, &parsed, now)
         .map(|r| r.to_array().to_vec())
         .map_err(|e| e.message().to_string())
 }
@@ -707,15 +708,15 @@ fn lease_call(space: &mut Keyspace, step: &LeaseStep) -> ScriptReply {
         space,
         key: KEY.to_vec(),
     };
-    let message = |e: redis_rate_limiter::error::ErrorReply| e.message().to_string();
+    let message = |e: redis_rate_limiter::codec::error::ErrorReply| e.message().to_string();
     if step.release {
         let id = redis_rate_limiter::command::release::parse(&raw).map_err(message)?;
-        redis_rate_limiter::zset_store::release(&mut key, id, now)
+        redis_rate_limiter::store::zset::release(&mut key, id, now)
             .map(|released| vec![i64::from(released)])
             .map_err(message)
     } else {
         let request = redis_rate_limiter::command::acquire::parse(&raw).map_err(message)?;
-        redis_rate_limiter::zset_store::acquire(&mut key, &request, now)
+        redis_rate_limiter::store::zset::acquire(&mut key, &request, now)
             .map(|r| r.to_array().to_vec())
             .map_err(message)
     }

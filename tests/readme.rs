@@ -38,7 +38,7 @@ fn every_example_of_the_command_table_replies_as_shown() {
         .iter()
         .map(|(call, _)| call.split(' ').next().unwrap())
         .collect();
-    let mut registered: Vec<&str> = redis_rate_limiter::command::DESCRIPTORS
+    let mut registered: Vec<&str> = redis_rate_limiter::command::registry::DESCRIPTORS
         .iter()
         .map(|d| d.name.to_str().unwrap())
         .collect();

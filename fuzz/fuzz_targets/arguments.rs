@@ -9,7 +9,7 @@ use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
 use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::command::{acquire, all, release, settle, sliding_log, throttle};
-use redis_rate_limiter::pipeline::FieldsLimiter;
+use redis_rate_limiter::store::string::FieldsLimiter;
 
 fuzz_target!(|data: &[u8]| {
     let args: Vec<&[u8]> = data.split(|&b| b == 0).collect();

@@ -12,8 +12,9 @@ use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
 use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::core::Reply;
-use redis_rate_limiter::error::ErrorReply;
-use redis_rate_limiter::pipeline::{self, Effect, EntryVisitor, FieldName, FieldsLimiter, Slot, Store};
+use redis_rate_limiter::codec::error::ErrorReply;
+use redis_rate_limiter::store::string::{self, FieldsLimiter};
+use redis_rate_limiter::store::{Effect, EntryVisitor, FieldName, Slot, Store};
 
 /// A key: empty, a string (the stored layout) or a hash (the earlier layout).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -122,7 +123,7 @@ fn run<L: FieldsLimiter<N>, const N: usize>(data: &[u8]) {
         let args: Vec<&[u8]> = payload.split(|&b| b == 0).collect();
         let Ok(parsed) = L::parse(&args) else { continue };
         let before = (key.value.clone(), key.expire_at_ms);
-        match pipeline::apply::<L, _, N>(&mut key, &parsed, now) {
+        match string::apply::<L, _, N>(&mut key, &parsed, now) {
             Ok(reply) => {
                 coherent(&reply);
                 if reply.allowed && (key.value.clone(), key.expire_at_ms) != before {

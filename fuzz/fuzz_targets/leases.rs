@@ -8,9 +8,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use redis_rate_limiter::command::{acquire, release};
-use redis_rate_limiter::error::ErrorReply;
-use redis_rate_limiter::pipeline::{Effect, EntryVisitor, FieldName, Slot, Store};
-use redis_rate_limiter::zset_store;
+use redis_rate_limiter::codec::error::ErrorReply;
+use redis_rate_limiter::store::{Effect, EntryVisitor, FieldName, Slot, Store};
+use redis_rate_limiter::store::zset;
 
 /// A sorted set in Redis order (score, then member bytes).
 #[derive(Default, Clone, PartialEq, Debug)]
@@ -117,7 +117,7 @@ fuzz_target!(|data: &[u8]| {
         if op % 4 == 1 {
             let Ok(id) = release::parse(&args) else { continue };
             let own_live = before.entries.iter().any(|(s, m)| m == id && *s > now as f64);
-            match zset_store::release(&mut key, id, now) {
+            match zset::release(&mut key, id, now) {
                 Err(_) => assert_eq!(key, before, "an error changed the key"),
                 Ok(released) => {
                     assert_eq!(released, own_live);
@@ -132,7 +132,7 @@ fuzz_target!(|data: &[u8]| {
             continue;
         }
         let Ok(request) = acquire::parse(&args) else { continue };
-        match zset_store::acquire(&mut key, &request, now) {
+        match zset::acquire(&mut key, &request, now) {
             Err(_) => assert_eq!(key, before, "an error changed the key"),
             Ok(r) => {
                 assert!(r.remaining >= 0 && r.remaining < r.limit.max(1) + 1, "{r:?}");

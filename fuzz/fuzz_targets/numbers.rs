@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_rate_limiter::number::{G17_MAX_LEN, format_g17, is_decimal, parse_decimal};
+use redis_rate_limiter::codec::number::{G17_MAX_LEN, format_g17, is_decimal, parse_decimal};
 
 fn printf_g17(value: f64) -> Vec<u8> {
     let mut buf = [0u8; 64];

@@ -8,11 +8,11 @@
 use libfuzzer_sys::fuzz_target;
 use redis_rate_limiter::command::sliding_log;
 use redis_rate_limiter::core::Operation;
-use redis_rate_limiter::error::ErrorReply;
-use redis_rate_limiter::pipeline::{
+use redis_rate_limiter::codec::error::ErrorReply;
+use redis_rate_limiter::store::{
     Effect, EntryVisitor, FieldName, Slot, Store, member_name,
 };
-use redis_rate_limiter::zset_store;
+use redis_rate_limiter::store::zset;
 
 /// A sorted set in Redis order (score, then member bytes).
 #[derive(Default, Clone, PartialEq, Debug)]
@@ -122,7 +122,7 @@ fuzz_target!(|data: &[u8]| {
             continue;
         }
         let before = key.clone();
-        match zset_store::apply(&mut key, &request, now) {
+        match zset::apply(&mut key, &request, now) {
             Err(_) => assert_eq!(key, before, "an error changed the key"),
             Ok(r) => {
                 assert!(r.remaining >= 0 && r.remaining <= r.limit, "{r:?}");

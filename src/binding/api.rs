@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
-use crate::error::ErrorReply;
-use crate::number::{G17_MAX_LEN, format_i64};
+use crate::codec::error::ErrorReply;
+use crate::codec::number::{G17_MAX_LEN, format_i64};
 
 pub(crate) const API_MISSING: ErrorReply =
     ErrorReply(c"ERR this Redis server lacks a module API this command needs");
@@ -278,7 +278,7 @@ pub fn reply_ok(ctx: *mut RedisModuleCtx) -> c_int {
 }
 
 /// `RL.TOP`'s reply: per entry `[key, denied, error, command, first_denied_ms, last_denied_ms]`.
-pub fn reply_top(ctx: *mut RedisModuleCtx, entries: &[crate::top::Entry]) -> c_int {
+pub fn reply_top(ctx: *mut RedisModuleCtx, entries: &[crate::observe::top::Entry]) -> c_int {
     let (Ok(array), Ok(int), Ok(bulk)) = (
         api!(RedisModule_ReplyWithArray),
         api!(RedisModule_ReplyWithLongLong),
@@ -731,7 +731,7 @@ pub fn call_zrevrange_one(
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleString,
     rank: i64,
-    visit: &mut crate::pipeline::EntryVisitor<'_>,
+    visit: &mut crate::store::EntryVisitor<'_>,
 ) -> Result<bool, ErrorReply> {
     let call = api!(RedisModule_Call)?;
     // SAFETY: format "sllc": a key string, two long longs and a C string.

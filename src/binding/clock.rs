@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use redis_module::raw::{self, RedisModuleCommandFilterCtx, RedisModuleCtx, RedisModuleString};
 
 use super::api::{self, api, string_bytes};
+use crate::codec::error::ErrorReply;
+use crate::codec::number::parse_integer;
 use crate::command::descriptor::{ArgKind, Descriptor, Keys, arg, optional};
-use crate::error::ErrorReply;
-use crate::number::parse_integer;
-use crate::stats::CommandStats;
+use crate::observe::stats::CommandStats;
 
 /// `RL.TESTCLOCK SET|ADVANCE|GET|TIME [us]`, registered only with the `TESTCLOCK` load argument.
 pub const DESCRIPTOR: Descriptor = Descriptor {

@@ -5,10 +5,16 @@ use std::ffi::c_int;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::{Answer, Command, INTERNAL_ERROR, Sent, api, clock, entry, key};
-use crate::command::{self, REGISTRY, Runner, all};
+use crate::binding::entry::{Answer, Command, INTERNAL_ERROR, Sent, entry};
+use crate::binding::key::{Opener, RedisKey};
+use crate::binding::{api, clock};
+use crate::codec::error::ErrorReply;
+use crate::command::registry::{self, REGISTRY};
+use crate::command::throttle::{self, ThrottleReply};
+use crate::command::{self, Entry, Runner, all, release, settle};
 use crate::core::Reply;
-use crate::pipeline::AllReply;
+use crate::store::all::{AllReply, apply_all};
+use crate::store::{Store, zset};
 
 // No limiter is `deny-oom`: under memory pressure Redis would then refuse every call, denials
 // and peeks included; instead the module refuses with the same OOM error only the calls that would
@@ -23,13 +29,13 @@ unsafe extern "C" fn handler<const I: usize>(
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    let Some(e) = (const { command::entry(I) }) else {
+    let Some(e) = (const { registry::entry(I) }) else {
         return api::reply_error(ctx, INTERNAL_ERROR);
     };
     match e.runner {
-        Runner::OneKey { .. } => entry(ctx, argv, argc, e.descriptor, key::run_one::<I>),
-        Runner::Throttle => entry(ctx, argv, argc, e.descriptor, key::run_throttle),
-        Runner::Release => entry(ctx, argv, argc, e.descriptor, key::run_release),
+        Runner::OneKey { .. } => entry(ctx, argv, argc, e.descriptor, run_one::<I>),
+        Runner::Throttle => entry(ctx, argv, argc, e.descriptor, run_throttle),
+        Runner::Release => entry(ctx, argv, argc, e.descriptor, run_release),
         Runner::All => entry(ctx, argv, argc, e.descriptor, all_body),
         Runner::Settle => entry(ctx, argv, argc, e.descriptor, settle_body),
     }
@@ -90,11 +96,11 @@ unsafe extern "C" fn top_command(
             .collect();
         Ok(Sent(match command::top::parse(&args)? {
             command::top::Request::Reset => {
-                crate::stats::with_top(|t| t.reset());
+                crate::observe::stats::with_top(|t| t.reset());
                 api::reply_ok(ctx)
             }
             command::top::Request::List(n) => {
-                let entries = crate::stats::with_top(|t| t.heaviest(n));
+                let entries = crate::observe::stats::with_top(|t| t.heaviest(n));
                 api::reply_top(ctx, &entries)
             }
         }))
@@ -170,7 +176,7 @@ unsafe extern "C" fn test_clock_command(
 fn all_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
-) -> Result<AllAnswer, crate::error::ErrorReply> {
+) -> Result<AllAnswer, crate::codec::error::ErrorReply> {
     if api::is_keys_position_request(ctx) {
         return Ok(AllAnswer::KeyPositions(api::report_key_positions(
             ctx,
@@ -180,7 +186,7 @@ fn all_body(
             }),
         )));
     }
-    key::run_all(ctx, argv).map(AllAnswer::Decided)
+    run_all(ctx, argv).map(AllAnswer::Decided)
 }
 
 /// `RL.SETTLE`: `[[reply of limit 1], [reply of limit 2], ...]`.
@@ -224,7 +230,7 @@ impl Answer for SettleAnswer {
 fn settle_body(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
-) -> Result<SettleAnswer, crate::error::ErrorReply> {
+) -> Result<SettleAnswer, crate::codec::error::ErrorReply> {
     if api::is_keys_position_request(ctx) {
         return Ok(SettleAnswer::KeyPositions(api::report_key_positions(
             ctx,
@@ -234,7 +240,143 @@ fn settle_body(
             }),
         )));
     }
-    key::run_settle(ctx, argv).map(|r| SettleAnswer::Settled(Settled(r.replies)))
+    run_settle(ctx, argv).map(|r| SettleAnswer::Settled(Settled(r.replies)))
+}
+
+/// The key and the arguments after it, as bytes; `M` is the most arguments a command takes.
+fn key_and_args<const M: usize>(
+    argv: &[*mut RedisModuleString],
+    arity: ErrorReply,
+) -> Result<(*mut RedisModuleString, [&[u8]; M], usize), ErrorReply> {
+    let [_, name, rest @ ..] = argv else {
+        return Err(arity);
+    };
+    let mut raw_args: [&[u8]; M] = [&[]; M];
+    if rest.len() > M {
+        return Err(arity);
+    }
+    for (slot, arg) in raw_args.iter_mut().zip(rest) {
+        // SAFETY: argv strings live for the whole call and are not modified.
+        *slot = unsafe { api::string_bytes(*arg) };
+    }
+    Ok((*name, raw_args, rest.len()))
+}
+
+/// Runs one call of the one-key limiter at `I` in the registry. `argv[0]` is the command name,
+/// `argv[1]` the key.
+pub fn run_one<const I: usize>(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Reply, ErrorReply> {
+    let Some(Entry {
+        descriptor,
+        runner: Runner::OneKey { run, .. },
+    }) = (const { registry::entry(I) })
+    else {
+        return Err(INTERNAL_ERROR);
+    };
+    let (name, raw_args, n) = key_and_args::<8>(argv, descriptor.arity_error)?;
+    let mut key = Opener {
+        ctx,
+        name,
+        key: None,
+    };
+    run(
+        raw_args.get(..n).unwrap_or_default(),
+        &mut key,
+        clock::now_us(),
+    )
+}
+
+/// Runs one `RL.ALL` call: every key opened once, all decided at one instant.
+pub fn run_all(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<AllReply, ErrorReply> {
+    let rest = argv.get(1..).unwrap_or_default();
+    let bytes: Vec<&[u8]> = rest
+        .iter()
+        // SAFETY: argv strings live for the whole call and are not modified.
+        .map(|s| unsafe { api::string_bytes(*s) })
+        .collect();
+    let mut call = all::parse(&bytes)?;
+    // Key names as Redis strings: argv[2 ..= 1 + numkeys].
+    let names = argv.get(2..2 + call.keys.len()).ok_or(all::ARITY)?;
+    let mut keys = Vec::with_capacity(names.len());
+    for name in names {
+        keys.push(RedisKey::open(ctx, *name)?);
+    }
+    let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
+    apply_all(&mut call.limits, &mut stores, clock::now_us())
+}
+
+/// Runs one `RL.SETTLE` call: every key opened once, all settled at one instant.
+pub fn run_settle(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<AllReply, ErrorReply> {
+    let rest = argv.get(1..).unwrap_or_default();
+    let bytes: Vec<&[u8]> = rest
+        .iter()
+        // SAFETY: argv strings live for the whole call and are not modified.
+        .map(|s| unsafe { api::string_bytes(*s) })
+        .collect();
+    let mut call = settle::parse(&bytes)?;
+    let names = argv.get(2..2 + call.keys.len()).ok_or(settle::ARITY)?;
+    let mut keys = Vec::with_capacity(names.len());
+    for name in names {
+        keys.push(RedisKey::open(ctx, *name)?);
+    }
+    let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
+    apply_all(&mut call.limits, &mut stores, clock::now_us())
+}
+
+/// Runs one `RL.RELEASE` call.
+pub fn run_release(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<Released, ErrorReply> {
+    let (name, raw_args, n) = key_and_args::<1>(argv, release::ARITY_ERROR)?;
+    let id = release::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut store = RedisKey::open(ctx, name)?;
+    zset::release(&mut store, id, clock::now_us()).map(Released)
+}
+
+/// `RL.RELEASE`'s reply: 1 when a live lease was released. INFO counts a release as admitted,
+/// a call that found no live lease as denied.
+pub struct Released(bool);
+
+impl Answer for Released {
+    fn decision(&self) -> Option<bool> {
+        Some(self.0)
+    }
+    fn is_limit(&self) -> bool {
+        false
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        api::reply_integer(ctx, i64::from(self.0))
+    }
+}
+
+/// Runs one `CL.THROTTLE` call.
+pub fn run_throttle(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> Result<ThrottleReply, ErrorReply> {
+    let (name, raw_args, n) = key_and_args::<4>(argv, throttle::ARITY_ERROR)?;
+    let args = throttle::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut store = RedisKey::open(ctx, name)?;
+    throttle::apply(&mut store, &args, clock::now_us())
+}
+
+/// `[limited, limit, remaining, retry_after_s, reset_after_s]`, redis-cell's reply.
+impl Answer for ThrottleReply {
+    fn decision(&self) -> Option<bool> {
+        Some(!self.limited)
+    }
+    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
+        api::reply_integers(ctx, &self.to_array())
+    }
 }
 
 #[cfg(test)]
@@ -246,7 +388,7 @@ mod tests {
         let registered: Vec<&str> = all_commands()
             .map(|c| c.descriptor.name.to_str().unwrap())
             .collect();
-        let described: Vec<&str> = crate::command::DESCRIPTORS
+        let described: Vec<&str> = crate::command::registry::DESCRIPTORS
             .iter()
             .map(|d| d.name.to_str().unwrap())
             .collect();

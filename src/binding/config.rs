@@ -9,8 +9,8 @@ use std::ffi::{CStr, c_int, c_longlong, c_void};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use super::api::api;
-use crate::number::parse_integer;
-use crate::stats::{DEFAULT_TOP_SLOTS, MAX_TOP_SLOTS, with_top};
+use crate::codec::number::parse_integer;
+use crate::observe::stats::{DEFAULT_TOP_SLOTS, MAX_TOP_SLOTS, with_top};
 
 /// The config's name without the module's prefix (Redis adds `ratelimit.`).
 const TOP_SLOTS: &CStr = c"top-slots";

@@ -8,7 +8,7 @@ use std::ffi::{CString, c_int};
 use redis_module::raw::RedisModuleInfoCtx;
 
 use super::api::api;
-use crate::command::DESCRIPTORS;
+use crate::command::registry::DESCRIPTORS;
 
 pub fn register(ctx: *mut redis_module::raw::RedisModuleCtx) -> Result<(), &'static str> {
     let register = api!(RedisModule_RegisterInfoFunc).map_err(|e| e.message())?;
@@ -24,7 +24,7 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
     let _ = std::panic::catch_unwind(|| write_section(ctx));
 }
 
-fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::error::ErrorReply> {
+fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::codec::error::ErrorReply> {
     let section = api!(RedisModule_InfoAddSection)?;
     let begin = api!(RedisModule_InfoBeginDictField)?;
     let end = api!(RedisModule_InfoEndDictField)?;

@@ -1,37 +1,31 @@
 //! The Redis side of every limiter's key: one key opened once, read through the module key API
 //! (a string without a copy, a sorted set by counts and single entries), and written by one
-//! applier of `pipeline::Effect` that changes the key, propagates exactly the effect and signals
+//! applier of `store::Effect` that changes the key, propagates exactly the effect and signals
 //! it. A hash of the earlier layout is read field by field and replaced by the string on its next
 //! write.
 
-use std::ffi::c_int;
-
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use super::api::{self, KeyKind, OpenKey, TempString, ZsetWrite};
-use super::{Answer, INTERNAL_ERROR, clock};
-use crate::command::throttle::{self, ThrottleReply};
-use crate::command::{self, Entry, Runner, all, release, settle};
-use crate::core::Reply;
-use crate::error::ErrorReply;
-use crate::number::{G17_MAX_LEN, format_g17};
-use crate::pipeline::{
-    self, AllReply, Effect, Entries, EntryVisitor, FieldName, OpenStore, Slot, Store, member_name,
-};
-use crate::zset_store;
+use crate::binding::api::{self, KeyKind, OpenKey, TempString, ZsetWrite};
+use crate::codec::error::ErrorReply;
+use crate::codec::number::{G17_MAX_LEN, format_g17};
+use crate::store::{Effect, Entries, EntryVisitor, FieldName, OpenStore, Slot, Store, member_name};
 
 /// A sorted-set read walks at most this many entries from either end; past that it asks Redis
 /// (`ZCOUNT`, `ZREVRANGE`), which answers in O(log n) where a walk would be O(n).
 const WALK: i64 = 32;
 
-struct RedisKey {
+pub(crate) struct RedisKey {
     ctx: *mut RedisModuleCtx,
     name: *mut RedisModuleString,
     key: OpenKey,
 }
 
 impl RedisKey {
-    fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Result<Self, ErrorReply> {
+    pub(crate) fn open(
+        ctx: *mut RedisModuleCtx,
+        name: *mut RedisModuleString,
+    ) -> Result<Self, ErrorReply> {
         Ok(Self {
             ctx,
             name,
@@ -423,30 +417,11 @@ impl Store for RedisKey {
     }
 }
 
-/// The key and the arguments after it, as bytes; `M` is the most arguments a command takes.
-fn key_and_args<const M: usize>(
-    argv: &[*mut RedisModuleString],
-    arity: ErrorReply,
-) -> Result<(*mut RedisModuleString, [&[u8]; M], usize), ErrorReply> {
-    let [_, name, rest @ ..] = argv else {
-        return Err(arity);
-    };
-    let mut raw_args: [&[u8]; M] = [&[]; M];
-    if rest.len() > M {
-        return Err(arity);
-    }
-    for (slot, arg) in raw_args.iter_mut().zip(rest) {
-        // SAFETY: argv strings live for the whole call and are not modified.
-        *slot = unsafe { api::string_bytes(*arg) };
-    }
-    Ok((*name, raw_args, rest.len()))
-}
-
 /// A call's key, opened when the command asks for it.
-struct Opener {
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
-    key: Option<RedisKey>,
+pub(crate) struct Opener {
+    pub(crate) ctx: *mut RedisModuleCtx,
+    pub(crate) name: *mut RedisModuleString,
+    pub(crate) key: Option<RedisKey>,
 }
 
 impl OpenStore for Opener {
@@ -457,122 +432,5 @@ impl OpenStore for Opener {
             None => RedisKey::open(self.ctx, self.name)?,
         };
         Ok(self.key.insert(key))
-    }
-}
-
-/// Runs one call of the one-key limiter at `I` in the registry. `argv[0]` is the command name,
-/// `argv[1]` the key.
-pub fn run_one<const I: usize>(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> Result<Reply, ErrorReply> {
-    let Some(Entry {
-        descriptor,
-        runner: Runner::OneKey { run, .. },
-    }) = (const { command::entry(I) })
-    else {
-        return Err(INTERNAL_ERROR);
-    };
-    let (name, raw_args, n) = key_and_args::<8>(argv, descriptor.arity_error)?;
-    let mut key = Opener {
-        ctx,
-        name,
-        key: None,
-    };
-    run(
-        raw_args.get(..n).unwrap_or_default(),
-        &mut key,
-        clock::now_us(),
-    )
-}
-
-/// Runs one `RL.ALL` call: every key opened once, all decided at one instant.
-pub fn run_all(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> Result<AllReply, ErrorReply> {
-    let rest = argv.get(1..).unwrap_or_default();
-    let bytes: Vec<&[u8]> = rest
-        .iter()
-        // SAFETY: argv strings live for the whole call and are not modified.
-        .map(|s| unsafe { api::string_bytes(*s) })
-        .collect();
-    let mut call = all::parse(&bytes)?;
-    // Key names as Redis strings: argv[2 ..= 1 + numkeys].
-    let names = argv.get(2..2 + call.keys.len()).ok_or(all::ARITY)?;
-    let mut keys = Vec::with_capacity(names.len());
-    for name in names {
-        keys.push(RedisKey::open(ctx, *name)?);
-    }
-    let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
-    pipeline::apply_all(&mut call.limits, &mut stores, clock::now_us())
-}
-
-/// Runs one `RL.SETTLE` call: every key opened once, all settled at one instant.
-pub fn run_settle(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> Result<AllReply, ErrorReply> {
-    let rest = argv.get(1..).unwrap_or_default();
-    let bytes: Vec<&[u8]> = rest
-        .iter()
-        // SAFETY: argv strings live for the whole call and are not modified.
-        .map(|s| unsafe { api::string_bytes(*s) })
-        .collect();
-    let mut call = settle::parse(&bytes)?;
-    let names = argv.get(2..2 + call.keys.len()).ok_or(settle::ARITY)?;
-    let mut keys = Vec::with_capacity(names.len());
-    for name in names {
-        keys.push(RedisKey::open(ctx, *name)?);
-    }
-    let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
-    pipeline::apply_all(&mut call.limits, &mut stores, clock::now_us())
-}
-
-/// Runs one `RL.RELEASE` call.
-pub fn run_release(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> Result<Released, ErrorReply> {
-    let (name, raw_args, n) = key_and_args::<1>(argv, release::ARITY_ERROR)?;
-    let id = release::parse(raw_args.get(..n).unwrap_or_default())?;
-    let mut store = RedisKey::open(ctx, name)?;
-    zset_store::release(&mut store, id, clock::now_us()).map(Released)
-}
-
-/// `RL.RELEASE`'s reply: 1 when a live lease was released. INFO counts a release as admitted,
-/// a call that found no live lease as denied.
-pub struct Released(bool);
-
-impl Answer for Released {
-    fn decision(&self) -> Option<bool> {
-        Some(self.0)
-    }
-    fn is_limit(&self) -> bool {
-        false
-    }
-    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
-        api::reply_integer(ctx, i64::from(self.0))
-    }
-}
-
-/// Runs one `CL.THROTTLE` call.
-pub fn run_throttle(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> Result<ThrottleReply, ErrorReply> {
-    let (name, raw_args, n) = key_and_args::<4>(argv, throttle::ARITY_ERROR)?;
-    let args = throttle::parse(raw_args.get(..n).unwrap_or_default())?;
-    let mut store = RedisKey::open(ctx, name)?;
-    throttle::apply(&mut store, &args, clock::now_us())
-}
-
-/// `[limited, limit, remaining, retry_after_s, reset_after_s]`, redis-cell's reply.
-impl Answer for ThrottleReply {
-    fn decision(&self) -> Option<bool> {
-        Some(!self.limited)
-    }
-    fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
-        api::reply_integers(ctx, &self.to_array())
     }
 }

@@ -4,22 +4,21 @@
 
 use std::ffi::CStr;
 
-use crate::args::IntegerArg;
+use crate::codec::args::{COST, IntegerArg};
+use crate::codec::error::ErrorReply;
+use crate::codec::number::parse_decimal;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key, String};
 use crate::command::descriptor::{Descriptor, Keys, arg, per_call};
-use crate::command::{Entry, Runner};
-use crate::core::{Operation, concurrency, lua_integer};
-use crate::error::ErrorReply;
-use crate::number::parse_decimal;
-use crate::stats::CommandStats;
-use crate::stored::MAX_TIMESTAMP_US;
+use crate::command::{Entry, PerCall, Runner};
+use crate::core::{Operation, Reply, concurrency, lua_integer};
+use crate::observe::stats::CommandStats;
+use crate::store::zset::{self, AcquireRequest, LeaseLimit, MAX_ID_LEN};
+use crate::store::{Limit, OpenStore};
 
 /// Largest `limit`: every lease is one sorted-set entry, as for the sliding log.
 pub const MAX_LIMIT: f64 = 100_000.0;
 /// Longest lease in seconds.
 pub const MAX_LEASE_SECONDS: f64 = 1e7;
-/// Longest lease id in bytes.
-pub const MAX_ID_LEN: usize = 128;
 
 pub const NAME: &CStr = c"RL.ACQUIRE";
 pub static STATS: CommandStats = CommandStats::new();
@@ -30,8 +29,8 @@ pub const ARITY_ERROR: ErrorReply =
 pub const ENTRY: Entry = Entry {
     descriptor: &DESCRIPTOR,
     runner: Runner::OneKey {
-        run: crate::zset_store::run_acquire,
-        limit: crate::zset_store::build_lease_limit,
+        run,
+        limit: build_limit,
         settle: None,
     },
 };
@@ -67,20 +66,6 @@ const LEASE_TOO_SHORT: ErrorReply = ErrorReply(c"ERR lease_sec must be at least 
 pub const BAD_ID: ErrorReply = ErrorReply(c"ERR lease_id must be 1 to 128 bytes");
 /// `RL.ALL` with a `CONCURRENCY` limit but no `LEASE id`.
 pub const NO_LEASE: ErrorReply = ErrorReply(c"ERR a CONCURRENCY limit needs LEASE lease_id");
-
-pub const CORRUPT_SCORE: ErrorReply = crate::command::sliding_log::CORRUPT_SCORE;
-pub const CORRUPT_MEMBER: ErrorReply = ErrorReply(
-    c"ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes",
-);
-
-/// A parsed acquire: the limit and lease length, what the call asks (a peek inside `RL.ALL`
-/// with `COST 0`), and the lease id.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AcquireRequest<'a> {
-    pub params: concurrency::Params,
-    pub op: Operation,
-    pub id: &'a [u8],
-}
 
 /// A lease id argument: 1 to 128 bytes, any bytes.
 pub fn lease_id(raw: &[u8]) -> Result<&[u8], ErrorReply> {
@@ -122,22 +107,26 @@ pub fn parse<'a>(args: &[&'a [u8]]) -> Result<AcquireRequest<'a>, ErrorReply> {
     })
 }
 
-/// One stored lease: an integer expiry in `[0, 2^53]` and an id of 1 to 128 bytes.
-pub fn check_lease(member: &[u8], score: f64) -> Result<(), ErrorReply> {
-    check_expiry(score)?;
-    if member.is_empty() || member.len() > MAX_ID_LEN {
-        return Err(CORRUPT_MEMBER);
-    }
-    Ok(())
+/// One `RL.ACQUIRE` call: the arguments after the key, then its key.
+pub fn run(args: &[&[u8]], key: &mut dyn OpenStore, now_us: i64) -> Result<Reply, ErrorReply> {
+    let request = parse(args)?;
+    zset::acquire(key.open()?, &request, now_us)
 }
 
-/// A stored expiry: an integer in `[0, 2^53]`.
-pub fn check_expiry(score: f64) -> Result<(), ErrorReply> {
-    if score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc() {
-        Ok(())
-    } else {
-        Err(CORRUPT_SCORE)
-    }
+/// `RL.ALL`'s concurrency limit: one lease whatever the cost (`COST 0` is a peek), for the
+/// call's `LEASE id`.
+pub fn build_limit(params: &[&[u8]], call: &PerCall<'_>) -> Result<Box<dyn Limit>, ErrorReply> {
+    let [limit, lease] = params else {
+        return Err(ARITY_ERROR);
+    };
+    let params = parse_params(limit, lease)?;
+    let cost = COST.parse(call.cost)?;
+    let id = lease_id(call.lease.ok_or(NO_LEASE)?)?;
+    Ok(Box::new(LeaseLimit::new(
+        params,
+        Operation::from_cost(cost),
+        id,
+    )))
 }
 
 #[cfg(test)]
@@ -205,16 +194,5 @@ mod tests {
             parse_str(&["1", "1", &long[..128]]).map(|a| a.2.len()),
             Ok(128)
         );
-    }
-
-    #[test]
-    fn stored_leases() {
-        assert_eq!(check_lease(b"a", 1.7e15), Ok(()));
-        assert_eq!(check_lease(&[0xff; 128], 0.0), Ok(()));
-        for bad in [f64::NAN, f64::INFINITY, -1.0, 1.5, 9_007_199_254_740_994.0] {
-            assert_eq!(check_lease(b"a", bad), Err(CORRUPT_SCORE), "{bad}");
-        }
-        assert_eq!(check_lease(b"", 1.0), Err(CORRUPT_MEMBER));
-        assert_eq!(check_lease(&[b'a'; 129], 1.0), Err(CORRUPT_MEMBER));
     }
 }

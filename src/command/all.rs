@@ -9,13 +9,14 @@
 use std::ffi::{CStr, CString};
 use std::sync::OnceLock;
 
+use crate::codec::error::ErrorReply;
+use crate::codec::number::parse_integer;
 use crate::command::descriptor::ArgKind::{self, Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional, repeated};
-use crate::command::{BuildLimit, Entry, PerCall, REGISTRY, Runner};
-use crate::error::ErrorReply;
-use crate::number::parse_integer;
-use crate::pipeline::Limit;
-use crate::stats::CommandStats;
+use crate::command::limiters;
+use crate::command::{BuildLimit, Entry, PerCall, Runner};
+use crate::observe::stats::CommandStats;
+use crate::store::Limit;
 
 pub const NAME: &CStr = c"RL.ALL";
 pub static STATS: CommandStats = CommandStats::new();
@@ -76,15 +77,9 @@ const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numke
 const LEASE_UNUSED: ErrorReply = ErrorReply(c"ERR LEASE is given only with a CONCURRENCY limit");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 
-/// The limiters `RL.ALL` combines: every entry of the registry whose descriptor has a keyword,
-/// with how to build one limit of it.
+/// The limiters `RL.ALL` combines, with how to build one limit of each.
 pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, BuildLimit)> {
-    REGISTRY
-        .iter()
-        .filter_map(|e| match (e.runner, e.descriptor.all_keyword) {
-            (Runner::OneKey { limit, .. }, Some(keyword)) => Some((e.descriptor, keyword, limit)),
-            _ => None,
-        })
+    limiters::combined()
 }
 
 /// Positions (in the full argument vector, command name at 0) of the keys of a call, for cluster
@@ -221,9 +216,9 @@ mod tests {
 
     #[test]
     fn every_command_with_a_keyword_is_an_algorithm_and_the_error_lists_them() {
-        let keywords: Vec<&str> = crate::command::DESCRIPTORS
+        let keywords: Vec<&str> = limiters::LIMITERS
             .iter()
-            .filter_map(|d| d.all_keyword)
+            .filter_map(|e| e.descriptor.all_keyword)
             .collect();
         let algorithms: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
         assert_eq!(algorithms, keywords);

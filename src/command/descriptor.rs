@@ -5,8 +5,8 @@
 
 use std::ffi::CStr;
 
-use crate::error::ErrorReply;
-use crate::stats::CommandStats;
+use crate::codec::error::ErrorReply;
+use crate::observe::stats::CommandStats;
 
 /// One argument as `COMMAND DOCS` lists it.
 #[derive(Debug)]
@@ -137,65 +137,5 @@ impl Descriptor {
         self.flags
             .to_str()
             .is_ok_and(|f| f.split(' ').any(|x| x == flag))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::command::DESCRIPTORS;
-
-    #[test]
-    fn every_descriptor_is_complete_and_consistent() {
-        let mut names = Vec::new();
-        for d in DESCRIPTORS {
-            let name = d.name.to_str().unwrap();
-            names.push(name);
-            assert!(!d.summary.is_empty() && !d.complexity.is_empty(), "{name}");
-            let required = 1 + d.args.iter().filter(|a| !a.optional).count() as i32;
-            if d.args.iter().any(|a| a.optional || a.multiple) {
-                // "At least": a repeated argument may stand for several words (RL.ALL's limit is
-                // a keyword and its parameters).
-                assert!(d.arity <= -required, "{name} arity {}", d.arity);
-            } else {
-                assert_eq!(d.arity, required, "{name} arity");
-            }
-            assert_eq!(
-                d.arity_error.message(),
-                format!(
-                    "ERR wrong number of arguments for '{}' command",
-                    name.to_ascii_lowercase()
-                ),
-                "{name}"
-            );
-            match d.keys {
-                Keys::One(pos) => {
-                    assert_eq!(d.args.first().map(|a| a.kind), Some(ArgKind::Key), "{name}");
-                    assert_eq!(pos, 1, "{name}");
-                }
-                Keys::Counted(pos) => {
-                    assert_eq!(pos, 1, "{name}");
-                    assert!(d.has_flag("getkeys-api"), "{name} names its keys");
-                }
-                Keys::None => panic!("{name}: a limiter has keys"),
-            }
-            assert!(d.has_flag("write"), "{name}");
-            if let Some(keyword) = d.all_keyword {
-                // The command's own name, but where the name is a verb (RL.ACQUIRE's limit is a
-                // CONCURRENCY limit).
-                assert!(
-                    format!("RL.{keyword}") == name
-                        || (name == "RL.ACQUIRE" && keyword == "CONCURRENCY"),
-                    "the RL.ALL keyword of {name}"
-                );
-                assert!(d.all_params() >= 2, "{name}");
-            }
-        }
-        let mut unique = names.clone();
-        unique.sort();
-        unique.dedup();
-        assert_eq!(unique.len(), names.len(), "{names:?}");
-        let infos: Vec<String> = DESCRIPTORS.iter().map(|d| d.info_name()).collect();
-        assert!(infos.contains(&"cl_throttle".to_string()), "{infos:?}");
     }
 }

@@ -1,13 +1,14 @@
 //! `RL.FIXEDWINDOW key limit window_sec [cost]`; state: one string `<count> <start>`.
 
-use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
+use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
+use crate::codec::error::ErrorReply;
+use crate::codec::stored::{amount, timestamp};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, fixed_window};
-use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
-use crate::stats::CommandStats;
-use crate::stored::{amount, timestamp};
+use crate::observe::stats::CommandStats;
+use crate::store::string::{FieldsLimiter, FieldsWrite};
+use crate::store::{FieldName, Request};
 
 pub type Args = Request<fixed_window::Params>;
 
@@ -52,7 +53,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 impl FieldsLimiter<2> for FixedWindow {
     type Params = fixed_window::Params;
     type State = fixed_window::State;
-    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
+    const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const FIELDS: [&'static FieldName; 2] = [&COUNT, &START];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {

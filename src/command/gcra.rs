@@ -4,14 +4,15 @@
 //! rounded up to a whole microsecond so that every time is an exact integer, here and in the Lua
 //! twin, and the sustained rate is never above the configured one.
 
-use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::codec::error::ErrorReply;
+use crate::codec::number::parse_integer;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, gcra};
-use crate::error::ErrorReply;
-use crate::number::parse_integer;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
-use crate::stats::CommandStats;
+use crate::observe::stats::CommandStats;
+use crate::store::string::{FieldsLimiter, FieldsWrite};
+use crate::store::{FieldName, Request};
 
 pub type Args = Request<gcra::Params>;
 
@@ -94,7 +95,7 @@ pub fn params(
 impl FieldsLimiter<1> for Gcra {
     type Params = gcra::Params;
     type State = i128;
-    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
+    const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const FIELDS: [&'static FieldName; 1] = [&TAT];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {

@@ -1,13 +1,14 @@
 //! `RL.LEAKYBUCKET key capacity leak_per_sec [cost]`; state: one string `<level> <ts>`.
 
-use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::codec::error::ErrorReply;
+use crate::codec::stored::{amount, timestamp};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, leaky_bucket};
-use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
-use crate::stats::CommandStats;
-use crate::stored::{amount, timestamp};
+use crate::observe::stats::CommandStats;
+use crate::store::string::{FieldsLimiter, FieldsWrite};
+use crate::store::{FieldName, Request};
 
 pub type Args = Request<leaky_bucket::Params>;
 
@@ -60,7 +61,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 impl FieldsLimiter<2> for LeakyBucket {
     type Params = leaky_bucket::Params;
     type State = leaky_bucket::State;
-    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
+    const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {

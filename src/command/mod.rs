@@ -1,5 +1,6 @@
 //! One file per command: its descriptor (`descriptor`), its arguments, its stored fields and how
-//! they feed its pure core. No I/O and no limiter math here.
+//! they feed its pure core and its storage pipeline; `registry` lists them. No I/O and no limiter
+//! math here.
 
 pub mod acquire;
 pub mod all;
@@ -7,6 +8,8 @@ pub mod descriptor;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
+pub mod limiters;
+pub mod registry;
 pub mod release;
 pub mod settle;
 pub mod sliding_log;
@@ -15,11 +18,11 @@ pub mod throttle;
 pub mod token_bucket;
 pub mod top;
 
-use descriptor::Descriptor;
-
+use crate::codec::error::ErrorReply;
+use crate::command::descriptor::Descriptor;
 use crate::core::Reply;
-use crate::error::ErrorReply;
-use crate::pipeline::{FieldsLimiter, Limit, LimitOf, OpenStore, SettleOf};
+use crate::store::string::{FieldsLimiter, LimitOf, SettleOf};
+use crate::store::{Limit, OpenStore};
 
 /// Runs one call of a limiter on one key: parses the arguments after the key, opens the key
 /// (only once they parse) and decides at `now_us`.
@@ -61,7 +64,8 @@ pub enum Runner {
 }
 
 /// A command: what it is and how it runs. Registration, ACL, `COMMAND DOCS`, `INFO` and `RL.ALL`
-/// all read `REGISTRY`, so a command is added in one place.
+/// all read `registry::REGISTRY`, so a command is added in one place.
+#[derive(Clone, Copy)]
 pub struct Entry {
     pub descriptor: &'static Descriptor,
     pub runner: Runner,
@@ -82,48 +86,15 @@ fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
 }
 
 /// The entry of a limiter whose state is `N` numbers in one string.
-pub const fn fields_entry<L: FieldsLimiter<N> + 'static, const N: usize>() -> Entry {
+pub const fn fields_entry<L: FieldsLimiter<N> + 'static, const N: usize>(
+    descriptor: &'static Descriptor,
+) -> Entry {
     Entry {
-        descriptor: L::DESCRIPTOR,
+        descriptor,
         runner: Runner::OneKey {
-            run: crate::pipeline::run::<L, N>,
+            run: crate::store::string::run::<L, N>,
             limit: build::<L, N>,
             settle: Some(build_settle::<L, N>),
         },
     }
 }
-
-/// Every command the module registers (but the test clock's), in registration order.
-pub const REGISTRY: [Entry; 11] = [
-    fields_entry::<token_bucket::TokenBucket, 2>(),
-    fields_entry::<leaky_bucket::LeakyBucket, 2>(),
-    fields_entry::<fixed_window::FixedWindow, 2>(),
-    fields_entry::<sliding_window::SlidingWindow, 3>(),
-    fields_entry::<gcra::Gcra, 1>(),
-    sliding_log::ENTRY,
-    acquire::ENTRY,
-    release::ENTRY,
-    throttle::ENTRY,
-    all::ENTRY,
-    settle::ENTRY,
-];
-
-/// The entry at `i` of the registry, for a place known when compiling (`const { entry(I) }`).
-pub const fn entry(i: usize) -> Option<&'static Entry> {
-    if i < REGISTRY.len() {
-        Some(&REGISTRY[i])
-    } else {
-        None
-    }
-}
-
-/// The descriptors of `REGISTRY`, in its order.
-pub const DESCRIPTORS: [&Descriptor; REGISTRY.len()] = {
-    let mut out = [REGISTRY[0].descriptor; REGISTRY.len()];
-    let mut i = 0;
-    while i < REGISTRY.len() {
-        out[i] = REGISTRY[i].descriptor;
-        i += 1;
-    }
-    out
-};

@@ -4,12 +4,12 @@
 
 use std::ffi::CStr;
 
+use crate::codec::error::ErrorReply;
 use crate::command::acquire::lease_id;
 use crate::command::descriptor::ArgKind::{Key, String};
 use crate::command::descriptor::{Descriptor, Keys, arg};
 use crate::command::{Entry, Runner};
-use crate::error::ErrorReply;
-use crate::stats::CommandStats;
+use crate::observe::stats::CommandStats;
 
 pub const NAME: &CStr = c"RL.RELEASE";
 pub static STATS: CommandStats = CommandStats::new();

@@ -9,14 +9,15 @@
 
 use std::ffi::CStr;
 
+use crate::codec::error::ErrorReply;
+use crate::codec::number::parse_integer;
 use crate::command::all::{self, check_keys, each_limit, split_keys};
 use crate::command::descriptor::ArgKind::{self, Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, repeated};
-use crate::command::{BuildSettle, Entry, REGISTRY, Runner};
-use crate::error::ErrorReply;
-use crate::number::parse_integer;
-use crate::pipeline::Limit;
-use crate::stats::CommandStats;
+use crate::command::limiters;
+use crate::command::{BuildSettle, Entry, Runner};
+use crate::observe::stats::CommandStats;
+use crate::store::Limit;
 
 pub const NAME: &CStr = c"RL.SETTLE";
 pub static STATS: CommandStats = CommandStats::new();
@@ -49,7 +50,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 /// Arguments after the command name in the shortest call: `numkeys key ALGORITHM p1 p2 DELTA n`.
 const MIN_ARGS: usize = 7;
 /// Largest `|n|`, as for a cost.
-const MAX_DELTA: f64 = crate::args::MAX_INTEGER_ARG;
+const MAX_DELTA: f64 = crate::codec::args::MAX_INTEGER_ARG;
 
 const NO_DELTA: ErrorReply = ErrorReply(c"ERR the call must end with DELTA n");
 const DELTA_NOT_INTEGER: ErrorReply = ErrorReply(c"ERR DELTA must be an integer");
@@ -58,18 +59,7 @@ const DELTA_OUT_OF_RANGE: ErrorReply =
 
 /// The limiters `RL.SETTLE` settles: every one `RL.ALL` combines that has a settlement.
 pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, BuildSettle)> {
-    REGISTRY
-        .iter()
-        .filter_map(|e| match (e.runner, e.descriptor.all_keyword) {
-            (
-                Runner::OneKey {
-                    settle: Some(settle),
-                    ..
-                },
-                Some(keyword),
-            ) => Some((e.descriptor, keyword, settle)),
-            _ => None,
-        })
+    limiters::settled()
 }
 
 /// `ERR unknown algorithm, expected one of: ...` with every keyword `RL.SETTLE` settles.

@@ -3,25 +3,22 @@
 
 use std::ffi::CStr;
 
-use crate::args::{COST, IntegerArg};
+use crate::codec::args::{COST, IntegerArg};
+use crate::codec::error::ErrorReply;
+use crate::codec::number::parse_decimal;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
-use crate::command::{Entry, Runner};
-use crate::core::{Operation, lua_integer, sliding_log};
-use crate::error::ErrorReply;
-use crate::number::{parse_decimal, parse_integer};
-use crate::pipeline::Request;
-use crate::stats::CommandStats;
-use crate::stored::MAX_TIMESTAMP_US;
+use crate::command::{Entry, PerCall, Runner};
+use crate::core::{Operation, Reply, lua_integer, sliding_log};
+use crate::observe::stats::CommandStats;
+use crate::store::zset::{self, LogLimit, LogSettle, SlidingLogRequest};
+use crate::store::{Limit, OpenStore, Request};
 
 /// Largest `limit`: every admitted unit is one sorted-set entry of about 120 bytes (see the
 /// README), so a full key of this limit holds about 12 MB, and one call adds at most this many.
 pub const MAX_LIMIT: f64 = 100_000.0;
 /// Longest window in seconds.
 pub const MAX_WINDOW_SECONDS: f64 = 1e10;
-
-/// A parsed call: the log's limit and window, and what the call asks (a cost of 0 is a peek).
-pub type SlidingLogRequest = Request<sliding_log::Params>;
 
 pub const NAME: &CStr = c"RL.SLIDINGLOG";
 pub static STATS: CommandStats = CommandStats::new();
@@ -32,9 +29,9 @@ pub const ARITY_ERROR: ErrorReply =
 pub const ENTRY: Entry = Entry {
     descriptor: &DESCRIPTOR,
     runner: Runner::OneKey {
-        run: crate::zset_store::run,
-        limit: crate::zset_store::build_limit,
-        settle: Some(crate::zset_store::build_settle),
+        run,
+        limit: build_limit,
+        settle: Some(build_settle),
     },
 };
 
@@ -68,11 +65,6 @@ const WINDOW_OUT_OF_RANGE: ErrorReply =
     ErrorReply(c"ERR window_sec must be greater than 0 and at most 10000000000");
 const WINDOW_TOO_SHORT: ErrorReply = ErrorReply(c"ERR window_sec must be at least 1 millisecond");
 
-pub const CORRUPT_SCORE: ErrorReply =
-    ErrorReply(c"ERR corrupt rate limiter state: sorted set score is not a valid timestamp");
-pub const CORRUPT_MEMBER: ErrorReply =
-    ErrorReply(c"ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'");
-
 /// Arguments after the key.
 pub fn parse(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     let (limit, window, cost) = match args {
@@ -104,26 +96,31 @@ pub fn parse(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     })
 }
 
-/// One stored entry: an integer score in `[0, 2^53]` and the member `<digits>:<digits>` whose
-/// first part is that score.
-pub fn check_entry(member: &[u8], score: f64) -> Result<(), ErrorReply> {
-    if !(score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc()) {
-        return Err(CORRUPT_SCORE);
-    }
-    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
-    let at = member.iter().position(|&c| c == b':');
-    let (time, index) = match at {
-        Some(at) => (member.get(..at), member.get(at + 1..)),
-        None => (None, None),
+/// One `RL.SLIDINGLOG` call: the arguments after the key, then its key.
+pub fn run(args: &[&[u8]], key: &mut dyn OpenStore, now_us: i64) -> Result<Reply, ErrorReply> {
+    let request = parse(args)?;
+    zset::apply(key.open()?, &request, now_us)
+}
+
+/// `params` of `RL.ALL`'s sliding-log limit (without the cost).
+fn limit_request(params: &[&[u8]], cost: &[u8]) -> Result<SlidingLogRequest, ErrorReply> {
+    let [limit, window] = params else {
+        return Err(ARITY_ERROR);
     };
-    match (time, index) {
-        (Some(time), Some(index))
-            if digits(time) && digits(index) && parse_integer(time) == Some(score) =>
-        {
-            Ok(())
-        }
-        _ => Err(CORRUPT_MEMBER),
-    }
+    parse(&[*limit, *window, cost])
+}
+
+/// `RL.ALL`'s sliding-log limit.
+pub fn build_limit(params: &[&[u8]], call: &PerCall<'_>) -> Result<Box<dyn Limit>, ErrorReply> {
+    Ok(Box::new(LogLimit::new(limit_request(params, call.cost)?)))
+}
+
+/// `RL.SETTLE`'s sliding-log limit.
+pub fn build_settle(params: &[&[u8]], delta: f64) -> Result<Box<dyn Limit>, ErrorReply> {
+    Ok(Box::new(LogSettle::new(
+        limit_request(params, b"0")?,
+        delta,
+    )))
 }
 
 #[cfg(test)]
@@ -195,32 +192,5 @@ mod tests {
             parse_str(&["10", "1", "1000000000000000"]).map(|a| a.op),
             Ok(Operation::Consume(1e15))
         );
-    }
-
-    #[test]
-    fn stored_entries() {
-        assert_eq!(check_entry(b"1700000000000000:0", 1.7e15), Ok(()));
-        assert_eq!(check_entry(b"0:12", -0.0), Ok(()));
-        for bad in [f64::NAN, f64::INFINITY, -1.0, 1.5, 9_007_199_254_740_994.0] {
-            assert_eq!(check_entry(b"1:0", bad), Err(CORRUPT_SCORE), "{bad}");
-        }
-        for bad in [
-            &b"17:0"[..],
-            b"1",
-            b"1:",
-            b":0",
-            b"1:0:0",
-            b"1:x",
-            b"+1:0",
-            b" 1:0",
-            b"1:-0",
-        ] {
-            assert_eq!(
-                check_entry(bad, 1.0),
-                Err(CORRUPT_MEMBER),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
     }
 }

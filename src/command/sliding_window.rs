@@ -1,14 +1,15 @@
 //! `RL.SLIDINGWINDOW key limit window_sec [cost]`; state: one string
 //! `<start> <cur> <prev>`.
 
-use crate::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
+use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
+use crate::codec::error::ErrorReply;
+use crate::codec::stored::{amount, timestamp};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, sliding_window};
-use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
-use crate::stats::CommandStats;
-use crate::stored::{amount, timestamp};
+use crate::observe::stats::CommandStats;
+use crate::store::string::{FieldsLimiter, FieldsWrite};
+use crate::store::{FieldName, Request};
 
 pub type Args = Request<sliding_window::Params>;
 
@@ -68,7 +69,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 impl FieldsLimiter<3> for SlidingWindow {
     type Params = sliding_window::Params;
     type State = sliding_window::State;
-    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
+    const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const FIELDS: [&'static FieldName; 3] = [&START, &CUR, &PREV];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {

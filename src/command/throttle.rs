@@ -10,16 +10,16 @@
 
 use std::ffi::CStr;
 
-use crate::args::{IntegerArg, MAX_INTEGER_ARG};
+use crate::codec::args::{IntegerArg, MAX_INTEGER_ARG};
+use crate::codec::error::{ErrorReply, WRONGTYPE};
+use crate::codec::number::{G17_MAX_LEN, format_i64};
 use crate::command::descriptor::ArgKind::{Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional};
 use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
 use crate::command::{Entry, Runner};
 use crate::core::gcra;
-use crate::error::{ErrorReply, WRONGTYPE};
-use crate::number::{G17_MAX_LEN, format_i64};
-use crate::pipeline::{Effect, Slot, Store};
-use crate::stats::CommandStats;
+use crate::observe::stats::CommandStats;
+use crate::store::{Effect, Slot, Store};
 
 pub const NAME: &CStr = c"CL.THROTTLE";
 pub static STATS: CommandStats = CommandStats::new();

@@ -1,13 +1,14 @@
 //! `RL.TOKENBUCKET key capacity refill_per_sec [cost]`; state: one string `<tokens> <ts>`.
 
-use crate::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
+use crate::codec::error::ErrorReply;
+use crate::codec::stored::{balance, timestamp};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, token_bucket};
-use crate::error::ErrorReply;
-use crate::pipeline::{FieldName, FieldsLimiter, FieldsWrite, Request};
-use crate::stats::CommandStats;
-use crate::stored::{balance, timestamp};
+use crate::observe::stats::CommandStats;
+use crate::store::string::{FieldsLimiter, FieldsWrite};
+use crate::store::{FieldName, Request};
 
 pub type Args = Request<token_bucket::Params>;
 
@@ -65,7 +66,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 impl FieldsLimiter<2> for TokenBucket {
     type Params = token_bucket::Params;
     type State = token_bucket::State;
-    const DESCRIPTOR: &'static Descriptor = &DESCRIPTOR;
+    const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {

@@ -1,13 +1,13 @@
 //! `RL.TOP [count]` and `RL.TOP RESET`: the keys with the most denials on this server
-//! (`crate::top`), for operators. Not a limiter: it is outside the registry and outside the
+//! (`crate::observe::top`), for operators. Not a limiter: it is outside the registry and outside the
 //! `ratelimit` ACL category (it shows every tenant's keys), flagged `admin`.
 
 use std::ffi::CStr;
 
+use crate::codec::error::ErrorReply;
+use crate::codec::number::parse_integer;
 use crate::command::descriptor::{ArgKind, Descriptor, Keys, optional};
-use crate::error::ErrorReply;
-use crate::number::parse_integer;
-use crate::stats::CommandStats;
+use crate::observe::stats::CommandStats;
 
 pub const NAME: &CStr = c"RL.TOP";
 
@@ -46,7 +46,7 @@ pub fn parse(args: &[&[u8]]) -> Result<Request, ErrorReply> {
         [] => Ok(Request::List(DEFAULT_COUNT)),
         [word] if word.eq_ignore_ascii_case(b"RESET") => Ok(Request::Reset),
         [count] => match parse_integer(count) {
-            Some(n) if (1.0..=crate::stats::MAX_TOP_SLOTS as f64).contains(&n) => {
+            Some(n) if (1.0..=crate::observe::stats::MAX_TOP_SLOTS as f64).contains(&n) => {
                 Ok(Request::List(n as usize))
             }
             _ => Err(BAD_COUNT),

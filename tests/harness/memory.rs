@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use mlua::{Function, Lua, Table, Value as LuaValue};
-use redis_rate_limiter::error::{ErrorReply, WRONGTYPE};
-use redis_rate_limiter::number::g17_string;
-use redis_rate_limiter::pipeline::{
+use redis_rate_limiter::codec::error::{ErrorReply, WRONGTYPE};
+use redis_rate_limiter::codec::number::g17_string;
+use redis_rate_limiter::store::{
     Effect, Entries, EntryVisitor, FieldName, Slot, Store, member_name,
 };
 

@@ -84,9 +84,15 @@ impl Algorithm {
     /// The Lua twin in `lua-reference/`.
     pub(crate) fn script(&self) -> &'static str {
         match self {
-            Algorithm::TokenBucket { .. } => include_str!("../../../lua-reference/token_bucket.lua"),
-            Algorithm::LeakyBucket { .. } => include_str!("../../../lua-reference/leaky_bucket.lua"),
-            Algorithm::FixedWindow { .. } => include_str!("../../../lua-reference/fixed_window.lua"),
+            Algorithm::TokenBucket { .. } => {
+                include_str!("../../../lua-reference/token_bucket.lua")
+            }
+            Algorithm::LeakyBucket { .. } => {
+                include_str!("../../../lua-reference/leaky_bucket.lua")
+            }
+            Algorithm::FixedWindow { .. } => {
+                include_str!("../../../lua-reference/fixed_window.lua")
+            }
             Algorithm::SlidingWindow { .. } => {
                 include_str!("../../../lua-reference/sliding_window.lua")
             }

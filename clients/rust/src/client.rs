@@ -5,180 +5,18 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
 
 use crate::algorithm::{Algorithm, Concurrency};
-use crate::breaker::{Breaker, BreakerConfig};
-use crate::lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
+use crate::breaker::Breaker;
 use crate::local::{LocalLeases, LocalLimiter};
-use crate::reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
-
-/// One limit's answer: the five fields every `RL.*` command replies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
-    pub allowed: bool,
-    pub remaining: u64,
-    /// 0 when allowed; -1 when the cost can never be admitted.
-    pub retry_after_ms: i64,
-    pub reset_after_ms: u64,
-    pub limit: u64,
-}
-
-/// How decisions are made on the server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// The module's `RL.*` commands.
-    Module,
-    /// `EVALSHA` of the `lua-reference/` scripts (EVAL on `NOSCRIPT`).
-    Script,
-    /// `FCALL` of the `ratelimit` Functions library (`lua-reference/ratelimit.lua`), loaded on
-    /// the server beforehand.
-    Function,
-}
-
-/// Which [`Mode`] to use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ModeChoice {
-    /// The module if `COMMAND INFO rl.all` knows it, else the Functions library if
-    /// `FUNCTION LIST` has it, else the scripts (detected on the first call that reaches Redis).
-    #[default]
-    Auto,
-    Module,
-    Script,
-    Function,
-}
-
-/// What to answer when Redis cannot (timeout, connection error, breaker open).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Admit everything.
-    FailOpen,
-    /// Deny everything.
-    FailClosed,
-    /// An in-process token bucket per key, with the limit and the rate divided by the expected
-    /// number of instances sharing the limit; for a concurrency limit, an in-process counting
-    /// semaphore per key with the limit divided alike and the same lease expiry.
-    Local { instances: u32 },
-}
-
-/// Set on an outcome that did not come from Redis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Degraded {
-    FailOpen,
-    FailClosed,
-    Local,
-}
-
-impl Degraded {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Degraded::FailOpen => "fail-open",
-            Degraded::FailClosed => "fail-closed",
-            Degraded::Local => "local",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct Options {
-    /// Budget of one call to Redis, module detection included.
-    pub timeout: Duration,
-    pub policy: FailurePolicy,
-    pub breaker: BreakerConfig,
-    pub mode: ModeChoice,
-    /// `retry_after_ms` reported by [`FailurePolicy::FailClosed`].
-    pub fail_closed_retry_ms: u64,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            timeout: Duration::from_millis(100),
-            policy: FailurePolicy::FailOpen,
-            breaker: BreakerConfig::default(),
-            mode: ModeChoice::Auto,
-            fail_closed_retry_ms: 1000,
-        }
-    }
-}
-
-/// The answer for one limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outcome {
-    pub decision: Decision,
-    /// `Some` when Redis was not asked or did not answer in time.
-    pub degraded: Option<Degraded>,
-    /// The mode that answered (`None` when degraded).
-    pub mode: Option<Mode>,
-}
-
-/// The answer for several limits checked at once (`RL.ALL`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MultiOutcome {
-    pub allowed: bool,
-    /// 1-based position of the first limit that denied, 0 when allowed.
-    pub denied_by: usize,
-    pub decisions: Vec<Decision>,
-    pub degraded: Option<Degraded>,
-    pub mode: Option<Mode>,
-}
-
-/// The state of every limit after a settlement (`RL.SETTLE`), in the order of the limits.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Settlement {
-    /// One per limit: `allowed` true, `retry_after_ms` 0, `remaining` 0 while in debt.
-    pub decisions: Vec<Decision>,
-    /// `Some` when Redis was not asked or did not answer in time: the decisions are then the
-    /// failure policy's.
-    pub degraded: Option<Degraded>,
-    /// The mode that answered (`None` when degraded).
-    pub mode: Option<Mode>,
-}
-
-/// One of the keys with the most denials on a server (`RL.TOP`), as the module counts them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TopEntry {
-    /// The key (bytes that are not UTF-8 replaced by U+FFFD).
-    pub key: String,
-    /// Denials counted for the key: at least `denied - error`, at most `denied`.
-    pub denied: u64,
-    /// The most by which `denied` may overcount (what the slot held when the key took it over).
-    pub error: u64,
-    /// The command of the latest denial (`RL.TOKENBUCKET`, `RL.ALL`).
-    pub command: String,
-    /// When the key's slot was taken, and its latest denial (Unix milliseconds, by the module's
-    /// clock).
-    pub first_denied_ms: i64,
-    pub last_denied_ms: i64,
-}
-
-#[derive(Debug)]
-pub enum Error {
-    /// Redis answered with an error about the call itself (bad parameters, wrong key type).
-    Rejected(String),
-    /// The combination cannot be checked in one call, or the mode cannot answer it.
-    Unsupported(&'static str),
-    /// Redis did not answer, for a call that has no failure policy ([`Client::top`]).
-    Unavailable,
-    /// The URL could not be parsed.
-    Config(RedisError),
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::Rejected(m) => write!(f, "rejected by redis: {m}"),
-            Error::Unsupported(m) => write!(f, "unsupported: {m}"),
-            Error::Unavailable => write!(f, "redis did not answer"),
-            Error::Config(e) => write!(f, "bad configuration: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {}
+use crate::types::{
+    Decision, Degraded, Error, FailurePolicy, Mode, ModeChoice, MultiOutcome, Options, Outcome,
+    Settlement, TopEntry,
+};
 
 /// The Functions library's name (`#!lua name=ratelimit`).
 const LIBRARY: &str = "ratelimit";
@@ -852,7 +690,7 @@ where
 
     /// Several limits in one call (one alone with its own command, except a concurrency limit
     /// peeked at with cost 0, which only `RL.ALL` can do).
-    async fn decide_all(
+    pub(crate) async fn decide_all(
         &self,
         limits: &[(String, Algorithm)],
         cost: u64,
@@ -930,65 +768,6 @@ where
         }
     }
 
-    /// Takes one of `limit.limit` slots of `key` for a new lease (`RL.ACQUIRE` with a fresh
-    /// lease id). Admitted: the outcome and the [`Lease`], which gives the slot back when
-    /// dropped or [released](Lease::release), and can be [renewed](Lease::renew). Denied: the
-    /// outcome alone, `retry_after_ms` until a lease expires. When Redis cannot answer the
-    /// failure policy decides: `FailOpen` admits with a lease that holds nothing, `FailClosed`
-    /// denies, `Local` takes a slot of an in-process semaphore.
-    pub async fn acquire(&self, key: &str, limit: &Concurrency) -> Result<LeaseOutcome<C>, Error> {
-        self.acquire_as(key, limit, &new_lease_id()).await
-    }
-
-    /// [`Client::acquire`] with the caller's lease id (1 to 128 bytes, unique to the holder,
-    /// such as a job id): a live lease of that id is renewed instead of taking a second slot.
-    pub async fn acquire_as(
-        &self,
-        key: &str,
-        limit: &Concurrency,
-        id: &str,
-    ) -> Result<LeaseOutcome<C>, Error> {
-        let outcome = self
-            .decide_one(key, &Algorithm::Concurrency(*limit), 1, Some(id))
-            .await?;
-        let lease = outcome.decision.allowed.then(|| {
-            Lease::new(
-                self.clone(),
-                id.to_string(),
-                vec![(key.to_string(), *limit)],
-                outcome.degraded,
-            )
-        });
-        Ok(LeaseOutcome { outcome, lease })
-    }
-
-    /// Several limits at once, concurrency limits among them (`RL.ALL ... LEASE id COST
-    /// cost`): admitted only if every limit admits; then `cost` is consumed from the others and
-    /// one slot of each concurrency limit is held by the returned lease (`None` if there is no
-    /// concurrency limit). Cost 0 peeks and takes no slot.
-    pub async fn acquire_all(
-        &self,
-        limits: &[(String, Algorithm)],
-        cost: u64,
-    ) -> Result<MultiLeaseOutcome<C>, Error> {
-        let held: Vec<(String, Concurrency)> = limits
-            .iter()
-            .filter_map(|(k, a)| a.concurrency().map(|c| (k.clone(), *c)))
-            .collect();
-        if held.is_empty() {
-            let outcome = self.decide_all(limits, cost, None).await?;
-            return Ok(MultiLeaseOutcome {
-                outcome,
-                lease: None,
-            });
-        }
-        let id = new_lease_id();
-        let outcome = self.decide_all(limits, cost, Some(&id)).await?;
-        let lease = (outcome.allowed && cost > 0)
-            .then(|| Lease::new(self.clone(), id, held, outcome.degraded));
-        Ok(MultiLeaseOutcome { outcome, lease })
-    }
-
     /// Gives back `id`'s slot of `key` (`RL.RELEASE`): whether a live lease was released. `false`
     /// too when Redis cannot answer (the lease then expires by itself). Idempotent.
     pub async fn release(&self, key: &str, id: &str) -> Result<bool, Error> {
@@ -1002,60 +781,6 @@ where
     /// Frees `id`'s slot of `key` in the in-process semaphore of the `Local` policy.
     pub(crate) fn release_local(&self, key: &str, id: &str) -> bool {
         self.inner.leases.release(key, id)
-    }
-
-    /// Checks and on admission consumes `estimate` units of `algo` on `key`, as
-    /// [`Client::check`] does, for work whose true cost is known only afterwards. Admitted: the
-    /// outcome and the [`Reservation`], whose [`settle`](Reservation::settle) charges or refunds
-    /// the difference once the cost is known; dropped unsettled, the estimate stays charged.
-    /// Denied: the outcome alone. Concurrency limits are not settled (`Error::Unsupported`).
-    pub async fn reserve(
-        &self,
-        key: &str,
-        algo: &Algorithm,
-        estimate: u64,
-    ) -> Result<ReservationOutcome<C>, Error> {
-        if algo.concurrency().is_some() {
-            return Err(Error::Unsupported(
-                "concurrency limits are not settled: Client::acquire",
-            ));
-        }
-        let outcome = self.decide_one(key, algo, estimate, None).await?;
-        let reservation = outcome.decision.allowed.then(|| {
-            Reservation::new(
-                self.clone(),
-                vec![(key.to_string(), algo.clone())],
-                estimate,
-                outcome.degraded,
-            )
-        });
-        Ok(ReservationOutcome {
-            outcome,
-            reservation,
-        })
-    }
-
-    /// [`Client::reserve`] over several limits at once, as [`Client::check_all`]: admitted only
-    /// if every limit admits, and then `estimate` is consumed from all of them; the reservation
-    /// settles them all in one call.
-    pub async fn reserve_all(
-        &self,
-        limits: &[(String, Algorithm)],
-        estimate: u64,
-    ) -> Result<MultiReservationOutcome<C>, Error> {
-        if limits.iter().any(|(_, a)| a.concurrency().is_some()) {
-            return Err(Error::Unsupported(
-                "concurrency limits are not settled: Client::acquire_all",
-            ));
-        }
-        let outcome = self.decide_all(limits, estimate, None).await?;
-        let reservation = outcome
-            .allowed
-            .then(|| Reservation::new(self.clone(), limits.to_vec(), estimate, outcome.degraded));
-        Ok(MultiReservationOutcome {
-            outcome,
-            reservation,
-        })
     }
 
     /// Adjusts what was consumed from every limit by `delta` units in one call (`RL.SETTLE ...
@@ -1182,8 +907,8 @@ where
 /// A [`Client`] bound to one algorithm and its parameters.
 #[derive(Clone)]
 pub struct Limiter<C> {
-    client: Client<C>,
-    algorithm: Algorithm,
+    pub(crate) client: Client<C>,
+    pub(crate) algorithm: Algorithm,
 }
 
 impl Limiter<redis::aio::ConnectionManager> {
@@ -1226,19 +951,5 @@ where
     /// The current state, consuming nothing (cost 0).
     pub async fn peek(&self, key: &str) -> Result<Outcome, Error> {
         self.client.check(key, &self.algorithm, 0).await
-    }
-
-    /// Reserves `estimate` units, settled later with the true cost (see [`Client::reserve`]).
-    pub async fn reserve(&self, key: &str, estimate: u64) -> Result<ReservationOutcome<C>, Error> {
-        self.client.reserve(key, &self.algorithm, estimate).await
-    }
-
-    /// A slot of the limiter's concurrency limit (see [`Client::acquire`]); `Error::Unsupported`
-    /// for the other algorithms.
-    pub async fn acquire(&self, key: &str) -> Result<LeaseOutcome<C>, Error> {
-        match self.algorithm.concurrency() {
-            Some(c) => self.client.acquire(key, c).await,
-            None => Err(Error::Unsupported("acquire takes a concurrency limit")),
-        }
     }
 }

@@ -7,7 +7,8 @@ use redis::aio::ConnectionLike;
 use tokio::task::JoinHandle;
 
 use crate::algorithm::{Algorithm, Concurrency};
-use crate::client::{Client, Degraded, Error, MultiOutcome, Outcome};
+use crate::client::{Client, Limiter, new_lease_id};
+use crate::types::{Degraded, Error, MultiOutcome, Outcome};
 
 /// The answer to [`Client::acquire`]: the outcome, and the lease when admitted.
 pub struct LeaseOutcome<C>
@@ -264,6 +265,84 @@ where
             rt.spawn(async move {
                 let _ = shared.release_redis().await;
             });
+        }
+    }
+}
+
+impl<C> Client<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Takes one of `limit.limit` slots of `key` for a new lease (`RL.ACQUIRE` with a fresh
+    /// lease id). Admitted: the outcome and the [`Lease`], which gives the slot back when
+    /// dropped or [released](Lease::release), and can be [renewed](Lease::renew). Denied: the
+    /// outcome alone, `retry_after_ms` until a lease expires. When Redis cannot answer the
+    /// failure policy decides: `FailOpen` admits with a lease that holds nothing, `FailClosed`
+    /// denies, `Local` takes a slot of an in-process semaphore.
+    pub async fn acquire(&self, key: &str, limit: &Concurrency) -> Result<LeaseOutcome<C>, Error> {
+        self.acquire_as(key, limit, &new_lease_id()).await
+    }
+
+    /// [`Client::acquire`] with the caller's lease id (1 to 128 bytes, unique to the holder,
+    /// such as a job id): a live lease of that id is renewed instead of taking a second slot.
+    pub async fn acquire_as(
+        &self,
+        key: &str,
+        limit: &Concurrency,
+        id: &str,
+    ) -> Result<LeaseOutcome<C>, Error> {
+        let outcome = self
+            .decide_one(key, &Algorithm::Concurrency(*limit), 1, Some(id))
+            .await?;
+        let lease = outcome.decision.allowed.then(|| {
+            Lease::new(
+                self.clone(),
+                id.to_string(),
+                vec![(key.to_string(), *limit)],
+                outcome.degraded,
+            )
+        });
+        Ok(LeaseOutcome { outcome, lease })
+    }
+
+    /// Several limits at once, concurrency limits among them (`RL.ALL ... LEASE id COST
+    /// cost`): admitted only if every limit admits; then `cost` is consumed from the others and
+    /// one slot of each concurrency limit is held by the returned lease (`None` if there is no
+    /// concurrency limit). Cost 0 peeks and takes no slot.
+    pub async fn acquire_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+    ) -> Result<MultiLeaseOutcome<C>, Error> {
+        let held: Vec<(String, Concurrency)> = limits
+            .iter()
+            .filter_map(|(k, a)| a.concurrency().map(|c| (k.clone(), *c)))
+            .collect();
+        if held.is_empty() {
+            let outcome = self.decide_all(limits, cost, None).await?;
+            return Ok(MultiLeaseOutcome {
+                outcome,
+                lease: None,
+            });
+        }
+        let id = new_lease_id();
+        let outcome = self.decide_all(limits, cost, Some(&id)).await?;
+        let lease = (outcome.allowed && cost > 0)
+            .then(|| Lease::new(self.clone(), id, held, outcome.degraded));
+        Ok(MultiLeaseOutcome { outcome, lease })
+    }
+}
+
+impl<C> Limiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A slot of the limiter's concurrency limit (see [`Client::acquire`]); `Error::Unsupported`
+    /// for the other algorithms.
+    pub async fn acquire(&self, key: &str) -> Result<LeaseOutcome<C>, Error> {
+        match self.algorithm.concurrency() {
+            Some(c) => self.client.acquire(key, c).await,
+            None => Err(Error::Unsupported("acquire takes a concurrency limit")),
         }
     }
 }

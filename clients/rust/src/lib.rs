@@ -20,12 +20,14 @@ mod local;
 pub mod metrics;
 pub mod middleware;
 mod reservation;
+mod types;
 
 pub use algorithm::{Algorithm, Concurrency};
 pub use breaker::BreakerConfig;
-pub use client::{
-    Client, Decision, Degraded, Error, FailurePolicy, Limiter, Mode, ModeChoice, MultiOutcome,
-    Options, Outcome, Settlement, TopEntry,
-};
+pub use client::{Client, Limiter};
 pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
 pub use reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
+pub use types::{
+    Decision, Degraded, Error, FailurePolicy, Mode, ModeChoice, MultiOutcome, Options, Outcome,
+    Settlement, TopEntry,
+};

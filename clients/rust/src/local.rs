@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{Algorithm, Concurrency};
-use crate::client::Decision;
+use crate::types::Decision;
 
 const MAX_KEYS: usize = 100_000;
 

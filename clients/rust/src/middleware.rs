@@ -36,10 +36,11 @@ use redis::aio::ConnectionLike;
 use tower::{Layer, Service};
 
 use crate::algorithm::Algorithm;
-use crate::client::{Client, Decision, Degraded, MultiOutcome};
+use crate::client::Client;
 use crate::lease::Lease;
 use crate::metrics::Metrics;
 use crate::reservation::Reservation;
+use crate::types::{Decision, Degraded, MultiOutcome};
 
 /// What a request really cost, in the units of its route's limits: a handler inserts it into
 /// its response's extensions (`(Extension(ActualCost(n)), body)` in axum) and the layer settles
@@ -562,7 +563,7 @@ async fn decide<C>(
     client: &Client<C>,
     limits: &[(String, Algorithm)],
     cost: u64,
-) -> Result<(MultiOutcome, Option<Lease<C>>), crate::client::Error>
+) -> Result<(MultiOutcome, Option<Lease<C>>), crate::types::Error>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {

@@ -4,7 +4,8 @@
 use redis::aio::ConnectionLike;
 
 use crate::algorithm::Algorithm;
-use crate::client::{Client, Degraded, Error, MultiOutcome, Outcome, Settlement};
+use crate::client::{Client, Limiter};
+use crate::types::{Degraded, Error, MultiOutcome, Outcome, Settlement};
 
 /// The answer to [`Client::reserve`]: the outcome, and the reservation when admitted.
 pub struct ReservationOutcome<C>
@@ -128,5 +129,74 @@ where
             .field("outcome", &self.outcome)
             .field("reservation", &self.reservation)
             .finish()
+    }
+}
+
+impl<C> Client<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Checks and on admission consumes `estimate` units of `algo` on `key`, as
+    /// [`Client::check`] does, for work whose true cost is known only afterwards. Admitted: the
+    /// outcome and the [`Reservation`], whose [`settle`](Reservation::settle) charges or refunds
+    /// the difference once the cost is known; dropped unsettled, the estimate stays charged.
+    /// Denied: the outcome alone. Concurrency limits are not settled (`Error::Unsupported`).
+    pub async fn reserve(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        estimate: u64,
+    ) -> Result<ReservationOutcome<C>, Error> {
+        if algo.concurrency().is_some() {
+            return Err(Error::Unsupported(
+                "concurrency limits are not settled: Client::acquire",
+            ));
+        }
+        let outcome = self.decide_one(key, algo, estimate, None).await?;
+        let reservation = outcome.decision.allowed.then(|| {
+            Reservation::new(
+                self.clone(),
+                vec![(key.to_string(), algo.clone())],
+                estimate,
+                outcome.degraded,
+            )
+        });
+        Ok(ReservationOutcome {
+            outcome,
+            reservation,
+        })
+    }
+
+    /// [`Client::reserve`] over several limits at once, as [`Client::check_all`]: admitted only
+    /// if every limit admits, and then `estimate` is consumed from all of them; the reservation
+    /// settles them all in one call.
+    pub async fn reserve_all(
+        &self,
+        limits: &[(String, Algorithm)],
+        estimate: u64,
+    ) -> Result<MultiReservationOutcome<C>, Error> {
+        if limits.iter().any(|(_, a)| a.concurrency().is_some()) {
+            return Err(Error::Unsupported(
+                "concurrency limits are not settled: Client::acquire_all",
+            ));
+        }
+        let outcome = self.decide_all(limits, estimate, None).await?;
+        let reservation = outcome
+            .allowed
+            .then(|| Reservation::new(self.clone(), limits.to_vec(), estimate, outcome.degraded));
+        Ok(MultiReservationOutcome {
+            outcome,
+            reservation,
+        })
+    }
+}
+
+impl<C> Limiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Reserves `estimate` units, settled later with the true cost (see [`Client::reserve`]).
+    pub async fn reserve(&self, key: &str, estimate: u64) -> Result<ReservationOutcome<C>, Error> {
+        self.client.reserve(key, &self.algorithm, estimate).await
     }
 }

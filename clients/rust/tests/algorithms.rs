@@ -2,7 +2,8 @@
 //! the same `RL.ALL` keywords and parameter counts, so the two cannot drift apart.
 
 use ratelimit_client::{Algorithm, Concurrency};
-use redis_rate_limiter::command::{DESCRIPTORS, settle};
+use redis_rate_limiter::command::registry::DESCRIPTORS;
+use redis_rate_limiter::command::settle;
 
 /// One of each algorithm the client knows.
 fn every_algorithm() -> Vec<Algorithm> {

@@ -1,20 +1,83 @@
-//! The decision pipeline of limiters whose state is one sorted set (the sliding log), over the
-//! same storage trait as `pipeline`: the Redis binding implements it over the module key API, the
-//! differential tests over an in-memory store. No Redis types here.
+//! The pipeline of every limiter whose state is one sorted set, over `Store`: the sliding log
+//! (one entry per admitted unit) and concurrency leases (one entry per lease id).
 //!
 //! read a few counts and entries (O(log n) each) -> decide -> one `Effect::Append` (a sliding
-//! log) or one `Effect::Lease` (concurrency leases).
+//! log) or one `Effect::Lease` (concurrency leases). Every entry read is checked against what
+//! the module writes: anything else is corrupt state, reported and never repaired.
 
-use crate::command::PerCall;
-use crate::command::acquire::{self, AcquireRequest, check_expiry, check_lease};
-use crate::command::sliding_log::{self, SlidingLogRequest, check_entry};
+use crate::codec::error::{ErrorReply, WRONGTYPE};
+use crate::codec::number::parse_integer;
+use crate::codec::stored::MAX_TIMESTAMP_US;
 use crate::core::concurrency::{self, Leases, Seen};
 use crate::core::sliding_log::{
     self as sliding_log_core, Log, Outcome, SettleOutcome, Settlement, View, Write, decide, view,
 };
 use crate::core::{Operation, Reply};
-use crate::error::{ErrorReply, WRONGTYPE};
-use crate::pipeline::{Effect, Entries, Limit, OpenStore, Slot, Store};
+use crate::store::{Effect, Entries, Limit, Request, Slot, Store};
+
+/// A parsed `RL.SLIDINGLOG` call: the log's limit and window, and what the call asks (a cost of
+/// 0 is a peek).
+pub type SlidingLogRequest = Request<sliding_log_core::Params>;
+
+/// A parsed acquire: the limit and lease length, what the call asks (a peek inside `RL.ALL`
+/// with `COST 0`), and the lease id.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AcquireRequest<'a> {
+    pub params: concurrency::Params,
+    pub op: Operation,
+    pub id: &'a [u8],
+}
+
+/// Longest lease id in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+pub const CORRUPT_SCORE: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: sorted set score is not a valid timestamp");
+pub const CORRUPT_LOG_MEMBER: ErrorReply =
+    ErrorReply(c"ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'");
+pub const CORRUPT_LEASE_MEMBER: ErrorReply = ErrorReply(
+    c"ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes",
+);
+
+/// One stored log entry: an integer score in `[0, 2^53]` and the member `<digits>:<digits>`
+/// whose first part is that score.
+pub fn check_entry(member: &[u8], score: f64) -> Result<(), ErrorReply> {
+    if !(score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc()) {
+        return Err(CORRUPT_SCORE);
+    }
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    let at = member.iter().position(|&c| c == b':');
+    let (time, index) = match at {
+        Some(at) => (member.get(..at), member.get(at + 1..)),
+        None => (None, None),
+    };
+    match (time, index) {
+        (Some(time), Some(index))
+            if digits(time) && digits(index) && parse_integer(time) == Some(score) =>
+        {
+            Ok(())
+        }
+        _ => Err(CORRUPT_LOG_MEMBER),
+    }
+}
+
+/// One stored lease: an integer expiry in `[0, 2^53]` and an id of 1 to 128 bytes.
+pub fn check_lease(member: &[u8], score: f64) -> Result<(), ErrorReply> {
+    check_expiry(score)?;
+    if member.is_empty() || member.len() > MAX_ID_LEN {
+        return Err(CORRUPT_LEASE_MEMBER);
+    }
+    Ok(())
+}
+
+/// A stored expiry: an integer in `[0, 2^53]`.
+pub fn check_expiry(score: f64) -> Result<(), ErrorReply> {
+    if score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc() {
+        Ok(())
+    } else {
+        Err(CORRUPT_SCORE)
+    }
+}
 
 /// A stored sorted set seen as a sliding log: every entry it returns is checked.
 struct StoredLog<'a, S: Store + ?Sized>(&'a S);
@@ -95,12 +158,6 @@ pub fn apply<S: Store + ?Sized>(
     Ok(out.reply)
 }
 
-/// One `RL.SLIDINGLOG` call: the arguments after the key, then its key.
-pub fn run(args: &[&[u8]], key: &mut dyn OpenStore, now_us: i64) -> Result<Reply, ErrorReply> {
-    let request = sliding_log::parse(args)?;
-    apply(key.open()?, &request, now_us)
-}
-
 /// A sliding log inside `RL.ALL`.
 pub struct LogLimit {
     request: SlidingLogRequest,
@@ -109,16 +166,12 @@ pub struct LogLimit {
 }
 
 impl LogLimit {
-    /// `params` are the limit's arguments without the cost.
-    pub fn parse(params: &[&[u8]], cost: &[u8]) -> Result<Self, ErrorReply> {
-        let [limit, window] = params else {
-            return Err(sliding_log::ARITY_ERROR);
-        };
-        Ok(Self {
-            request: sliding_log::parse(&[*limit, *window, cost])?,
+    pub fn new(request: SlidingLogRequest) -> Self {
+        Self {
+            request,
             seen: View::default(),
             out: None,
-        })
+        }
     }
 }
 
@@ -161,6 +214,17 @@ pub struct LogSettle {
     request: SlidingLogRequest,
     delta: i64,
     out: Option<SettleOutcome>,
+}
+
+impl LogSettle {
+    /// `delta` units refunded (negative) or charged (positive).
+    pub fn new(request: SlidingLogRequest, delta: f64) -> Self {
+        Self {
+            request,
+            delta: crate::core::lua_integer(delta),
+            out: None,
+        }
+    }
 }
 
 impl Limit for LogSettle {
@@ -210,23 +274,6 @@ impl Limit for LogSettle {
             None => Ok(()),
         }
     }
-}
-
-/// `RL.SETTLE`'s sliding-log limit, as `command::Runner` builds one.
-pub fn build_settle(params: &[&[u8]], delta: f64) -> Result<Box<dyn Limit>, ErrorReply> {
-    let [limit, window] = params else {
-        return Err(sliding_log::ARITY_ERROR);
-    };
-    Ok(Box::new(LogSettle {
-        request: sliding_log::parse(&[*limit, *window, b"0"])?,
-        delta: crate::core::lua_integer(delta),
-        out: None,
-    }))
-}
-
-/// `RL.ALL`'s sliding-log limit, as `command::Runner` builds one.
-pub fn build_limit(params: &[&[u8]], call: &PerCall<'_>) -> Result<Box<dyn Limit>, ErrorReply> {
-    Ok(Box::new(LogLimit::parse(params, call.cost)?))
 }
 
 /// A stored sorted set seen as the leases of one lease id: every entry it returns is checked.
@@ -314,16 +361,6 @@ pub fn acquire<S: Store + ?Sized>(
     Ok(out.reply)
 }
 
-/// One `RL.ACQUIRE` call: the arguments after the key, then its key.
-pub fn run_acquire(
-    args: &[&[u8]],
-    key: &mut dyn OpenStore,
-    now_us: i64,
-) -> Result<Reply, ErrorReply> {
-    let request = acquire::parse(args)?;
-    acquire(key.open()?, &request, now_us)
-}
-
 /// One `RL.RELEASE` call whose lease id is already parsed: whether a live lease was released.
 pub fn release<S: Store + ?Sized>(
     store: &mut S,
@@ -350,6 +387,19 @@ pub struct LeaseLimit {
     id: Vec<u8>,
     seen: concurrency::View,
     out: Option<concurrency::Outcome>,
+}
+
+impl LeaseLimit {
+    /// One lease for `id` (a peek when `op` is).
+    pub fn new(params: concurrency::Params, op: Operation, id: &[u8]) -> Self {
+        Self {
+            params,
+            op,
+            id: id.to_vec(),
+            seen: concurrency::View::default(),
+            out: None,
+        }
+    }
 }
 
 impl Limit for LeaseLimit {
@@ -382,23 +432,45 @@ impl Limit for LeaseLimit {
     }
 }
 
-/// `RL.ALL`'s concurrency limit, as `command::Runner` builds one: one lease whatever the cost
-/// (`COST 0` is a peek), for the call's `LEASE id`.
-pub fn build_lease_limit(
-    params: &[&[u8]],
-    call: &PerCall<'_>,
-) -> Result<Box<dyn Limit>, ErrorReply> {
-    let [limit, lease] = params else {
-        return Err(acquire::ARITY_ERROR);
-    };
-    let params = acquire::parse_params(limit, lease)?;
-    let cost = crate::args::COST.parse(call.cost)?;
-    let id = acquire::lease_id(call.lease.ok_or(acquire::NO_LEASE)?)?;
-    Ok(Box::new(LeaseLimit {
-        params,
-        op: Operation::from_cost(cost),
-        id: id.to_vec(),
-        seen: concurrency::View::default(),
-        out: None,
-    }))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_entries() {
+        assert_eq!(check_entry(b"1700000000000000:0", 1.7e15), Ok(()));
+        assert_eq!(check_entry(b"0:12", -0.0), Ok(()));
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 1.5, 9_007_199_254_740_994.0] {
+            assert_eq!(check_entry(b"1:0", bad), Err(CORRUPT_SCORE), "{bad}");
+        }
+        for bad in [
+            &b"17:0"[..],
+            b"1",
+            b"1:",
+            b":0",
+            b"1:0:0",
+            b"1:x",
+            b"+1:0",
+            b" 1:0",
+            b"1:-0",
+        ] {
+            assert_eq!(
+                check_entry(bad, 1.0),
+                Err(CORRUPT_LOG_MEMBER),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn stored_leases() {
+        assert_eq!(check_lease(b"a", 1.7e15), Ok(()));
+        assert_eq!(check_lease(&[0xff; 128], 0.0), Ok(()));
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 1.5, 9_007_199_254_740_994.0] {
+            assert_eq!(check_lease(b"a", bad), Err(CORRUPT_SCORE), "{bad}");
+        }
+        assert_eq!(check_lease(b"", 1.0), Err(CORRUPT_LEASE_MEMBER));
+        assert_eq!(check_lease(&[b'a'; 129], 1.0), Err(CORRUPT_LEASE_MEMBER));
+    }
 }

@@ -1,6 +1,4 @@
-//! The decision pipeline shared by every limiter whose state is a few numbers, written against
-//! a storage trait: the Redis binding implements it over the module key API, and the
-//! differential tests over an in-memory store. No Redis types here.
+//! The pipeline of every limiter whose state is a few numbers in one string, over `Store`.
 //!
 //! load (one string, or a hash of the earlier layout) -> decode -> decide -> encode -> store one
 //! string with its expiry.
@@ -11,117 +9,10 @@
 //! same numbers in a hash, one field per name; such a key is still read, and its next write
 //! replaces it with the string.
 
-use std::ffi::{CStr, c_void};
-use std::sync::atomic::AtomicPtr;
-
-use crate::command::descriptor::Descriptor;
+use crate::codec::error::{ErrorReply, WRONGTYPE};
+use crate::codec::number::{G17_MAX_LEN, format_g17};
 use crate::core::{Operation, Reply};
-use crate::error::{ErrorReply, WRONGTYPE};
-use crate::number::{G17_MAX_LEN, format_g17};
-
-/// A field name of the earlier hash layout. `handle` is a slot where a storage layer may keep
-/// its own representation of the name (the Redis binding keeps a `RedisModuleString` there,
-/// created once).
-pub struct FieldName {
-    pub name: &'static CStr,
-    pub handle: AtomicPtr<c_void>,
-}
-
-impl FieldName {
-    pub const fn new(name: &'static CStr) -> Self {
-        Self {
-            name,
-            handle: AtomicPtr::new(std::ptr::null_mut()),
-        }
-    }
-}
-
-/// What a limiter key holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot<'a> {
-    Empty,
-    /// A string: the stored value.
-    Value(&'a [u8]),
-    /// A hash: the layout of release 0.1 (`Store::legacy_fields` reads it).
-    Hash,
-    /// A sorted set (`Store::zset_*` read it).
-    Zset,
-    /// Any other type.
-    WrongType,
-}
-
-/// The entries of a sorted set to add after removing old ones: `count` members
-/// `<score>:<first_index>` .. `<score>:<first_index + count - 1>`, all at `score`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Entries {
-    /// Remove the entries with a score up to and including this one first.
-    pub trim_up_to: Option<f64>,
-    pub score: f64,
-    pub first_index: i64,
-    pub count: i64,
-}
-
-/// What a decision changes in its key, with the key's new absolute expiry (Unix milliseconds).
-/// A store applies it and propagates exactly it to replicas and the AOF.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Effect<'a> {
-    /// The key becomes this string, whatever it held: `SET key value PXAT ms`.
-    Set { value: &'a [u8], expire_at_ms: i64 },
-    /// Entries leave and join a sorted set: `ZREMRANGEBYSCORE key -inf trim` (when some left),
-    /// `ZADD key score member ...`, and `PEXPIREAT key ms` when the expiry moves.
-    Append { entries: Entries, expire_at_ms: i64 },
-    /// The newest `count` entries of a sorted set leave, after the entries up to `trim_up_to`:
-    /// `ZREMRANGEBYSCORE key -inf trim` (when some left), `ZREMRANGEBYRANK key -count -1`, and
-    /// `PEXPIREAT key ms` when the expiry moves; none when the set is left empty (it is gone).
-    Pop {
-        trim_up_to: Option<f64>,
-        count: i64,
-        expire_at_ms: Option<i64>,
-    },
-    /// One lease of a sorted set is added, moved or removed, after the expired ones leave:
-    /// `ZREMRANGEBYSCORE key -inf trim` (when some expired), `ZADD key expiry id` (or `ZREM key
-    /// id` when `expiry` is `None`), and `PEXPIREAT key ms` when the expiry moves. No expiry is
-    /// set when the set is left empty (the key is then gone).
-    Lease {
-        trim_up_to: Option<f64>,
-        id: &'a [u8],
-        expiry: Option<f64>,
-        expire_at_ms: Option<i64>,
-    },
-}
-
-/// Called with an entry's member and score; an error stops the read.
-pub type EntryVisitor<'a> = dyn FnMut(&[u8], f64) -> Result<(), ErrorReply> + 'a;
-
-/// One open key of a storage layer: read as any limiter needs, written through effects.
-pub trait Store {
-    fn read(&self) -> Result<Slot<'_>, ErrorReply>;
-    /// The named fields of a hash key (`None` where a field is absent), into `out`.
-    fn legacy_fields(
-        &self,
-        names: &[&'static FieldName],
-        out: &mut [Option<Vec<u8>>],
-    ) -> Result<(), ErrorReply>;
-    /// Entries of a sorted set (0 for any other key).
-    fn zset_len(&self) -> Result<i64, ErrorReply>;
-    /// Entries of a sorted set with `min < score <= max` (`min <= score` when `min_inclusive`).
-    fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply>;
-    /// Visits the entry `rank` places before the last one in Redis order (score, then member
-    /// bytes): 0 is the last. `false` when there is no such entry.
-    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply>;
-    /// The score of a member of a sorted set (`None` when absent, or for any other key).
-    fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply>;
-    /// Applies the effect and propagates exactly it; refuses (changing nothing) when the
-    /// server is out of memory.
-    fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply>;
-}
-
-/// Writes the member name `<score>:<index>` into `out` (cleared first). Scores are integers.
-pub fn member_name(score: f64, index: i64, out: &mut Vec<u8>) {
-    use std::io::Write;
-    out.clear();
-    let _ = write!(out, "{}:{}", crate::core::lua_integer(score), index);
-}
+use crate::store::{Effect, FieldName, Limit, OpenStore, Request, Slot, Store};
 
 /// New state (in `FIELDS` order) and the key's absolute expiry in Unix milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -130,20 +21,13 @@ pub struct FieldsWrite<const N: usize> {
     pub expire_at_ms: i64,
 }
 
-/// A parsed call: the limiter's parameters, and what the call asks of it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Request<P> {
-    pub params: P,
-    pub op: Operation,
-}
-
 /// One limiter command whose state is `N` numbers.
 pub trait FieldsLimiter<const N: usize> {
     type Params: Copy;
     type State: Copy;
 
-    /// What the command is: name, flags, arity and its error, docs, `RL.ALL` keyword, counters.
-    const DESCRIPTOR: &'static Descriptor;
+    /// The reply to a call with too few or too many arguments.
+    const ARITY_ERROR: ErrorReply;
 
     /// Names of the numbers, in the order `decode` reads them and `FieldsWrite::values` stores
     /// them (and the field names of the earlier hash layout).
@@ -245,12 +129,6 @@ fn store_write<S: Store + ?Sized, const N: usize>(
     })
 }
 
-/// Opens the key of a call once its arguments have parsed (a call with bad arguments never
-/// touches its key).
-pub trait OpenStore {
-    fn open(&mut self) -> Result<&mut dyn Store, ErrorReply>;
-}
-
 /// One call of a limiter of numbers: the arguments after the key, then its key. Inlined where the
 /// registry names it, so that the key's type is known there again.
 #[inline(always)]
@@ -278,17 +156,6 @@ pub fn apply<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     Ok(reply)
 }
 
-/// One limit of a multi-limit call: its parsed request and, once decided, what it read and its
-/// pending write.
-pub trait Limit {
-    /// Reads the limit's key and decides the call's operation; the write is kept until `commit`.
-    fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply>;
-    /// The reply this limit gives to a peek (used when another limit denied the call), from what
-    /// `decide` read.
-    fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply>;
-    fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply>;
-}
-
 pub struct LimitOf<L: FieldsLimiter<N>, const N: usize> {
     request: Request<L::Params>,
     prior: Option<L::State>,
@@ -305,7 +172,7 @@ impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
             n += 1;
         }
         if n != params.len() + 1 {
-            return Err(L::DESCRIPTOR.arity_error);
+            return Err(L::ARITY_ERROR);
         }
         Ok(Self {
             request: L::parse(buf.get(..n).unwrap_or_default())?,
@@ -400,48 +267,6 @@ impl<L: FieldsLimiter<N>, const N: usize> Limit for SettleOf<L, N> {
             None => Ok(()),
         }
     }
-}
-
-/// The outcome of a multi-limit call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AllReply {
-    pub allowed: bool,
-    /// 1-based position of the first limit that denied; 0 when all admitted.
-    pub denied_by: usize,
-    pub replies: Vec<Reply>,
-}
-
-/// Admits only if every limit admits, consuming from all or none. Limits are decided in order
-/// at one instant (the first bad key's error is the reply), then written only if all admit. A
-/// limit that would admit while another denies reports its unconsumed state (a peek).
-pub fn apply_all(
-    limits: &mut [Box<dyn Limit>],
-    stores: &mut [&mut dyn Store],
-    now_us: i64,
-) -> Result<AllReply, ErrorReply> {
-    let mut replies: Vec<Reply> = Vec::with_capacity(limits.len());
-    for (limit, store) in limits.iter_mut().zip(stores.iter()) {
-        replies.push(limit.decide(&**store, now_us)?);
-    }
-    let denied_by = replies.iter().position(|r| !r.allowed).map_or(0, |i| i + 1);
-    if denied_by == 0 {
-        // A store refuses a write before changing anything (e.g. out of memory), and every store
-        // of one call refuses alike, so either all limits are written or none.
-        for (limit, store) in limits.iter().zip(stores.iter_mut()) {
-            limit.commit(&mut **store)?;
-        }
-    } else {
-        for ((reply, limit), store) in replies.iter_mut().zip(limits.iter()).zip(stores.iter()) {
-            if reply.allowed {
-                *reply = limit.peek(&**store, now_us)?;
-            }
-        }
-    }
-    Ok(AllReply {
-        allowed: denied_by == 0,
-        denied_by,
-        replies,
-    })
 }
 
 #[cfg(test)]

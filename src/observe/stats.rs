@@ -1,14 +1,15 @@
-//! What every call came to, seen from the one place every command goes through
-//! (`binding::entry`): `observe` gets the command, the key the outcome is about and the outcome.
-//! Today it keeps the per-command counters of the module's INFO section; a per-key view (the
-//! most-denied keys) attaches here too.
+//! What every call came to, seen from the one place every command goes through (the binding's
+//! entry point): `observe` gets the command's counters and name, the key the outcome is about
+//! and the outcome. It keeps the per-command counters of the module's INFO section and feeds the
+//! most-denied keys (`top`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError};
 
-use crate::command::descriptor::Descriptor;
-use crate::error::ErrorReply;
-use crate::top::Top;
+use std::ffi::CStr;
+
+use crate::codec::error::ErrorReply;
+use crate::observe::top::Top;
 
 /// The kinds of error replies, as INFO counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,19 +108,20 @@ pub fn with_top<R>(f: impl FnOnce(&mut Top) -> R) -> R {
 /// the time (Unix ms), read only when needed: a limit's denial (`is_limit`) counts for the
 /// most-denied keys.
 pub fn observe<'a>(
-    command: &Descriptor,
+    stats: &CommandStats,
+    command: &'static CStr,
     key: impl FnOnce() -> Option<&'a [u8]>,
     now_ms: impl FnOnce() -> i64,
     outcome: Outcome,
     is_limit: bool,
 ) {
-    command.stats.record(outcome);
+    stats.record(outcome);
     if outcome == Outcome::Denied && is_limit {
         with_top(|top| {
             if top.slots() > 0
                 && let Some(key) = key()
             {
-                top.denied(key, command.name, now_ms());
+                top.denied(key, command, now_ms());
             }
         });
     }
@@ -176,7 +178,7 @@ mod tests {
     fn errors_are_counted_by_kind() {
         let s = CommandStats::new();
         for e in [
-            crate::error::WRONGTYPE,
+            crate::codec::error::WRONGTYPE,
             ErrorReply(c"ERR corrupt rate limiter state: field 'ts' is not a valid timestamp"),
             ErrorReply(c"OOM command not allowed when used memory > 'maxmemory'."),
             ErrorReply(c"ERR cost must be an integer"),

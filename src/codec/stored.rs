@@ -1,7 +1,7 @@
 //! Checks applied to stored numbers when they are read back, by the module and the Lua twins
 //! alike. A field that fails a check is reported, never repaired or overwritten.
 
-use crate::number::{parse_decimal, parse_integer};
+use crate::codec::number::{parse_decimal, parse_integer};
 
 /// Stored timestamps are integer microseconds below 2^53, exact in a double.
 pub const MAX_TIMESTAMP_US: f64 = 9_007_199_254_740_992.0;

@@ -1,0 +1,110 @@
+//! Module load: the load arguments, the module APIs the commands need, then every command, its
+//! ACL category, the module's config, its INFO section and, for tests, the test clock.
+
+use std::ffi::{CString, c_int};
+
+use redis_module::raw::{self, RedisModuleCtx};
+use redis_module::{Context, ModuleOptions, RedisString, Status};
+
+use crate::binding::entry::Command;
+use crate::binding::{acl, api, clock, commands, config, docs, info, required};
+
+fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
+    let create = api::api!(RedisModule_CreateCommand).map_err(|e| e.message().to_string())?;
+    let d = cmd.descriptor;
+    let (first, last, step) = d.key_range();
+    // Registered in lower case, as Redis names its own commands: Redis's arity error quotes the
+    // registered name, and ours quote the same.
+    let name = CString::new(d.name.to_bytes().to_ascii_lowercase()).map_err(|e| e.to_string())?;
+    // SAFETY: valid load-time context; name and flags are NUL-terminated, Redis copies the name.
+    let status = unsafe {
+        create(
+            ctx,
+            name.as_ptr(),
+            Some(cmd.handler),
+            d.flags.as_ptr(),
+            first,
+            last,
+            step,
+        )
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!("could not register {}", d.name.to_string_lossy()));
+    }
+    docs::set(ctx, d)
+}
+
+/// Module load: validates the load arguments, then registers the commands.
+pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
+    let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let (top_slots, rest) = match config::load_argument(&raw_args) {
+        Ok(found) => found,
+        Err(e) => {
+            ctx.log_warning(&format!("ratelimit: refusing to load: {e}"));
+            return Status::Err;
+        }
+    };
+    let mut test_clock = false;
+    for arg in rest {
+        if arg.eq_ignore_ascii_case(b"TESTCLOCK") {
+            test_clock = true;
+        } else {
+            ctx.log_warning(&format!(
+                "ratelimit: refusing to load: unknown argument '{}' (the arguments are top-slots N and, for tests, TESTCLOCK)",
+                String::from_utf8_lossy(arg)
+            ));
+            return Status::Err;
+        }
+    }
+    // Every API a command calls must be there: refuse now, naming them, rather than answer
+    // every call with an error later.
+    let mut needed = required::required();
+    if test_clock {
+        needed.extend(required::test_clock());
+    }
+    if let Some(missing) = required::missing(&needed) {
+        ctx.log_warning(&format!(
+            "ratelimit: refusing to load: this server lacks module APIs the commands call: {missing}"
+        ));
+        return Status::Err;
+    }
+    if let Some(absent) = required::missing(&required::optional()) {
+        ctx.log_notice(&format!(
+            "ratelimit: optional module APIs absent, done without: {absent}"
+        ));
+    }
+    // Keys are signalled as modified only when a call really writes them; a denial is a read.
+    ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+
+    // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category.
+    let mut result = acl::add_category(ctx).and_then(|acl| {
+        commands::all_commands().try_for_each(|cmd| {
+            register(ctx.ctx, &cmd).and_then(|()| acl.assign(ctx.ctx, cmd.descriptor))
+        })
+    });
+    // The operator command, outside the limiters' ACL category.
+    if result.is_ok() {
+        result = register(ctx.ctx, &commands::TOP);
+    }
+    if result.is_ok() {
+        result = config::register(ctx.ctx, top_slots);
+    }
+    if result.is_ok() {
+        result = info::register(ctx.ctx).map_err(str::to_string);
+    }
+    if test_clock && result.is_ok() {
+        ctx.log_warning(
+            "ratelimit: TESTCLOCK is on: time stands still until RL.TESTCLOCK moves it",
+        );
+        result = clock::enable_test_clock(ctx.ctx)
+            .map_err(str::to_string)
+            .and_then(|()| register(ctx.ctx, &commands::TEST_CLOCK));
+    }
+    match result {
+        Ok(()) => Status::Ok,
+        Err(e) => {
+            ctx.log_warning(&format!("ratelimit: refusing to load: {e}"));
+            Status::Err
+        }
+    }
+}

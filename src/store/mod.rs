@@ -1,0 +1,148 @@
+//! Storage: what a limiter key holds (`Slot`), what a decision changes in it (`Effect`), and
+//! the `Store` trait a storage layer implements over one open key: the Redis binding over the
+//! module key API, the differential tests over an in-memory keyspace. The pipelines that read,
+//! decide and write through it sit beside each other, one per shape of stored state:
+//!
+//! - `string`: limiters whose state is a few numbers in one string (buckets, windows, GCRA).
+//! - `zset`: limiters whose state is a sorted set (the sliding log, concurrency leases).
+//! - `all`: several limits of either shape decided at one instant, written all or none.
+//!
+//! No Redis types here, and nothing of the commands that call it.
+
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::AtomicPtr;
+
+use crate::codec::error::ErrorReply;
+use crate::core::{Operation, Reply};
+
+pub mod all;
+pub mod string;
+pub mod zset;
+
+/// A field name of the earlier hash layout. `handle` is a slot where a storage layer may keep
+/// its own representation of the name (the Redis binding keeps a `RedisModuleString` there,
+/// created once).
+pub struct FieldName {
+    pub name: &'static CStr,
+    pub handle: AtomicPtr<c_void>,
+}
+
+impl FieldName {
+    pub const fn new(name: &'static CStr) -> Self {
+        Self {
+            name,
+            handle: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+}
+
+/// What a limiter key holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot<'a> {
+    Empty,
+    /// A string: the stored value.
+    Value(&'a [u8]),
+    /// A hash: the layout of release 0.1 (`Store::legacy_fields` reads it).
+    Hash,
+    /// A sorted set (`Store::zset_*` read it).
+    Zset,
+    /// Any other type.
+    WrongType,
+}
+
+/// The entries of a sorted set to add after removing old ones: `count` members
+/// `<score>:<first_index>` .. `<score>:<first_index + count - 1>`, all at `score`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Entries {
+    /// Remove the entries with a score up to and including this one first.
+    pub trim_up_to: Option<f64>,
+    pub score: f64,
+    pub first_index: i64,
+    pub count: i64,
+}
+
+/// What a decision changes in its key, with the key's new absolute expiry (Unix milliseconds).
+/// A store applies it and propagates exactly it to replicas and the AOF.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Effect<'a> {
+    /// The key becomes this string, whatever it held: `SET key value PXAT ms`.
+    Set { value: &'a [u8], expire_at_ms: i64 },
+    /// Entries leave and join a sorted set: `ZREMRANGEBYSCORE key -inf trim` (when some left),
+    /// `ZADD key score member ...`, and `PEXPIREAT key ms` when the expiry moves.
+    Append { entries: Entries, expire_at_ms: i64 },
+    /// The newest `count` entries of a sorted set leave, after the entries up to `trim_up_to`:
+    /// `ZREMRANGEBYSCORE key -inf trim` (when some left), `ZREMRANGEBYRANK key -count -1`, and
+    /// `PEXPIREAT key ms` when the expiry moves; none when the set is left empty (it is gone).
+    Pop {
+        trim_up_to: Option<f64>,
+        count: i64,
+        expire_at_ms: Option<i64>,
+    },
+    /// One lease of a sorted set is added, moved or removed, after the expired ones leave:
+    /// `ZREMRANGEBYSCORE key -inf trim` (when some expired), `ZADD key expiry id` (or `ZREM key
+    /// id` when `expiry` is `None`), and `PEXPIREAT key ms` when the expiry moves. No expiry is
+    /// set when the set is left empty (the key is then gone).
+    Lease {
+        trim_up_to: Option<f64>,
+        id: &'a [u8],
+        expiry: Option<f64>,
+        expire_at_ms: Option<i64>,
+    },
+}
+
+/// Called with an entry's member and score; an error stops the read.
+pub type EntryVisitor<'a> = dyn FnMut(&[u8], f64) -> Result<(), ErrorReply> + 'a;
+
+/// One open key of a storage layer: read as any limiter needs, written through effects.
+pub trait Store {
+    fn read(&self) -> Result<Slot<'_>, ErrorReply>;
+    /// The named fields of a hash key (`None` where a field is absent), into `out`.
+    fn legacy_fields(
+        &self,
+        names: &[&'static FieldName],
+        out: &mut [Option<Vec<u8>>],
+    ) -> Result<(), ErrorReply>;
+    /// Entries of a sorted set (0 for any other key).
+    fn zset_len(&self) -> Result<i64, ErrorReply>;
+    /// Entries of a sorted set with `min < score <= max` (`min <= score` when `min_inclusive`).
+    fn zset_count(&self, min: f64, min_inclusive: bool, max: f64) -> Result<i64, ErrorReply>;
+    /// Visits the entry `rank` places before the last one in Redis order (score, then member
+    /// bytes): 0 is the last. `false` when there is no such entry.
+    fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply>;
+    /// The score of a member of a sorted set (`None` when absent, or for any other key).
+    fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply>;
+    /// Applies the effect and propagates exactly it; refuses (changing nothing) when the
+    /// server is out of memory.
+    fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply>;
+}
+
+/// Writes the member name `<score>:<index>` into `out` (cleared first). Scores are integers.
+pub fn member_name(score: f64, index: i64, out: &mut Vec<u8>) {
+    use std::io::Write;
+    out.clear();
+    let _ = write!(out, "{}:{}", crate::core::lua_integer(score), index);
+}
+
+/// A parsed call: the limiter's parameters, and what the call asks of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request<P> {
+    pub params: P,
+    pub op: Operation,
+}
+
+/// Opens the key of a call once its arguments have parsed (a call with bad arguments never
+/// touches its key).
+pub trait OpenStore {
+    fn open(&mut self) -> Result<&mut dyn Store, ErrorReply>;
+}
+
+/// One limit of a multi-limit call: its parsed request and, once decided, what it read and its
+/// pending write.
+pub trait Limit {
+    /// Reads the limit's key and decides the call's operation; the write is kept until `commit`.
+    fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply>;
+    /// The reply this limit gives to a peek (used when another limit denied the call), from what
+    /// `decide` read.
+    fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply>;
+    fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply>;
+}
