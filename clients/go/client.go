@@ -387,7 +387,7 @@ func (c *Client) call(ctx context.Context, command, script string, multi bool, k
 func (c *Client) callOne(ctx context.Context, key string, a Algorithm, cost int64,
 	lease string) (Decision, Mode, error) {
 	args := a.Params()
-	if _, ok := concurrencyOf(a); ok && lease != "" {
+	if _, ok := concurrencyOf(a); ok {
 		args = append(args, lease)
 	} else {
 		args = append(args, integer(cost))
@@ -417,7 +417,7 @@ func limitArgs(limits []Limit) ([]string, []string) {
 func (c *Client) callAll(ctx context.Context, limits []Limit, cost int64,
 	lease string) (MultiOutcome, error) {
 	keys, args := limitArgs(limits)
-	if lease != "" {
+	if hasConcurrency(limits) {
 		args = append(args, "LEASE", lease)
 	}
 	args = append(args, "COST", integer(cost))

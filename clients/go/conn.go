@@ -22,7 +22,11 @@ import (
 //			return nil, err
 //		}
 //		defer c.Close()
-//		return redis.DoContext(c, ctx, args[0].(string), args[1:]...)
+//		var timeout time.Duration // 0: the connection's own read timeout
+//		if d, ok := ctx.Deadline(); ok {
+//			timeout = time.Until(d)
+//		}
+//		return redis.DoWithTimeout(c, timeout, args[0].(string), args[1:]...)
 //	}
 //
 // and a go-redis client (github.com/redis/go-redis/v9: *redis.Client, *redis.ClusterClient or
