@@ -131,7 +131,13 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/binding");
         let mut used = Vec::new();
         for entry in std::fs::read_dir(dir).unwrap() {
-            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            let path = entry.unwrap().path();
+            // The allocator reads `RedisModule_Alloc` only to tell whether it runs inside Redis
+            // (and uses the system allocator when it does not).
+            if path.ends_with("allocator.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
             for (i, _) in text.match_indices("RedisModule_") {
                 let name: String = text[i..]
                     .chars()
