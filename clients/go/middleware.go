@@ -435,24 +435,36 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		}()
 	}
 	report := &costReport{}
-	lw := &limitedWriter{ResponseWriter: w}
-	lw.finalize = func(h http.Header) {
+	settled := false
+	// Settles the reported cost, once: when the response's header is about to leave, else
+	// (reported after the first write) when the handler has returned.
+	settleReported := func() {
 		report.mu.Lock()
 		set, actual := report.set, report.units
 		report.mu.Unlock()
-		if set && actual != estimate {
-			m.settle(ePolicies, eLimits, estimate, actual, &outcome)
-			for k := range shadowed {
-				if s := &shadowed[k]; s.consumed {
-					i := s.index
-					m.settle(policies[i:i+1], limits[i:i+1], estimate, actual, &s.outcome)
-				}
+		if settled || !set {
+			return
+		}
+		settled = true
+		if actual == estimate {
+			return
+		}
+		m.settle(ePolicies, eLimits, estimate, actual, &outcome)
+		for k := range shadowed {
+			if s := &shadowed[k]; s.consumed {
+				i := s.index
+				m.settle(policies[i:i+1], limits[i:i+1], estimate, actual, &s.outcome)
 			}
 		}
+	}
+	lw := &limitedWriter{ResponseWriter: w}
+	lw.finalize = func(h http.Header) {
+		settleReported()
 		fields(h, outcome, shadowed)
 	}
 	next.ServeHTTP(lw, r.WithContext(context.WithValue(ctx, costKey{}, report)))
 	lw.finish()
+	settleReported()
 }
 
 // settle settles the request's estimate with its actual cost on every limit but the

@@ -1,0 +1,241 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+
+	"redis-rate-limiter/ratelimit"
+)
+
+// What happens when Redis cannot answer: killed and restarted under each failure policy, hung
+// (the breaker and the context's deadline), and the refusals that are errors and never a
+// failure policy's answer.
+
+var slowBucket = ratelimit.TokenBucket{Capacity: 10, RefillPerSec: 0.0001}
+
+type seen struct {
+	allowed   bool
+	remaining int64
+	limit     int64
+}
+
+func TestRedisKilledAndRestartedUnderEachPolicy(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		policy   ratelimit.FailurePolicy
+		degraded ratelimit.Degraded
+		down     []seen
+	}{
+		{ratelimit.FailOpen, ratelimit.DegradedFailOpen,
+			[]seen{{true, 10, 10}, {true, 10, 10}, {true, 10, 10}, {true, 10, 10}, {true, 10, 10},
+				{true, 10, 10}, {true, 10, 10}}},
+		{ratelimit.FailClosed, ratelimit.DegradedFailClosed,
+			[]seen{{false, 0, 10}, {false, 0, 10}, {false, 0, 10}, {false, 0, 10}, {false, 0, 10},
+				{false, 0, 10}, {false, 0, 10}}},
+		// Two instances share the limit: 5 here, from a full bucket.
+		{ratelimit.Local(2), ratelimit.DegradedLocal,
+			[]seen{{true, 4, 5}, {true, 3, 5}, {true, 2, 5}, {true, 1, 5}, {true, 0, 5},
+				{false, 0, 5}, {false, 0, 5}}},
+	} {
+		t.Run(c.policy.String(), func(t *testing.T) {
+			port := freePort()
+			s := start(t, serverOpts{module: true, port: port})
+			l := ratelimit.NewLimiter(client(s, ratelimit.Options{Policy: c.policy,
+				Breaker: ratelimit.BreakerConfig{Failures: 1, Cooldown: 200 * time.Millisecond}}), slowBucket)
+			for _, want := range []int64{9, 8, 7} {
+				o, err := l.Check(ctx, "k")
+				if err != nil || o.Degraded != ratelimit.NotDegraded || o.Decision.Remaining != want {
+					t.Fatalf("%+v %v", o, err)
+				}
+			}
+			s.kill()
+			var got []seen
+			for i := 0; i < 7; i++ {
+				o, err := l.Check(ctx, "k")
+				if err != nil || o.Degraded != c.degraded || o.Mode != 0 {
+					t.Fatalf("%+v %v", o, err)
+				}
+				got = append(got, seen{o.Decision.Allowed, o.Decision.Remaining, o.Decision.Limit})
+			}
+			if !equalSeen(got, c.down) {
+				t.Fatalf("while down: %v, want %v", got, c.down)
+			}
+			if !l.Client().BreakerOpen() {
+				t.Fatal("the breaker is closed while Redis is down")
+			}
+			// A server again on the same port: the client finds it by itself.
+			start(t, serverOpts{module: true, port: port})
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				o, err := l.Check(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if o.Degraded == ratelimit.NotDegraded {
+					// A fresh server without persistence: a new bucket.
+					if o.Decision.Remaining != 9 || o.Mode != ratelimit.ModeModule {
+						t.Fatalf("%+v", o)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("never back on Redis")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if l.Client().BreakerOpen() {
+				t.Fatal("the breaker stays open once Redis answers")
+			}
+		})
+	}
+}
+
+func equalSeen(a, b []seen) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// A server that stops answering (SIGSTOP) costs the timeout only until the breaker opens; then
+// calls are answered at once, and after the cooldown one trial finds the server back. A
+// deadline of the caller's context that comes before the timeout is kept.
+func TestTheBreakerSparesTheTimeoutOfAHungServer(t *testing.T) {
+	ctx := context.Background()
+	s := start(t, serverOpts{module: true})
+	l := ratelimit.NewLimiter(client(s, ratelimit.Options{Timeout: 100 * time.Millisecond,
+		Breaker: ratelimit.BreakerConfig{Failures: 3, Cooldown: 500 * time.Millisecond}}), slowBucket)
+	if o, err := l.Check(ctx, "k"); err != nil || o.Degraded != ratelimit.NotDegraded || o.Decision.Remaining != 9 {
+		t.Fatalf("%+v %v", o, err)
+	}
+	if err := s.signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.signal(syscall.SIGCONT) }()
+	// The context's deadline (30 ms) comes before the timeout (100 ms).
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	began := time.Now()
+	o, err := l.Check(short, "k")
+	cancel()
+	if took := time.Since(began); err != nil || o.Degraded != ratelimit.DegradedFailOpen ||
+		took < 25*time.Millisecond || took > 90*time.Millisecond {
+		t.Fatalf("%+v %v in %v", o, err, took)
+	}
+	for i := 0; i < 2; i++ {
+		began := time.Now()
+		o, err := l.Check(ctx, "k")
+		if took := time.Since(began); err != nil || o.Degraded != ratelimit.DegradedFailOpen ||
+			took < 95*time.Millisecond || took > time.Second {
+			t.Fatalf("call %d: %+v %v in %v", i, o, err, took)
+		}
+	}
+	if !l.Client().BreakerOpen() {
+		t.Fatal("three failures and the breaker is closed")
+	}
+	for i := 0; i < 20; i++ {
+		began := time.Now()
+		o, err := l.Check(ctx, "k")
+		if took := time.Since(began); err != nil || o.Degraded != ratelimit.DegradedFailOpen ||
+			took > 50*time.Millisecond {
+			t.Fatalf("open breaker, call %d: %+v %v in %v", i, o, err, took)
+		}
+	}
+	if err := s.signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(550 * time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		o, err := l.Check(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Degraded == ratelimit.NotDegraded {
+			if o.Mode != ratelimit.ModeModule || o.Decision.Remaining > 8 {
+				t.Fatalf("%+v", o)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never recovered")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if l.Client().BreakerOpen() {
+		t.Fatal("the breaker is open after a success")
+	}
+}
+
+// A caller that gives up (a cancelled context, such as an HTTP client gone away) gets the
+// policy's answer, and its impatience is not held against Redis.
+func TestACancelledCallerDoesNotTripTheBreaker(t *testing.T) {
+	s := start(t, serverOpts{module: true})
+	l := ratelimit.NewLimiter(client(s, ratelimit.Options{Policy: ratelimit.FailClosed,
+		Breaker: ratelimit.BreakerConfig{Failures: 1, Cooldown: time.Hour}}), slowBucket)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	o, err := l.Check(ctx, "k")
+	if err != nil || o.Degraded != ratelimit.DegradedFailClosed {
+		t.Fatalf("%+v %v", o, err)
+	}
+	if l.Client().BreakerOpen() {
+		t.Fatal("a cancelled caller opened the breaker")
+	}
+	o, err = l.Check(context.Background(), "k")
+	if err != nil || o.Degraded != ratelimit.NotDegraded || o.Decision.Remaining != 9 {
+		t.Fatalf("%+v %v", o, err)
+	}
+}
+
+// assertRefused: an error naming the refusal, three times, never a policy's answer, and the
+// breaker stays closed (the server answered).
+func assertRefused(t *testing.T, l *ratelimit.Limiter, code string) {
+	t.Helper()
+	for i := 0; i < 3; i++ {
+		o, err := l.Check(context.Background(), "k")
+		var rejected *ratelimit.RejectedError
+		if !errors.As(err, &rejected) || rejected.Code() != code ||
+			!strings.HasPrefix(err.Error(), "rejected by redis: "+code+" ") {
+			t.Fatalf("%s: %+v %v", code, o, err)
+		}
+	}
+	if l.Client().BreakerOpen() {
+		t.Fatalf("%s tripped the breaker", code)
+	}
+}
+
+func moduleMode() ratelimit.Options {
+	return ratelimit.Options{Policy: ratelimit.FailOpen, Mode: ratelimit.ChooseModule}
+}
+
+func TestRefusalsAreErrorsNotFailOpen(t *testing.T) {
+	s := start(t, serverOpts{module: true})
+	a := admin(t, s)
+	must(t, a, "ACL", "SETUSER", "reader", "on", ">pw", "~*", "+get")
+	reader := ratelimit.New(Redigo{pool(s.addr(), redis.DialUsername("reader"),
+		redis.DialPassword("pw"))}, moduleMode())
+	assertRefused(t, ratelimit.NewLimiter(reader, slowBucket), "NOPERM")
+
+	replica := start(t, serverOpts{module: true})
+	must(t, admin(t, replica), "REPLICAOF", "127.0.0.1", s.port)
+	assertRefused(t, ratelimit.NewLimiter(client(replica, moduleMode()), slowBucket), "READONLY")
+
+	must(t, a, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	must(t, a, "CONFIG", "SET", "maxmemory", "1")
+	assertRefused(t, ratelimit.NewLimiter(client(s, moduleMode()), slowBucket), "OOM")
+	must(t, a, "CONFIG", "SET", "maxmemory", "0")
+
+	must(t, a, "CONFIG", "SET", "requirepass", "secret")
+	assertRefused(t, ratelimit.NewLimiter(client(s, moduleMode()), slowBucket), "NOAUTH")
+}
