@@ -4,9 +4,10 @@ MODULE := target/release/libredis_rate_limiter.so
 CARGO ?= cargo
 
 # Debian packages: the server and CLI tools, libclang for redis-module's bindgen, headless
-# Chromium with its WebDriver for the demo's browser test, and Go with redigo for the Go example.
+# Chromium with its WebDriver for the demo's browser test, and Go with redigo and redisc for the
+# Go package's tests (clients/go).
 APT_PACKAGES := redis-server redis-tools libclang-dev chromium chromium-driver golang-go \
-	golang-github-gomodule-redigo-dev
+	golang-github-gomodule-redigo-dev golang-github-mna-redisc-dev
 
 # The demo: a redis-server with the module on DEMO_REDIS_PORT, the web page on DEMO_PORT.
 DEMO_PORT ?= 8080
@@ -25,6 +26,7 @@ deps:
 	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
 	command -v go >/dev/null 2>&1 || missing="$$missing golang-go"; \
 	[ -d /usr/share/gocode/src/github.com/gomodule/redigo ] || missing="$$missing redigo"; \
+	[ -d /usr/share/gocode/src/github.com/mna/redisc ] || missing="$$missing redisc"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
@@ -159,6 +161,54 @@ bench: deps
 # snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).
 dist: build
 	@bash dist/pack.sh $(MODULE) $(TARGET_DIR)/dist
+
+# The Go package (clients/go, standard library only): gofmt, go vet and its unit tests, then
+# its suite against servers it starts itself (clients/go/tests: the conformance table in the
+# three modes, 200 racing goroutines, Redis killed and restarted under each failure policy, a
+# hung server, refusals, a 3-master cluster, the middleware over TCP, the examples) on every
+# server of the matrix, built once; under the race detector on Redis 7.0 only, as the detector
+# checks the package's goroutines, which are the same whatever the server. Offline: Debian's
+# Go 1.19, redigo and redisc (whose sources have no go.mod: one is written beside a copy in
+# clients/go/tests/.deps), no module proxy. `make go-generate` refreshes the package's copy of
+# lua-reference/, which its tests compare with the source.
+GO := go
+GO_ENV := GOPROXY=off GOSUMDB=off GOFLAGS=-mod=readonly
+GO_BIN := $(TARGET_DIR)/go
+REDISC_SRC := /usr/share/gocode/src/github.com/mna/redisc
+RL_MODULE_DEBUG := $(TARGET_DIR)/debug/libredis_rate_limiter.so
+
+.PHONY: test-go go-generate test-conformance-rust
+
+go-generate: deps
+	cd clients/go && $(GO_ENV) $(GO) generate ./...
+
+test-go: deps servers
+	$(CARGO) build -p redis-rate-limiter
+	@rm -rf clients/go/tests/.deps && mkdir -p clients/go/tests/.deps/redisc $(GO_BIN)
+	@cp $$(ls $(REDISC_SRC)/*.go | grep -v '_test\.go$$') clients/go/tests/.deps/redisc/
+	@printf 'module github.com/mna/redisc\n\ngo 1.16\n' > clients/go/tests/.deps/redisc/go.mod
+	@unformatted=$$(gofmt -l clients/go/*.go clients/go/tests/*.go); \
+	if [ -n "$$unformatted" ]; then echo "gofmt: $$unformatted"; exit 1; fi
+	cd clients/go && $(GO_ENV) $(GO) vet ./... && $(GO_ENV) $(GO) test -count=1 ./...
+	cd clients/go/tests && $(GO_ENV) $(GO) vet ./... && \
+		$(GO_ENV) $(GO) test -c -o $(GO_BIN)/ratelimit-tests.test . && \
+		$(GO_ENV) $(GO) test -c -race -o $(GO_BIN)/ratelimit-tests-race.test .
+	@for s in $(MATRIX); do \
+		bin=ratelimit-tests.test; [ $$s = redis-7.0 ] && bin=ratelimit-tests-race.test; \
+		echo "== Go suite on $$s ($$bin)"; \
+		(cd clients/go/tests && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
+			$(GO_BIN)/$$bin -test.count=1) || exit 1; \
+	done
+
+# The Rust crate's replay of the same conformance table, on each server of SERVERS in turn
+# (about 1 s each once built).
+test-conformance-rust: servers
+	$(CARGO) build -p redis-rate-limiter
+	@for s in $(SERVERS); do \
+		echo "== conformance table (Rust) on $$s"; \
+		RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
+			$(CARGO) test -p ratelimit-client --test conformance || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs each example (Python, Node.js, Go) against a server with the module and against one
-# without it (the Lua path); each must print exactly examples/expected.txt, whose first line
-# names the path taken.
+# Runs each example (Python, Node.js) against a server with the module and against one without
+# it (the Lua path); each must print exactly examples/expected.txt, whose first line names the
+# path taken. Go's examples are the Go package's own (clients/go/tests/example_test.go, run by
+# make test-go).
 #
 #   examples/run.sh [MODULE.so]      (RL_REDIS_SERVER picks the server binary)
 set -euo pipefail
@@ -20,15 +21,13 @@ cleanup() {
 trap cleanup EXIT
 
 # The language dependencies, each pinned: redis-py from PyPI, node-redis from npm (its lock
-# file), redigo from Debian (make deps installs it with golang-go).
+# file).
 venv=$root/.examples/venv
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -c 'import redis' 2>/dev/null || "$venv/bin/pip" install -q redis==8.1.0
 (cd "$root/examples/node" && [ -d node_modules ] || npm ci --no-audit --no-fund --silent)
-GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$work/gocache \
-  go build -o "$work/seed-go" "$root/examples/go/seed.go"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 start() {
@@ -50,11 +49,10 @@ failed=0
 for path in module lua; do
   port=$with; [ "$path" = lua ] && port=$without
   expected=$(sed "1s/.*/path: $path/" "$root/examples/expected.txt")
-  for example in python node go; do
+  for example in python node; do
     case $example in
       python) cmd=("$venv/bin/python" "$root/examples/python/seed.py") ;;
       node) cmd=(node "$root/examples/node/seed.js") ;;
-      go) cmd=("$work/seed-go") ;;
     esac
     got=$(REDIS_URL="redis://127.0.0.1:$port" "${cmd[@]}" 2>&1) || true
     if [ "$got" = "$expected" ]; then
