@@ -1,0 +1,384 @@
+"""The part of the clients that does no I/O, shared by the synchronous and the asyncio client.
+
+Every exchange with Redis is written once, as a generator that yields the commands to send and
+receives their replies (or has the error raised into it): the synchronous client drives it with
+``redis.Redis.execute_command``, the asyncio one with ``await redis.asyncio.Redis.execute_command``.
+What to answer with the reply, or without one (the failure policy, the breaker, the in-process
+buckets), is decided here too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import threading
+from collections.abc import Generator, Sequence
+from typing import Any, TypeVar
+
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from ._breaker import Breaker
+from ._local import LocalLeases, LocalLimiter
+from ._scripts import LIBRARY_NAME, SCRIPTS, function_name
+from ._types import (
+    Decision,
+    Degraded,
+    FailClosed,
+    FailOpen,
+    Local,
+    Mode,
+    ModeChoice,
+    MultiOutcome,
+    Options,
+    Outcome,
+    Rejected,
+    Settlement,
+    TopEntry,
+    Unsupported,
+)
+from .algorithms import Algorithm, Concurrency
+
+T = TypeVar("T")
+
+#: A command: the arguments of ``execute_command``.
+Call = tuple[Any, ...]
+#: An exchange with Redis: yields commands, receives replies, returns its answer.
+Exchange = Generator[Call, Any, T]
+
+#: Limits checked, settled or leased together: (key, algorithm) pairs.
+Limits = Sequence[tuple[str, Algorithm]]
+
+#: Error codes that are an answer about the call, returned to the caller as :class:`Rejected`:
+#: errors about the call itself, and refusals that asking again cannot fix and that failing open
+#: would hide (the user may not run the command, is not authenticated, the server is full, the
+#: address is a replica). Any other failure (I/O, timeouts, LOADING, CLUSTERDOWN, MASTERDOWN,
+#: TRYAGAIN, BUSY...) means Redis could not decide.
+REJECTED_CODES = frozenset(
+    {"ERR", "WRONGTYPE", "CROSSSLOT", "NOPERM", "NOAUTH", "WRONGPASS", "OOM", "READONLY"}
+)
+
+
+class UnexpectedReply(Exception):
+    """A reply of another shape than the command's: counted as Redis not deciding."""
+
+
+class Failure(Exception):
+    """Redis did not decide (the failure policy answers)."""
+
+
+def error_code(e: BaseException) -> str | None:
+    """The code of an error reply (``ERR``, ``WRONGTYPE``, ``NOPERM``...), or ``None`` for an
+    error that is no reply (I/O, timeout)."""
+    if isinstance(e, RedisError):
+        code = getattr(e, "status_code", None)
+        if isinstance(code, str) and code:
+            return code
+        if isinstance(e, ResponseError):
+            first = str(e).split(" ", 1)[0]
+            if first and first.isupper():
+                return first
+    return None
+
+
+def error_message(e: BaseException) -> str:
+    """Redis's error as the server sent it, its code first."""
+    code = getattr(e, "status_code", None)
+    text = str(e)
+    if isinstance(code, str) and code and not text.startswith(code):
+        return f"{code} {text}" if text else code
+    return text
+
+
+def classify(e: BaseException) -> Rejected | None:
+    """The :class:`Rejected` error for an answer about the call, ``None`` when Redis could not
+    decide."""
+    code = error_code(e)
+    if code is not None and code in REJECTED_CODES:
+        return Rejected(error_message(e))
+    return None
+
+
+_PREFIX = secrets.token_hex(8)
+_COUNTER = itertools.count()
+_COUNTER_LOCK = threading.Lock()
+
+
+def new_lease_id() -> str:
+    """A lease id unique to this call: a random per-process prefix, the process id, a counter."""
+    with _COUNTER_LOCK:
+        n = next(_COUNTER)
+    return f"{_PREFIX}-{os.getpid():x}-{n:x}"
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise UnexpectedReply(repr(v))
+    return v
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, str):
+        return v
+    raise UnexpectedReply(repr(v))
+
+
+def parse_decision(v: Any) -> Decision:
+    if not isinstance(v, (list, tuple)) or len(v) != 5:
+        raise UnexpectedReply(repr(v))
+    allowed, remaining, retry, reset, limit = (_int(x) for x in v)
+    if remaining < 0 or reset < 0 or limit < 0:
+        raise UnexpectedReply(repr(v))
+    return Decision(allowed == 1, remaining, retry, reset, limit)
+
+
+def parse_multi(v: Any, n: int) -> tuple[bool, int, tuple[Decision, ...]]:
+    if not isinstance(v, (list, tuple)) or len(v) != n + 2:
+        raise UnexpectedReply(repr(v))
+    denied_by = _int(v[1])
+    if denied_by < 0:
+        raise UnexpectedReply(repr(v))
+    return _int(v[0]) == 1, denied_by, tuple(parse_decision(d) for d in v[2:])
+
+
+def parse_decisions(v: Any, n: int) -> tuple[Decision, ...]:
+    if not isinstance(v, (list, tuple)) or len(v) != n:
+        raise UnexpectedReply(repr(v))
+    return tuple(parse_decision(d) for d in v)
+
+
+def parse_top(v: Any) -> list[TopEntry]:
+    if not isinstance(v, (list, tuple)):
+        raise UnexpectedReply(repr(v))
+    entries = []
+    for e in v:
+        if not isinstance(e, (list, tuple)) or len(e) != 6:
+            raise UnexpectedReply(repr(e))
+        entries.append(
+            TopEntry(_text(e[0]), _int(e[1]), _int(e[2]), _text(e[3]), _int(e[4]), _int(e[5]))
+        )
+    return entries
+
+
+def limit_args(limits: Limits) -> list[str]:
+    """``ALGORITHM params...`` of every limit, as ``RL.ALL`` and ``RL.SETTLE`` take them."""
+    args: list[str] = []
+    for _, algo in limits:
+        args.append(algo.keyword)
+        args.extend(algo.params())
+    return args
+
+
+class Core:
+    """What a client keeps between calls and decides without Redis: the options, the mode once
+    known, the breaker, the in-process buckets and semaphores of the ``Local`` policy."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.mode: Mode | None = {
+            ModeChoice.AUTO: None,
+            ModeChoice.MODULE: Mode.MODULE,
+            ModeChoice.SCRIPT: Mode.SCRIPT,
+            ModeChoice.FUNCTION: Mode.FUNCTION,
+        }[options.mode]
+        self.breaker = Breaker(options.breaker)
+        self.local = LocalLimiter()
+        self.leases = LocalLeases()
+
+    # Exchanges with Redis ---------------------------------------------------------------------
+
+    def resolve_mode(self) -> Exchange[Mode]:
+        if self.mode is not None:
+            return self.mode
+        info = yield ("COMMAND INFO", "rl.all")
+        if not isinstance(info, (list, tuple)):
+            raise UnexpectedReply(repr(info))
+        if info and info[0] is not None:
+            mode = Mode.MODULE
+        elif (yield from self._has_library()):
+            mode = Mode.FUNCTION
+        else:
+            mode = Mode.SCRIPT
+        self.mode = mode
+        return mode
+
+    def _has_library(self) -> Exchange[bool]:
+        """Whether the ``ratelimit`` Functions library is loaded. A server that refuses to say
+        (an error reply, such as ``NOPERM`` for ``FUNCTION``) is taken to have none: the scripts
+        decide alike."""
+        try:
+            listed = yield ("FUNCTION LIST", "LIBRARYNAME", LIBRARY_NAME)
+        except RedisError as e:
+            if error_code(e) is not None:
+                return False
+            raise
+        if not isinstance(listed, (list, tuple)):
+            raise UnexpectedReply(repr(listed))
+        return len(listed) > 0
+
+    def invoke(self, command: str, keys: Sequence[str], args: Sequence[Any], numkeys: bool) -> Exchange[tuple[Any, Mode]]:
+        """``command`` in the mode in use: the module's command (``numkeys`` first for the
+        commands that take it), ``FCALL`` of the library, or ``EVALSHA`` of the script (``EVAL``
+        on ``NOSCRIPT``)."""
+        mode = yield from self.resolve_mode()
+        if mode is Mode.MODULE:
+            head: list[Any] = [command, len(keys)] if numkeys else [command]
+            reply = yield (*head, *keys, *args)
+        elif mode is Mode.FUNCTION:
+            reply = yield ("FCALL", function_name(command), len(keys), *keys, *args)
+        else:
+            script = SCRIPTS[command]
+            try:
+                reply = yield ("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                reply = yield ("EVAL", script.text, len(keys), *keys, *args)
+        return reply, mode
+
+    def call_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Exchange[tuple[Decision, Mode]]:
+        """One limit's command: the parameters, then the cost, or for a concurrency limit the
+        lease id (``RL.ACQUIRE`` takes no cost)."""
+        args = algo.params()
+        if isinstance(algo, Concurrency) and lease is not None:
+            args.append(lease)
+        else:
+            args.append(str(cost))
+        reply, mode = yield from self.invoke(algo.command, [key], args, numkeys=False)
+        return parse_decision(reply), mode
+
+    def call_release(self, key: str, lease_id: str) -> Exchange[int]:
+        reply, _ = yield from self.invoke("RL.RELEASE", [key], [lease_id], numkeys=False)
+        return _int(reply)
+
+    def call_all(self, limits: Limits, cost: int, lease: str | None) -> Exchange[tuple[tuple[bool, int, tuple[Decision, ...]], Mode]]:
+        args = limit_args(limits)
+        if lease is not None:
+            args += ["LEASE", lease]
+        args += ["COST", str(cost)]
+        keys = [k for k, _ in limits]
+        reply, mode = yield from self.invoke("RL.ALL", keys, args, numkeys=True)
+        return parse_multi(reply, len(limits)), mode
+
+    def call_settle(self, limits: Limits, delta: int) -> Exchange[tuple[tuple[Decision, ...], Mode]]:
+        args = limit_args(limits) + ["DELTA", str(delta)]
+        keys = [k for k, _ in limits]
+        reply, mode = yield from self.invoke("RL.SETTLE", keys, args, numkeys=True)
+        return parse_decisions(reply, len(limits)), mode
+
+    def call_top(self, count: int | None) -> Exchange[list[TopEntry] | None]:
+        """``RL.TOP count``, or ``RL.TOP RESET`` without a count; ``None`` when the mode in use
+        is not the module."""
+        mode = yield from self.resolve_mode()
+        if mode is not Mode.MODULE:
+            return None
+        if count is None:
+            yield ("RL.TOP", "RESET")
+            return []
+        return parse_top((yield ("RL.TOP", count)))
+
+    # Answers without Redis --------------------------------------------------------------------
+
+    def degraded_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> tuple[Decision, Degraded]:
+        o = self.options
+        policy = o.policy
+        if isinstance(policy, FailClosed):
+            retry = o.fail_closed_retry_ms
+            return Decision(False, 0, retry, retry, algo.quota), Degraded.FAIL_CLOSED
+        if isinstance(policy, Local):
+            if isinstance(algo, Concurrency):
+                d = self.leases.acquire(key, lease or "", algo, policy.instances, cost > 0)
+            else:
+                d = self.local.check(key, algo, policy.instances, cost)
+            return d, Degraded.LOCAL
+        assert isinstance(policy, FailOpen)
+        return Decision(True, algo.quota, 0, 0, algo.quota), Degraded.FAIL_OPEN
+
+    def degraded_outcome(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
+        decision, degraded = self.degraded_one(key, algo, cost, lease)
+        return Outcome(decision, degraded, None)
+
+    def degraded_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+        degraded = Degraded.FAIL_OPEN
+        # Peek first so that a denial consumes from none of the limits.
+        peeks: list[Decision] = []
+        for k, a in limits:
+            d, degraded = self.degraded_one(k, a, 0, lease)
+            peeks.append(d)
+        denier: int | None = None
+        for i, (d, (_, a)) in enumerate(zip(peeks, limits)):
+            if degraded is Degraded.FAIL_CLOSED:
+                refuses = True
+            elif isinstance(a, Concurrency):
+                # One slot whatever the cost; none taken by a peek.
+                refuses = cost > 0 and not d.allowed
+            else:
+                refuses = d.remaining < cost
+            if refuses:
+                denier = i
+                break
+        if denier is not None:
+            decisions = list(peeks)
+            k, a = limits[denier]
+            decisions[denier] = self.degraded_one(k, a, cost, lease)[0]
+        else:
+            decisions = [self.degraded_one(k, a, cost, lease)[0] for k, a in limits]
+        return MultiOutcome(
+            allowed=denier is None,
+            denied_by=0 if denier is None else denier + 1,
+            decisions=tuple(decisions),
+            degraded=degraded,
+            mode=None,
+        )
+
+    def degraded_settlement(self, limits: Limits) -> Settlement:
+        degraded = Degraded.FAIL_OPEN
+        decisions = []
+        for k, a in limits:
+            d, degraded = self.degraded_one(k, a, 0, None)
+            decisions.append(d)
+        return Settlement(tuple(decisions), degraded, None)
+
+    def local_settlement(self, limits: Limits, delta: int, instances: int) -> Settlement:
+        return Settlement(
+            tuple(self.local.adjust(k, a, instances, delta) for k, a in limits),
+            Degraded.LOCAL,
+            None,
+        )
+
+    def policy_settlement(self, limits: Limits, degraded: Degraded) -> Settlement:
+        return Settlement(tuple(self.degraded_one(k, a, 0, None)[0] for k, a in limits), degraded, None)
+
+
+def one_alone(limits: Limits, cost: int) -> bool:
+    """Whether ``limits`` go through their own command rather than ``RL.ALL``: one limit alone,
+    except a concurrency limit peeked at with cost 0, which only ``RL.ALL`` can do."""
+    return len(limits) == 1 and (cost > 0 or not isinstance(limits[0][1], Concurrency))
+
+
+def check_count(limits: Limits) -> None:
+    if not 1 <= len(limits) <= 16:
+        raise Unsupported("between 1 and 16 limits per call")
+
+
+def multi_of(o: Outcome) -> MultiOutcome:
+    return MultiOutcome(o.decision.allowed, 0 if o.decision.allowed else 1, (o.decision,), o.degraded, o.mode)
+
+
+def has_concurrency(limits: Limits) -> bool:
+    return any(isinstance(a, Concurrency) for _, a in limits)
+
+
+def settle_delta(actual: int, estimate: int) -> int:
+    return actual - estimate
+
+
+def renewal_answer(answer: Outcome | None, o: Outcome) -> Outcome:
+    """A renewal over several keys: the first denial, else the key with the fewest free slots."""
+    if answer is None:
+        return o
+    if not answer.decision.allowed:
+        return answer
+    if o.decision.allowed and answer.decision.remaining <= o.decision.remaining:
+        return answer
+    return o

@@ -1,0 +1,196 @@
+"""What every part of the package shares: decisions and outcomes, the modes, the options and
+failure policies, and the errors."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One limit's answer: the five fields every ``RL.*`` command replies."""
+
+    allowed: bool
+    #: Whole units left after this call.
+    remaining: int
+    #: 0 when allowed; when denied, milliseconds until this same cost would be admitted; -1 when
+    #: it never can be (a cost above the limit).
+    retry_after_ms: int
+    #: Milliseconds until the limiter is back to its idle state.
+    reset_after_ms: int
+    #: The configured limit.
+    limit: int
+
+
+class Mode(enum.Enum):
+    """How decisions are made on the server."""
+
+    #: The module's ``RL.*`` commands.
+    MODULE = "module"
+    #: ``EVALSHA`` of the ``lua-reference/`` scripts shipped in the package (``EVAL`` on
+    #: ``NOSCRIPT``, which loads them again).
+    SCRIPT = "script"
+    #: ``FCALL`` of the ``ratelimit`` Functions library, loaded on the server beforehand
+    #: (:func:`ratelimit_client.load_library`).
+    FUNCTION = "function"
+
+
+class ModeChoice(enum.Enum):
+    """Which :class:`Mode` to use."""
+
+    #: The module if ``COMMAND INFO rl.all`` knows it, else the Functions library if
+    #: ``FUNCTION LIST`` has it, else the scripts; detected on the first call that reaches Redis.
+    AUTO = "auto"
+    MODULE = "module"
+    SCRIPT = "script"
+    FUNCTION = "function"
+
+
+@dataclass(frozen=True, slots=True)
+class FailOpen:
+    """When Redis cannot answer: admit everything."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailClosed:
+    """When Redis cannot answer: deny everything (``retry_after_ms`` is
+    :attr:`Options.fail_closed_retry_ms`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """When Redis cannot answer: decide in process. A token bucket per key with the limit and
+    the rate divided by ``instances`` (the processes expected to share the limit); for a
+    concurrency limit, a counting semaphore per key with the limit divided alike and the same
+    lease expiry."""
+
+    instances: int = 1
+
+
+#: What to answer when Redis cannot (timeout, connection error, breaker open, ``LOADING``,
+#: ``CLUSTERDOWN``...).
+FailurePolicy = Union[FailOpen, FailClosed, Local]
+
+
+class Degraded(enum.Enum):
+    """Set on an outcome that did not come from Redis: which failure policy made it. The value
+    is the ``RateLimit-Degraded`` response field."""
+
+    FAIL_OPEN = "fail-open"
+    FAIL_CLOSED = "fail-closed"
+    LOCAL = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """A circuit breaker: after ``failures`` consecutive failures calls skip Redis for
+    ``cooldown`` seconds (the failure policy answers at once), then one trial call goes through."""
+
+    failures: int = 3
+    cooldown: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    #: Budget of one call to Redis in seconds, mode detection included (the asyncio client
+    #: bounds the whole call; the synchronous one each round trip, see docs/python.md).
+    timeout: float = 0.1
+    policy: FailurePolicy = field(default_factory=FailOpen)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    mode: ModeChoice = ModeChoice.AUTO
+    #: ``retry_after_ms`` reported by :class:`FailClosed`.
+    fail_closed_retry_ms: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The answer for one limit."""
+
+    decision: Decision
+    #: Set when Redis was not asked or did not answer in time.
+    degraded: Degraded | None
+    #: The mode that answered (``None`` when degraded).
+    mode: Mode | None
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision.allowed
+
+
+@dataclass(frozen=True, slots=True)
+class MultiOutcome:
+    """The answer for several limits checked at once (``RL.ALL``)."""
+
+    allowed: bool
+    #: 1-based position of the first limit that denied, 0 when allowed.
+    denied_by: int
+    decisions: tuple[Decision, ...]
+    degraded: Degraded | None
+    mode: Mode | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """Every limit's state after a settlement (``RL.SETTLE``), in the order of the limits."""
+
+    #: One per limit: ``allowed`` true, ``retry_after_ms`` 0, ``remaining`` 0 while in debt.
+    decisions: tuple[Decision, ...]
+    #: Set when Redis was not asked or did not answer: the decisions are the failure policy's.
+    degraded: Degraded | None
+    mode: Mode | None
+
+
+@dataclass(frozen=True, slots=True)
+class TopEntry:
+    """One of the keys with the most denials on a server (``RL.TOP``)."""
+
+    #: The key (bytes that are not UTF-8 replaced by U+FFFD).
+    key: str
+    #: Denials counted for the key: at least ``denied - error``, at most ``denied``.
+    denied: int
+    #: The most by which ``denied`` may overcount.
+    error: int
+    #: The command of the latest denial (``RL.TOKENBUCKET``, ``RL.ALL``).
+    command: str
+    #: When the key's slot was taken, and its latest denial (Unix milliseconds, module clock).
+    first_denied_ms: int
+    last_denied_ms: int
+
+
+class RateLimitError(Exception):
+    """Base of the errors the clients raise."""
+
+
+class Rejected(RateLimitError):
+    """Redis answered with an error about the call itself (bad parameters, ``WRONGTYPE``,
+    ``CROSSSLOT``), or a refusal that asking again cannot fix and that failing open would hide
+    (``NOPERM``, ``NOAUTH``/``WRONGPASS``, ``OOM``, ``READONLY``). Never answered by the failure
+    policy. ``message`` is Redis's error, its code first."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"rejected by redis: {self.message}"
+
+
+class Unsupported(RateLimitError):
+    """The call cannot be made: the combination cannot be checked in one call, or the mode
+    cannot answer it (``RL.TOP`` without the module)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"unsupported: {self.message}"
+
+
+class Unavailable(RateLimitError):
+    """Redis did not answer, for a call that has no failure policy (:meth:`Client.top`)."""
+
+    def __str__(self) -> str:
+        return "redis did not answer"

@@ -1,0 +1,531 @@
+"""The asyncio client (on ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``), of
+the same shape as :mod:`ratelimit_client.client`: every call awaited, leases held with
+``async with``, and each call, mode detection included, bounded as a whole by
+``options.timeout``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Generator, Sequence
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+import redis.asyncio
+import redis.asyncio.cluster
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
+from redis.asyncio.retry import Retry
+
+from ._core import (
+    Core,
+    Exchange,
+    Failure,
+    Limits,
+    UnexpectedReply,
+    check_count,
+    classify,
+    error_code,
+    has_concurrency,
+    multi_of,
+    new_lease_id,
+    one_alone,
+    renewal_answer,
+)
+from ._scripts import LIBRARY
+from ._types import (
+    Degraded,
+    Local,
+    Mode,
+    MultiOutcome,
+    Options,
+    Outcome,
+    RateLimitError,
+    Settlement,
+    TopEntry,
+    Unavailable,
+    Unsupported,
+)
+from .algorithms import Algorithm, Concurrency
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`ratelimit_client.Client`. Use it from one event loop (redis-py's
+    asyncio connections belong to the loop that opened them)."""
+
+    def __init__(
+        self,
+        redis: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster,
+        options: Options | None = None,
+    ) -> None:
+        self._redis = redis
+        self._core = Core(options or Options())
+
+    @classmethod
+    def from_url(cls, url: str, options: Options | None = None, *, cluster: bool = False, **kwargs: Any) -> AsyncClient:
+        """A client for ``url``, never retried by redis-py (a failure goes to the failure policy
+        at once; the whole call is bounded by ``options.timeout``). Connects lazily.
+        ``cluster=True``: a ``RedisCluster`` from this seed node."""
+        options = options or Options()
+        kwargs.setdefault("socket_timeout", options.timeout)
+        kwargs.setdefault("socket_connect_timeout", options.timeout)
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        conn: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+        if cluster:
+            kwargs.setdefault("cluster_error_retry_attempts", 0)
+            conn = redis.asyncio.cluster.RedisCluster.from_url(url, **kwargs)
+        else:
+            conn = redis.asyncio.Redis.from_url(url, **kwargs)
+        return cls(conn, options)
+
+    @classmethod
+    async def open(cls, url: str, options: Options | None = None, **kwargs: Any) -> AsyncClient:
+        """:meth:`from_url`, then detects the mode at once."""
+        client = cls.from_url(url, options, **kwargs)
+        await client.detect()
+        return client
+
+    @property
+    def redis(self) -> redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster:
+        return self._redis
+
+    @property
+    def options(self) -> Options:
+        return self._core.options
+
+    @property
+    def mode(self) -> Mode | None:
+        return self._core.mode
+
+    def breaker_open(self) -> bool:
+        return self._core.breaker.is_open()
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # Driving the exchanges ---------------------------------------------------------------------
+
+    async def _drive(self, exchange: Exchange[T]) -> T:
+        try:
+            call = next(exchange)
+            while True:
+                try:
+                    reply = await self._redis.execute_command(*call)
+                except (RedisError, RedisClusterException, OSError) as e:
+                    call = exchange.throw(e)
+                else:
+                    call = exchange.send(reply)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
+    async def _guarded(self, exchange: Exchange[T]) -> T:
+        core = self._core
+        if not core.breaker.permit():
+            exchange.close()
+            raise Failure
+        try:
+            async with asyncio.timeout(core.options.timeout):
+                value = await self._drive(exchange)
+        except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
+            # TimeoutError (the budget ran out) is an OSError: no code, Redis did not decide.
+            rejected = classify(e)
+            if rejected is None:
+                core.breaker.failure()
+                raise Failure from e
+            core.breaker.success()
+            if error_code(e) == "READONLY":
+                await self._reconnect()
+            raise rejected from None
+        core.breaker.success()
+        return value
+
+    async def _reconnect(self) -> None:
+        pool = getattr(self._redis, "connection_pool", None)
+        if pool is not None:
+            await pool.disconnect()
+
+    async def detect(self) -> Mode | None:
+        try:
+            return await self._guarded(self._core.resolve_mode())
+        except (Failure, RateLimitError):
+            return None
+
+    # Limits ------------------------------------------------------------------------------------
+
+    async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
+        try:
+            decision, mode = await self._guarded(self._core.call_one(key, algo, cost, lease))
+        except Failure:
+            return self._core.degraded_outcome(key, algo, cost, lease)
+        return Outcome(decision, None, mode)
+
+    async def _decide_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+        if one_alone(limits, cost):
+            key, algo = limits[0]
+            return multi_of(await self._decide_one(key, algo, cost, lease))
+        check_count(limits)
+        try:
+            (allowed, denied_by, decisions), mode = await self._guarded(self._core.call_all(limits, cost, lease))
+        except Failure:
+            return self._core.degraded_all(limits, cost, lease)
+        return MultiOutcome(allowed, denied_by, decisions, None, mode)
+
+    async def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
+        if not isinstance(algo, Concurrency):
+            return await self._decide_one(key, algo, cost, None)
+        o = await self.check_all([(key, algo)], cost)
+        return Outcome(o.decisions[0], o.degraded, o.mode)
+
+    async def peek(self, key: str, algo: Algorithm) -> Outcome:
+        return await self.check(key, algo, 0)
+
+    async def check_all(self, limits: Limits, cost: int = 1) -> MultiOutcome:
+        limits = list(limits)
+        if not has_concurrency(limits):
+            return await self._decide_all(limits, cost, None)
+        if cost > 0:
+            raise Unsupported("concurrency limits take a lease: AsyncClient.acquire_all")
+        return await self._decide_all(limits, 0, new_lease_id())
+
+    # Leases ------------------------------------------------------------------------------------
+
+    def acquire(self, key: str, limit: Concurrency, lease_id: str | None = None) -> Pending[AsyncLeaseOutcome]:
+        """:meth:`Client.acquire`: ``await`` it, or hold the slot for a block with
+        ``async with client.acquire(key, limit) as held:``."""
+        return Pending(self._acquire(key, limit, lease_id))
+
+    async def _acquire(self, key: str, limit: Concurrency, lease_id: str | None) -> AsyncLeaseOutcome:
+        lease_id = new_lease_id() if lease_id is None else lease_id
+        outcome = await self._decide_one(key, limit, 1, lease_id)
+        lease = AsyncLease(self, lease_id, [(key, limit)], outcome.degraded) if outcome.decision.allowed else None
+        return AsyncLeaseOutcome(outcome, lease)
+
+    def acquire_all(self, limits: Limits, cost: int = 1) -> Pending[AsyncMultiLeaseOutcome]:
+        """:meth:`Client.acquire_all`: ``await`` it, or ``async with`` it."""
+        return Pending(self._acquire_all(list(limits), cost))
+
+    async def _acquire_all(self, limits: Limits, cost: int) -> AsyncMultiLeaseOutcome:
+        held = [(k, a) for k, a in limits if isinstance(a, Concurrency)]
+        if not held:
+            return AsyncMultiLeaseOutcome(await self._decide_all(limits, cost, None), None)
+        lease_id = new_lease_id()
+        outcome = await self._decide_all(limits, cost, lease_id)
+        lease = AsyncLease(self, lease_id, held, outcome.degraded) if outcome.allowed and cost > 0 else None
+        return AsyncMultiLeaseOutcome(outcome, lease)
+
+    async def release(self, key: str, lease_id: str) -> bool:
+        try:
+            return await self._guarded(self._core.call_release(key, lease_id)) == 1
+        except Failure:
+            return False
+
+    # Reservations ------------------------------------------------------------------------------
+
+    async def reserve(self, key: str, algo: Algorithm, estimate: int) -> AsyncReservationOutcome:
+        if isinstance(algo, Concurrency):
+            raise Unsupported("concurrency limits are not settled: AsyncClient.acquire")
+        outcome = await self._decide_one(key, algo, estimate, None)
+        reservation = (
+            AsyncReservation(self, [(key, algo)], estimate, outcome.degraded) if outcome.decision.allowed else None
+        )
+        return AsyncReservationOutcome(outcome, reservation)
+
+    async def reserve_all(self, limits: Limits, estimate: int) -> AsyncMultiReservationOutcome:
+        limits = list(limits)
+        if has_concurrency(limits):
+            raise Unsupported("concurrency limits are not settled: AsyncClient.acquire_all")
+        outcome = await self._decide_all(limits, estimate, None)
+        reservation = AsyncReservation(self, limits, estimate, outcome.degraded) if outcome.allowed else None
+        return AsyncMultiReservationOutcome(outcome, reservation)
+
+    async def settle(self, limits: Limits, delta: int) -> Settlement:
+        limits = list(limits)
+        if has_concurrency(limits):
+            raise Unsupported("concurrency limits are not settled")
+        check_count(limits)
+        try:
+            decisions, mode = await self._guarded(self._core.call_settle(limits, delta))
+        except Failure:
+            return self._core.degraded_settlement(limits)
+        return Settlement(decisions, None, mode)
+
+    async def _settle_charged(self, limits: Limits, delta: int, charged: Degraded | None) -> Settlement:
+        policy = self._core.options.policy
+        if charged is None:
+            return await self.settle(limits, delta)
+        if charged is Degraded.LOCAL and isinstance(policy, Local):
+            return self._core.local_settlement(limits, delta, policy.instances)
+        return self._core.policy_settlement(limits, charged)
+
+    # RL.TOP ------------------------------------------------------------------------------------
+
+    async def top(self, count: int = 10) -> list[TopEntry]:
+        return await self._top(count)
+
+    async def reset_top(self) -> None:
+        await self._top(None)
+
+    async def _top(self, count: int | None) -> list[TopEntry]:
+        try:
+            entries = await self._guarded(self._core.call_top(count))
+        except Failure:
+            raise Unavailable from None
+        if entries is None:
+            raise Unsupported("the most-denied keys are counted by the module only (RL.TOP)")
+        return entries
+
+    async def load_library(self) -> str:
+        name = await self._redis.execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class _AsyncReleasable(Protocol):
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+R = TypeVar("R", bound=_AsyncReleasable)
+
+
+class Pending(Generic[R]):
+    """A call that can be awaited (its outcome) or entered with ``async with`` (its outcome,
+    whose slot is given back when the block ends)."""
+
+    def __init__(self, call: Coroutine[Any, Any, R]) -> None:
+        self._call = call
+        self._value: R | None = None
+
+    def __await__(self) -> Generator[Any, None, R]:
+        return self._call.__await__()
+
+    async def __aenter__(self) -> R:
+        self._value = await self._call
+        return self._value
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._value is not None:
+            await self._value.__aexit__(exc_type, exc, tb)
+
+
+class AsyncLease:
+    """The asyncio twin of :class:`ratelimit_client.Lease`."""
+
+    def __init__(
+        self, client: AsyncClient, lease_id: str, limits: Sequence[tuple[str, Concurrency]], degraded: Degraded | None
+    ) -> None:
+        self._client = client
+        self._id = lease_id
+        self._limits = list(limits)
+        self._on_redis = degraded is None
+        self._local = degraded is Degraded.LOCAL
+        self._released = False
+        self._last_renewal: Outcome | None = None
+        self._keep_alive: asyncio.Task[None] | None = None
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def key(self) -> str:
+        return self._limits[0][0]
+
+    @property
+    def limits(self) -> list[tuple[str, Concurrency]]:
+        return list(self._limits)
+
+    @property
+    def holds_slot(self) -> bool:
+        return (self._on_redis or self._local) and not self._released
+
+    @property
+    def last_renewal(self) -> Outcome | None:
+        return self._last_renewal
+
+    async def renew(self) -> Outcome:
+        answer: Outcome | None = None
+        for key, limit in self._limits:
+            o = await self._client._decide_one(key, limit, 1, self._id)
+            if o.decision.allowed:
+                if o.degraded is None:
+                    self._on_redis = True
+                elif o.degraded is Degraded.LOCAL:
+                    self._local = True
+            answer = renewal_answer(answer, o)
+        assert answer is not None
+        self._last_renewal = answer
+        return answer
+
+    def keep_alive(self, every: float) -> None:
+        """Renews every ``every`` seconds from a task on the running loop until the lease is
+        released. Calling it again replaces the timer."""
+        self._stop_keep_alive()
+
+        async def renew_forever() -> None:
+            while True:
+                await asyncio.sleep(every)
+                try:
+                    await self.renew()
+                except RateLimitError:
+                    pass
+
+        self._keep_alive = asyncio.get_running_loop().create_task(renew_forever())
+
+    def _stop_keep_alive(self) -> None:
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
+
+    async def release(self) -> bool:
+        self._stop_keep_alive()
+        on_redis = self._on_redis and not self._released
+        local = self._local and not self._released
+        self._released = True
+        freed = False
+        if local:
+            for key, _ in self._limits:
+                freed |= self._client._core.leases.release(key, self._id)
+        if on_redis:
+            error: RateLimitError | None = None
+            for key, _ in self._limits:
+                try:
+                    freed |= await self._client.release(key, self._id)
+                except RateLimitError as e:
+                    error = error or e
+            if error is not None:
+                raise error
+        return freed
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.release()
+        except RateLimitError:
+            pass  # the lease expires by itself
+
+    def __repr__(self) -> str:
+        return f"AsyncLease(id={self._id!r}, limits={self._limits!r}, holds_slot={self.holds_slot})"
+
+
+class AsyncLeaseOutcome:
+    def __init__(self, outcome: Outcome, lease: AsyncLease | None) -> None:
+        self.outcome = outcome
+        self.lease = lease
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.decision.allowed
+
+    async def __aenter__(self) -> AsyncLeaseOutcome:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.lease is not None:
+            await self.lease.__aexit__(exc_type, exc, tb)
+
+
+class AsyncMultiLeaseOutcome:
+    def __init__(self, outcome: MultiOutcome, lease: AsyncLease | None) -> None:
+        self.outcome = outcome
+        self.lease = lease
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.allowed
+
+    async def __aenter__(self) -> AsyncMultiLeaseOutcome:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.lease is not None:
+            await self.lease.__aexit__(exc_type, exc, tb)
+
+
+class AsyncReservation:
+    def __init__(self, client: AsyncClient, limits: Limits, estimate: int, charged: Degraded | None) -> None:
+        self._client = client
+        self._limits = list(limits)
+        self._estimate = estimate
+        self._charged = charged
+
+    @property
+    def estimate(self) -> int:
+        return self._estimate
+
+    @property
+    def limits(self) -> list[tuple[str, Algorithm]]:
+        return list(self._limits)
+
+    @property
+    def degraded(self) -> Degraded | None:
+        return self._charged
+
+    async def settle(self, actual: int) -> Settlement:
+        return await self._client._settle_charged(self._limits, actual - self._estimate, self._charged)
+
+
+class AsyncReservationOutcome:
+    def __init__(self, outcome: Outcome, reservation: AsyncReservation | None) -> None:
+        self.outcome = outcome
+        self.reservation = reservation
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.decision.allowed
+
+
+class AsyncMultiReservationOutcome:
+    def __init__(self, outcome: MultiOutcome, reservation: AsyncReservation | None) -> None:
+        self.outcome = outcome
+        self.reservation = reservation
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.allowed
+
+
+class AsyncLimiter:
+    """An :class:`AsyncClient` bound to one algorithm and its parameters."""
+
+    def __init__(self, client: AsyncClient, algorithm: Algorithm) -> None:
+        self.client = client
+        self.algorithm = algorithm
+
+    async def check(self, key: str, cost: int = 1) -> Outcome:
+        return await self.client.check(key, self.algorithm, cost)
+
+    async def peek(self, key: str) -> Outcome:
+        return await self.client.check(key, self.algorithm, 0)
+
+    def acquire(self, key: str, lease_id: str | None = None) -> Pending[AsyncLeaseOutcome]:
+        if not isinstance(self.algorithm, Concurrency):
+            raise Unsupported("acquire takes a concurrency limit")
+        return self.client.acquire(key, self.algorithm, lease_id)
+
+    async def reserve(self, key: str, estimate: int) -> AsyncReservationOutcome:
+        return await self.client.reserve(key, self.algorithm, estimate)
+
+
+async def load_library(conn: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster) -> str:
+    """``FUNCTION LOAD REPLACE`` of the library ``ratelimit`` on ``conn``'s server."""
+    name = await conn.execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
+    return name.decode() if isinstance(name, bytes) else str(name)

@@ -1,0 +1,105 @@
+"""ASGI middleware (Starlette, FastAPI, any ASGI application) on the asyncio client.
+
+    app.add_middleware(
+        RateLimitMiddleware,
+        client=AsyncClient.from_url("redis://127.0.0.1:6379"),
+        key=header("x-api-key"),
+        limits={("*", "*"): [Policy("per-minute", FixedWindow(60, 60))]},
+    )
+
+A concurrency limit among a route's policies counts requests in flight: its slot is taken before
+the application runs and given back when the application has answered (the response sent to the
+end, or the client gone). A route with an estimate reserves it before the application runs; the
+application reports what the request really cost with :func:`report_cost` before it starts its
+response, and the difference is settled before the response fields are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from ._http import (
+    FIELDS,
+    STATE_KEY,
+    Admission,
+    Headers,
+    Policy,
+    RateLimitState,
+    RequestInfo,
+    admit,
+    client_ip,
+    finish,
+    header,
+    keep_alive,
+    release_async,
+    report_cost,
+    rules,
+    run_async,
+)
+from .aio import AsyncClient
+from .metrics import Metrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+__all__ = ["RateLimitMiddleware", "Policy", "RateLimitState", "RequestInfo", "client_ip", "header", "report_cost"]
+
+
+async def respond(send: Send, status: int, headers: Headers, body: bytes) -> None:
+    raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RateLimitMiddleware:
+    """Rate limits HTTP requests in front of an ASGI application.
+
+    Keyword options (as :class:`ratelimit_client.middleware.Rules`): ``key`` (default: the client
+    IP, :func:`client_ip`), ``plan``, ``route_class``, ``limits`` (``{(plan, class): [Policy,
+    ...]}``), ``limits_fn``, ``estimates``, ``legacy_headers``, ``prefix``, ``lease_keep_alive``;
+    and ``metrics`` to share counters."""
+
+    def __init__(self, app: ASGIApp, client: AsyncClient, *, metrics: Metrics | None = None, **options: Any) -> None:
+        self.app = app
+        self.client = client
+        self.rules = rules(**options)
+        self.metrics = metrics if metrics is not None else Metrics()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = RateLimitState()
+        scope[STATE_KEY] = state
+        adm: Admission | None = await run_async(self.client, admit(self.rules, self.metrics, RequestInfo.from_scope(scope)))
+        if adm is None:
+            await self.app(scope, receive, send)
+            return
+        state.outcome = adm.outcome
+        state.shadow_denials = list(adm.denials)
+        legacy = self.rules.legacy_headers
+        if not adm.allowed:
+            await respond(send, *adm.refusal(legacy))
+            return
+        keep_alive(adm, self.rules.lease_keep_alive)
+
+        async def send_with_fields(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                fields: Headers = await run_async(self.client, finish(adm, self.metrics, state.actual_cost, legacy))
+                raw = [(n, v) for n, v in message.get("headers", ()) if bytes(n).decode("latin-1").lower() not in FIELDS]
+                raw += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in fields]
+                message = {**message, "headers": raw}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_fields)
+        finally:
+            # The slots come back once the application is done: the response sent, or the
+            # client gone (even if this task is being cancelled).
+            await asyncio.shield(release_async(adm))

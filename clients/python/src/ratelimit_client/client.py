@@ -1,0 +1,578 @@
+"""The synchronous client (on ``redis.Redis`` or ``redis.cluster.RedisCluster``): limits, several
+limits in one call, concurrency leases, reservations settled with their actual cost, the
+most-denied keys; module detection, the Lua fallback, the failure policy and the breaker."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis
+import redis.cluster
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
+from redis.retry import Retry
+
+from ._core import (
+    Core,
+    Exchange,
+    Failure,
+    Limits,
+    UnexpectedReply,
+    check_count,
+    classify,
+    error_code,
+    has_concurrency,
+    multi_of,
+    new_lease_id,
+    one_alone,
+    renewal_answer,
+)
+from ._scripts import LIBRARY
+from ._types import (
+    Degraded,
+    Local,
+    Mode,
+    MultiOutcome,
+    Options,
+    Outcome,
+    RateLimitError,
+    Settlement,
+    TopEntry,
+    Unavailable,
+    Unsupported,
+)
+from .algorithms import Algorithm, Concurrency
+
+T = TypeVar("T")
+
+class Client:
+    """A connection to Redis (or Redis Cluster) that decides with the module, the Functions
+    library or the scripts. Thread-safe: share one per process.
+
+    ``redis`` is any ``redis.Redis`` or ``redis.cluster.RedisCluster``; its ``socket_timeout``
+    bounds each round trip (:meth:`from_url` sets it to ``options.timeout``, with no retries)."""
+
+    def __init__(self, redis: redis.Redis | redis.cluster.RedisCluster, options: Options | None = None) -> None:
+        self._redis = redis
+        # RedisCluster.execute_command carries no annotations.
+        self._execute: Callable[..., Any] = redis.execute_command
+        self._core = Core(options or Options())
+
+    @classmethod
+    def from_url(cls, url: str, options: Options | None = None, *, cluster: bool = False, **kwargs: Any) -> Client:
+        """A client for ``url`` (``redis://host:port``, ``unix:///path``), each round trip
+        bounded by ``options.timeout`` and never retried (a failure goes to the failure policy
+        at once). Connects lazily, so a server that is down at start is handled by the policy,
+        and reconnects by itself. ``cluster=True``: a ``RedisCluster`` from this seed node.
+        Other keyword arguments go to redis-py."""
+        options = options or Options()
+        kwargs.setdefault("socket_timeout", options.timeout)
+        kwargs.setdefault("socket_connect_timeout", options.timeout)
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        conn: redis.Redis | redis.cluster.RedisCluster
+        if cluster:
+            kwargs.setdefault("cluster_error_retry_attempts", 0)
+            conn = redis.cluster.RedisCluster.from_url(url, **kwargs)
+        else:
+            conn = redis.Redis.from_url(url, **kwargs)
+        return cls(conn, options)
+
+    @classmethod
+    def open(cls, url: str, options: Options | None = None, **kwargs: Any) -> Client:
+        """:meth:`from_url`, then detects the mode at once (if Redis is unreachable now, on the
+        first call that reaches it)."""
+        client = cls.from_url(url, options, **kwargs)
+        client.detect()
+        return client
+
+    @property
+    def redis(self) -> redis.Redis | redis.cluster.RedisCluster:
+        """The redis-py client underneath."""
+        return self._redis
+
+    @property
+    def options(self) -> Options:
+        return self._core.options
+
+    @property
+    def mode(self) -> Mode | None:
+        """The mode in use, once known."""
+        return self._core.mode
+
+    def breaker_open(self) -> bool:
+        """Whether the circuit breaker is open (or half open)."""
+        return self._core.breaker.is_open()
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Driving the exchanges ---------------------------------------------------------------------
+
+    def _drive(self, exchange: Exchange[T]) -> T:
+        try:
+            call = next(exchange)
+            while True:
+                try:
+                    reply = self._execute(*call)
+                except (RedisError, RedisClusterException, OSError) as e:
+                    call = exchange.throw(e)
+                else:
+                    call = exchange.send(reply)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
+    def _guarded(self, exchange: Exchange[T]) -> T:
+        """Runs an exchange under the breaker; :class:`Rejected` for an answer about the call,
+        :class:`Failure` when Redis did not decide."""
+        core = self._core
+        if not core.breaker.permit():
+            exchange.close()
+            raise Failure
+        try:
+            value = self._drive(exchange)
+        except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
+            rejected = classify(e)
+            if rejected is None:
+                core.breaker.failure()
+                raise Failure from e
+            core.breaker.success()
+            if error_code(e) == "READONLY":
+                self._reconnect()
+            raise rejected from None
+        core.breaker.success()
+        return value
+
+    def _reconnect(self) -> None:
+        """The address answered as a replica (``READONLY``: a failover moved the master). Drops
+        the pool's connections, so that the next call connects anew to whatever the address
+        names then. A cluster client follows the failover itself."""
+        pool = getattr(self._redis, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
+
+    def detect(self) -> Mode | None:
+        """Detects the mode now if not known yet; ``None`` if Redis is unreachable."""
+        try:
+            return self._guarded(self._core.resolve_mode())
+        except (Failure, RateLimitError):
+            return None
+
+    # Limits ------------------------------------------------------------------------------------
+
+    def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
+        try:
+            decision, mode = self._guarded(self._core.call_one(key, algo, cost, lease))
+        except Failure:
+            return self._core.degraded_outcome(key, algo, cost, lease)
+        return Outcome(decision, None, mode)
+
+    def _decide_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+        if one_alone(limits, cost):
+            key, algo = limits[0]
+            return multi_of(self._decide_one(key, algo, cost, lease))
+        check_count(limits)
+        try:
+            (allowed, denied_by, decisions), mode = self._guarded(self._core.call_all(limits, cost, lease))
+        except Failure:
+            return self._core.degraded_all(limits, cost, lease)
+        return MultiOutcome(allowed, denied_by, decisions, None, mode)
+
+    def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
+        """Checks (and on admission consumes) ``cost`` units of ``algo`` on ``key``. A
+        concurrency limit is only peeked at here (cost 0, through ``RL.ALL``); its slots are
+        taken with :meth:`acquire` (:class:`Unsupported` for a cost above 0)."""
+        if not isinstance(algo, Concurrency):
+            return self._decide_one(key, algo, cost, None)
+        o = self.check_all([(key, algo)], cost)
+        return Outcome(o.decisions[0], o.degraded, o.mode)
+
+    def peek(self, key: str, algo: Algorithm) -> Outcome:
+        """The current state, consuming nothing (cost 0)."""
+        return self.check(key, algo, 0)
+
+    def check_all(self, limits: Limits, cost: int = 1) -> MultiOutcome:
+        """Several limits at once: admitted only if every limit admits, and then ``cost`` is
+        consumed from all of them (``RL.ALL``; one limit alone uses its own command).
+        Concurrency limits are only peeked at here (cost 0)."""
+        limits = list(limits)
+        if not has_concurrency(limits):
+            return self._decide_all(limits, cost, None)
+        if cost > 0:
+            raise Unsupported("concurrency limits take a lease: Client.acquire_all")
+        return self._decide_all(limits, 0, new_lease_id())
+
+    # Leases ------------------------------------------------------------------------------------
+
+    def acquire(self, key: str, limit: Concurrency, lease_id: str | None = None) -> LeaseOutcome:
+        """Takes one of ``limit.limit`` slots of ``key`` (``RL.ACQUIRE``) under ``lease_id`` (1 to
+        128 bytes; a fresh id when ``None``): a live lease of that id is renewed instead of
+        taking a second slot. Admitted: the outcome and the :class:`Lease`; denied: the outcome
+        alone, ``retry_after_ms`` until a lease expires. Use it as a context manager to give the
+        slot back at the end of the block: ``with client.acquire(key, limit) as held:``."""
+        lease_id = new_lease_id() if lease_id is None else lease_id
+        outcome = self._decide_one(key, limit, 1, lease_id)
+        lease = Lease(self, lease_id, [(key, limit)], outcome.degraded) if outcome.decision.allowed else None
+        return LeaseOutcome(outcome, lease)
+
+    def acquire_all(self, limits: Limits, cost: int = 1) -> MultiLeaseOutcome:
+        """Several limits at once, concurrency limits among them (``RL.ALL ... LEASE id COST
+        cost``): admitted only if every limit admits; then ``cost`` is consumed from the others
+        and one slot of each concurrency limit is held by the returned lease (``None`` without a
+        concurrency limit). Cost 0 peeks and takes no slot."""
+        limits = list(limits)
+        held = [(k, a) for k, a in limits if isinstance(a, Concurrency)]
+        if not held:
+            return MultiLeaseOutcome(self._decide_all(limits, cost, None), None)
+        lease_id = new_lease_id()
+        outcome = self._decide_all(limits, cost, lease_id)
+        lease = Lease(self, lease_id, held, outcome.degraded) if outcome.allowed and cost > 0 else None
+        return MultiLeaseOutcome(outcome, lease)
+
+    def release(self, key: str, lease_id: str) -> bool:
+        """Gives back ``lease_id``'s slot of ``key`` (``RL.RELEASE``): whether a live lease was
+        released; ``False`` too when Redis cannot answer (the lease expires by itself)."""
+        try:
+            return self._guarded(self._core.call_release(key, lease_id)) == 1
+        except Failure:
+            return False
+
+    # Reservations ------------------------------------------------------------------------------
+
+    def reserve(self, key: str, algo: Algorithm, estimate: int) -> ReservationOutcome:
+        """Checks and on admission consumes ``estimate`` units, as :meth:`check` does, for work
+        whose true cost is known only afterwards: the :class:`Reservation` settles the
+        difference (:meth:`Reservation.settle`). Dropped unsettled, the estimate stays."""
+        if isinstance(algo, Concurrency):
+            raise Unsupported("concurrency limits are not settled: Client.acquire")
+        outcome = self._decide_one(key, algo, estimate, None)
+        reservation = (
+            Reservation(self, [(key, algo)], estimate, outcome.degraded) if outcome.decision.allowed else None
+        )
+        return ReservationOutcome(outcome, reservation)
+
+    def reserve_all(self, limits: Limits, estimate: int) -> MultiReservationOutcome:
+        """:meth:`reserve` over several limits at once, as :meth:`check_all`."""
+        limits = list(limits)
+        if has_concurrency(limits):
+            raise Unsupported("concurrency limits are not settled: Client.acquire_all")
+        outcome = self._decide_all(limits, estimate, None)
+        reservation = Reservation(self, limits, estimate, outcome.degraded) if outcome.allowed else None
+        return MultiReservationOutcome(outcome, reservation)
+
+    def settle(self, limits: Limits, delta: int) -> Settlement:
+        """Adjusts what was consumed from every limit by ``delta`` units in one ``RL.SETTLE``:
+        below 0 gives units back (never above the limit), above 0 takes more without an
+        admission check (into debt if need be), 0 only reports. When Redis cannot answer
+        nothing is adjusted and the decisions are the failure policy's for a cost of 0."""
+        limits = list(limits)
+        if has_concurrency(limits):
+            raise Unsupported("concurrency limits are not settled")
+        check_count(limits)
+        try:
+            decisions, mode = self._guarded(self._core.call_settle(limits, delta))
+        except Failure:
+            return self._core.degraded_settlement(limits)
+        return Settlement(decisions, None, mode)
+
+    def _settle_charged(self, limits: Limits, delta: int, charged: Degraded | None) -> Settlement:
+        """Settles where a reservation was charged: Redis, the in-process buckets of the
+        ``Local`` policy, or nowhere (admitted by ``FailOpen``)."""
+        policy = self._core.options.policy
+        if charged is None:
+            return self.settle(limits, delta)
+        if charged is Degraded.LOCAL and isinstance(policy, Local):
+            return self._core.local_settlement(limits, delta, policy.instances)
+        return self._core.policy_settlement(limits, charged)
+
+    # RL.TOP ------------------------------------------------------------------------------------
+
+    def top(self, count: int = 10) -> list[TopEntry]:
+        """The ``count`` keys with the most denials on the server, most first (``RL.TOP``,
+        module only: :class:`Unsupported` in the other modes; :class:`Unavailable` when Redis
+        does not answer, no failure policy). An operator's command, outside ``@ratelimit``."""
+        return self._top(count)
+
+    def reset_top(self) -> None:
+        """Clears the list of :meth:`top` (``RL.TOP RESET``)."""
+        self._top(None)
+
+    def _top(self, count: int | None) -> list[TopEntry]:
+        try:
+            entries = self._guarded(self._core.call_top(count))
+        except Failure:
+            raise Unavailable from None
+        if entries is None:
+            raise Unsupported("the most-denied keys are counted by the module only (RL.TOP)")
+        return entries
+
+    def load_library(self) -> str:
+        """Loads (or replaces) the Functions library on the server: ``FUNCTION LOAD REPLACE``.
+        On a cluster, do it on every master."""
+        name = self._execute("FUNCTION LOAD", "REPLACE", LIBRARY)
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class Lease:
+    """Slots held under one lease id (one key, or each concurrency limit of
+    :meth:`Client.acquire_all`) until the lease expires or is given back: :meth:`release`, or the
+    end of a ``with`` block."""
+
+    def __init__(self, client: Client, lease_id: str, limits: Sequence[tuple[str, Concurrency]], degraded: Degraded | None) -> None:
+        self._client = client
+        self._id = lease_id
+        self._limits = list(limits)
+        self._lock = threading.Lock()
+        self._on_redis = degraded is None
+        self._local = degraded is Degraded.LOCAL
+        self._released = False
+        self._last_renewal: Outcome | None = None
+        self._stop: threading.Event | None = None
+
+    @property
+    def id(self) -> str:
+        """The lease id (the sorted set's member)."""
+        return self._id
+
+    @property
+    def key(self) -> str:
+        """The key the slot is held on (the first, for a lease over several keys)."""
+        return self._limits[0][0]
+
+    @property
+    def limits(self) -> list[tuple[str, Concurrency]]:
+        return list(self._limits)
+
+    @property
+    def holds_slot(self) -> bool:
+        """Whether any slot is held anywhere (``False`` for a lease admitted by ``FailOpen`` and
+        not renewed on Redis since, or released)."""
+        with self._lock:
+            return (self._on_redis or self._local) and not self._released
+
+    @property
+    def last_renewal(self) -> Outcome | None:
+        """The outcome of the latest renewal (:meth:`renew` or :meth:`keep_alive`)."""
+        with self._lock:
+            return self._last_renewal
+
+    def renew(self) -> Outcome:
+        """Extends the lease to now + ``lease_sec`` (``RL.ACQUIRE`` again with the same id).
+        Denied means the slot is lost. Over several keys: the first denial, else the key with
+        the fewest free slots."""
+        answer: Outcome | None = None
+        for key, limit in self._limits:
+            o = self._client._decide_one(key, limit, 1, self._id)
+            if o.decision.allowed:
+                with self._lock:
+                    if o.degraded is None:
+                        self._on_redis = True
+                    elif o.degraded is Degraded.LOCAL:
+                        self._local = True
+            answer = renewal_answer(answer, o)
+        assert answer is not None
+        with self._lock:
+            self._last_renewal = answer
+        return answer
+
+    def keep_alive(self, every: float) -> None:
+        """Renews every ``every`` seconds from a daemon thread until the lease is released
+        (choose ``every`` well below ``lease_sec``). Calling it again replaces the timer."""
+        self._stop_keep_alive()
+        stop = threading.Event()
+        self._stop = stop
+
+        def renew_until_stopped() -> None:
+            while not stop.wait(every):
+                try:
+                    self.renew()
+                except RateLimitError:
+                    pass
+
+        threading.Thread(target=renew_until_stopped, name=f"lease-{self._id}", daemon=True).start()
+
+    def _stop_keep_alive(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+
+    def _take(self) -> tuple[bool, bool]:
+        with self._lock:
+            places = (self._on_redis and not self._released, self._local and not self._released)
+            self._released = True
+            return places
+
+    def release(self) -> bool:
+        """Gives the slots back now: whether a live lease was released (``False`` if it had
+        expired, was admitted by ``FailOpen``, or Redis could not answer: it then expires by
+        itself). Releasing twice is harmless."""
+        self._stop_keep_alive()
+        on_redis, local = self._take()
+        freed = False
+        if local:
+            for key, _ in self._limits:
+                freed |= self._client._core.leases.release(key, self._id)
+        if on_redis:
+            error: RateLimitError | None = None
+            for key, _ in self._limits:
+                try:
+                    freed |= self._client.release(key, self._id)
+                except RateLimitError as e:
+                    error = error or e
+            if error is not None:
+                raise error
+        return freed
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            self.release()
+        except RateLimitError:
+            pass  # the lease expires by itself
+
+    def __repr__(self) -> str:
+        return f"Lease(id={self._id!r}, limits={self._limits!r}, holds_slot={self.holds_slot})"
+
+
+class LeaseOutcome:
+    """The answer to :meth:`Client.acquire`: the outcome, and the lease when admitted. As a
+    context manager it gives the slot back at the end of the block."""
+
+    def __init__(self, outcome: Outcome, lease: Lease | None) -> None:
+        self.outcome = outcome
+        #: Set exactly when admitted.
+        self.lease = lease
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.decision.allowed
+
+    def __enter__(self) -> LeaseOutcome:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.lease is not None:
+            self.lease.__exit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"LeaseOutcome(outcome={self.outcome!r}, lease={self.lease!r})"
+
+
+class MultiLeaseOutcome:
+    """The answer to :meth:`Client.acquire_all`: every limit's outcome, and the lease holding
+    the concurrency limits' slots when admitted (a context manager as :class:`LeaseOutcome`)."""
+
+    def __init__(self, outcome: MultiOutcome, lease: Lease | None) -> None:
+        self.outcome = outcome
+        self.lease = lease
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.allowed
+
+    def __enter__(self) -> MultiLeaseOutcome:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.lease is not None:
+            self.lease.__exit__(exc_type, exc, tb)
+
+
+class Reservation:
+    """An estimate consumed from one or several limits, to be settled with the true cost.
+    Dropped unsettled, the estimate stays charged (nothing is sent)."""
+
+    def __init__(self, client: Client, limits: Limits, estimate: int, charged: Degraded | None) -> None:
+        self._client = client
+        self._limits = list(limits)
+        self._estimate = estimate
+        self._charged = charged
+
+    @property
+    def estimate(self) -> int:
+        return self._estimate
+
+    @property
+    def limits(self) -> list[tuple[str, Algorithm]]:
+        return list(self._limits)
+
+    @property
+    def degraded(self) -> Degraded | None:
+        """``None`` when the estimate was consumed on Redis; ``LOCAL`` in the in-process
+        buckets; ``FAIL_OPEN`` when nothing was consumed anywhere."""
+        return self._charged
+
+    def settle(self, actual: int) -> Settlement:
+        """Settles with the true cost: ``actual - estimate`` refunded (below 0) or charged (above
+        0, into debt if need be) on every limit, in one ``RL.SETTLE``; the state afterwards.
+        A reservation of the ``Local`` policy is settled in its buckets (even once Redis is
+        back); one admitted by ``FailOpen`` sends nothing."""
+        return self._client._settle_charged(self._limits, actual - self._estimate, self._charged)
+
+    def __repr__(self) -> str:
+        return f"Reservation(limits={self._limits!r}, estimate={self._estimate}, degraded={self._charged})"
+
+
+class ReservationOutcome:
+    """The answer to :meth:`Client.reserve`: the outcome, and the reservation when admitted."""
+
+    def __init__(self, outcome: Outcome, reservation: Reservation | None) -> None:
+        self.outcome = outcome
+        self.reservation = reservation
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.decision.allowed
+
+
+class MultiReservationOutcome:
+    """The answer to :meth:`Client.reserve_all`."""
+
+    def __init__(self, outcome: MultiOutcome, reservation: Reservation | None) -> None:
+        self.outcome = outcome
+        self.reservation = reservation
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.allowed
+
+
+class Limiter:
+    """A :class:`Client` bound to one algorithm and its parameters."""
+
+    def __init__(self, client: Client, algorithm: Algorithm) -> None:
+        self.client = client
+        self.algorithm = algorithm
+
+    def check(self, key: str, cost: int = 1) -> Outcome:
+        return self.client.check(key, self.algorithm, cost)
+
+    def peek(self, key: str) -> Outcome:
+        return self.client.check(key, self.algorithm, 0)
+
+    def acquire(self, key: str, lease_id: str | None = None) -> LeaseOutcome:
+        if not isinstance(self.algorithm, Concurrency):
+            raise Unsupported("acquire takes a concurrency limit")
+        return self.client.acquire(key, self.algorithm, lease_id)
+
+    def reserve(self, key: str, estimate: int) -> ReservationOutcome:
+        return self.client.reserve(key, self.algorithm, estimate)
+
+
+def load_library(conn: redis.Redis | redis.cluster.RedisCluster) -> str:
+    """``FUNCTION LOAD REPLACE`` of the library ``ratelimit`` on ``conn``'s server."""
+    execute: Callable[..., Any] = conn.execute_command
+    name = execute("FUNCTION LOAD", "REPLACE", LIBRARY)
+    return name.decode() if isinstance(name, bytes) else str(name)
+

@@ -1,0 +1,1115 @@
+-- Several limits at once, the Lua twin of RL.ALL.
+--
+--   EVALSHA <sha> <numkeys> <key> [key ...] <ALGORITHM> <params...> [...] [LEASE <id>] [COST <cost>]
+--
+-- The n-th limit applies to the n-th key. Admitted only if every limit admits, consuming from all
+-- or none. Reply: {allowed, denied_by, {reply of limit 1}, {reply of limit 2}, ...}, where
+-- denied_by is the 1-based position of the first limit that denied (0 when admitted); a limit
+-- that would admit while another denies reports its unconsumed state (as with cost 0). A
+-- CONCURRENCY limit takes its lease for the call's LEASE id.
+--
+-- The @common and @limiter blocks below are copies of the per-algorithm scripts' blocks;
+-- tests/lua_blocks.rs checks that they are identical (UPDATE_LUA=1 cargo test --test lua_blocks
+-- rewrites them).
+
+-- @common
+local MAX_INTEGER_ARG = 1e15
+local MAX_RATE_ARG = 1e15
+local MAX_FILL_SECONDS = 1e10
+local MAX_TIMESTAMP_US = 9007199254740992
+
+local function is_integer(s)
+  return string.match(s, '^[+-]?%d+$') ~= nil
+end
+
+local function is_decimal(s)
+  local mantissa = s
+  local e = string.find(s, '[eE]')
+  if e then
+    if not is_integer(string.sub(s, e + 1)) then return false end
+    mantissa = string.sub(s, 1, e - 1)
+  end
+  return string.match(mantissa, '^[+-]?%d+%.?%d*$') ~= nil
+      or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
+end
+
+-- An integer argument in [lo, hi], or nil and the error message.
+local function integer_arg(s, lo, hi, not_integer, out_of_range)
+  if not is_integer(s) then return nil, not_integer end
+  local v = tonumber(s)
+  if v >= lo and v <= hi then return v end
+  return nil, out_of_range
+end
+
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
+end
+
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
+    'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
+end
+
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
+end
+
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
+
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
+  end
+  if not v then return false end
+  local whole = {string.match(v, FIELDS_SPLIT[n])}
+  if #whole == n then return whole end
+  -- Fewer parts than numbers: the ones there, then false.
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
+  return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
+-- every server passes on as its digits.
+local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
+local function store_fields(key, expire_at, ...)
+  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter token_bucket
+local token_bucket = {
+  ARITY = "ERR wrong number of arguments for 'rl.tokenbucket' command",
+}
+
+function token_bucket.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, token_bucket.ARITY end
+  local capacity, rate, cost, err
+  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
+  if not capacity then return nil, err end
+  rate, err = rate_arg(argv[2], 'ERR refill_per_sec must be a number',
+    'ERR refill_per_sec must be greater than 0 and at most 1000000000000000')
+  if not rate then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  if capacity / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR capacity / refill_per_sec must be at most 10000000000 seconds'
+  end
+  return {capacity = capacity, rate = rate, cost = cost}
+end
+
+-- false for a new bucket, the state, or nil and an error reply.
+function token_bucket.load(key)
+  local fields, err = load_fields(key, 'tokens', 'ts')
+  if not fields then return fields, err end
+  local tokens = stored_balance(fields[1])
+  if not tokens then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
+  end
+  local ts = stored_timestamp(fields[2])
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  return {tokens = tokens, ts = ts}
+end
+
+-- The tokens as of now (a debt down to -capacity), and the time to store with them.
+function token_bucket.current(a, state, now)
+  local capacity = a.capacity
+  local tokens, ts = capacity, now
+  if state then tokens, ts = state.tokens, state.ts end
+  -- A clock that went backwards refills nothing and never moves the stored time back.
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  local t = now
+  if ts > now then t = ts end
+  tokens = tokens + elapsed * a.rate / 1000000
+  if tokens > capacity then tokens = capacity end
+  if tokens < -capacity then tokens = -capacity end
+  return tokens, t
+end
+
+function token_bucket.write(a, tokens, t)
+  local reset_after = math.ceil((a.capacity - tokens) * 1000 / a.rate)
+  return {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never above capacity) or charged (positive, down
+-- to a debt of -capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function token_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(token_bucket.decide(a, state, now)) end
+  local tokens, t = token_bucket.current(a, state, now)
+  tokens = tokens - delta
+  if tokens > a.capacity then tokens = a.capacity end
+  if tokens < -a.capacity then tokens = -a.capacity end
+  local w = token_bucket.write(a, tokens, t)
+  return settled(token_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function token_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local tokens, t = token_bucket.current(a, state, now)
+
+  local allowed = cost <= tokens
+  local consumes = allowed and cost > 0
+  if consumes then tokens = tokens - cost end
+
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > capacity then
+    retry_after = -1
+  else
+    retry_after = math.ceil((cost - tokens) * 1000 / rate)
+  end
+  local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
+  -- A debt leaves nothing, not less.
+  local remaining = math.floor(tokens)
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then write = token_bucket.write(a, tokens, t) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
+end
+
+function token_bucket.store(key, w)
+  store_fields(key, w.expire_at, w.tokens, w.ts)
+end
+-- @end
+
+-- @limiter leaky_bucket
+local leaky_bucket = {
+  ARITY = "ERR wrong number of arguments for 'rl.leakybucket' command",
+}
+
+function leaky_bucket.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, leaky_bucket.ARITY end
+  local capacity, rate, cost, err
+  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
+  if not capacity then return nil, err end
+  rate, err = rate_arg(argv[2], 'ERR leak_per_sec must be a number',
+    'ERR leak_per_sec must be greater than 0 and at most 1000000000000000')
+  if not rate then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  if capacity / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR capacity / leak_per_sec must be at most 10000000000 seconds'
+  end
+  return {capacity = capacity, rate = rate, cost = cost}
+end
+
+-- false for a new bucket, the state, or nil and an error reply.
+function leaky_bucket.load(key)
+  local fields, err = load_fields(key, 'level', 'ts')
+  if not fields then return fields, err end
+  local level = stored_amount(fields[1])
+  if not level then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'level' is not a valid number")
+  end
+  local ts = stored_timestamp(fields[2])
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  return {level = level, ts = ts}
+end
+
+-- The level as of now, and the time to store with it. A level above capacity (a charge, or a
+-- capacity argument that was lowered) drains like any other, counted at most twice the capacity.
+function leaky_bucket.current(a, state, now)
+  local level, ts = 0, now
+  if state then level, ts = state.level, state.ts end
+  -- A clock that went backwards drains nothing and never moves the stored time back.
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  local t = now
+  if ts > now then t = ts end
+  level = level - elapsed * a.rate / 1000000
+  if level < 0 then level = 0 end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  return level, t
+end
+
+function leaky_bucket.write(a, level, t)
+  local reset_after = math.ceil(level * 1000 / a.rate)
+  return {level = level, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive, up to twice
+-- the capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function leaky_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(leaky_bucket.decide(a, state, now)) end
+  local level, t = leaky_bucket.current(a, state, now)
+  level = level + delta
+  if level < 0 then level = 0 end
+  if level > 2 * a.capacity then level = 2 * a.capacity end
+  local w = leaky_bucket.write(a, level, t)
+  return settled(leaky_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function leaky_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local level, t = leaky_bucket.current(a, state, now)
+
+  local allowed = level + cost <= capacity
+  local consumes = allowed and cost > 0
+  if consumes then level = level + cost end
+
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > capacity then
+    retry_after = -1
+  else
+    retry_after = math.ceil((level + cost - capacity) * 1000 / rate)
+  end
+  local reset_after = math.ceil(level * 1000 / rate)
+  -- A level above capacity leaves nothing, not less.
+  local remaining = math.floor(capacity - level)
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then write = leaky_bucket.write(a, level, t) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
+end
+
+function leaky_bucket.store(key, w)
+  store_fields(key, w.expire_at, w.level, w.ts)
+end
+-- @end
+
+-- @limiter fixed_window
+local fixed_window = {
+  ARITY = "ERR wrong number of arguments for 'rl.fixedwindow' command",
+  MAX_WINDOW_SECONDS = 1e10,
+}
+
+-- The window in whole milliseconds (rounded to nearest), or nil and the error message.
+function fixed_window.window_arg(s)
+  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
+  local v = tonumber(s)
+  local out_of_range =
+    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
+  if v > fixed_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
+  local window_ms = math.floor(v * 1000 + 0.5)
+  if window_ms >= 1 then return window_ms end
+  return nil, out_of_range
+end
+
+function fixed_window.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, fixed_window.ARITY end
+  local limit, window_ms, cost, err
+  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
+  if not limit then return nil, err end
+  window_ms, err = fixed_window.window_arg(argv[2])
+  if not window_ms then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, cost = cost}
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function fixed_window.load(key)
+  local fields, err = load_fields(key, 'count', 'start')
+  if not fields then return fields, err end
+  local count = stored_amount(fields[1])
+  if not count then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'count' is not a valid number")
+  end
+  local start = stored_timestamp(fields[2])
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
+  end
+  return {count = count, start = start}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0, nothing once the window ended) or
+-- charged (positive; with no window open, one opens now) without an admission check. The reply,
+-- and what to store (nil when nothing changes).
+function fixed_window.settle(a, state, now, delta)
+  local window_ms = a.window_ms
+  local w
+  if delta == 0 then
+    w = nil
+  elseif not (state and now - state.start < window_ms * 1000) then
+    if delta > 0 then
+      w = {count = delta, start = now, expire_at = math.ceil(now / 1000) + window_ms}
+    end
+  else
+    local count = state.count + delta
+    if count < 0 then count = 0 end
+    w = {count = count, start = state.start, expire_at = math.ceil(state.start / 1000) + window_ms}
+  end
+  return settled(fixed_window.decide(a, w or state, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function fixed_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window_us = window_ms * 1000
+  -- A stored window is current until its end; a clock that went backwards stays in it.
+  local count, start, open = 0, now, false
+  if state and now - state.start < window_us then
+    count, start, open = state.count, state.start, true
+  end
+
+  local allowed = count + cost <= limit
+  local consumes = allowed and cost > 0
+  if consumes then count = count + cost end
+
+  -- Milliseconds until start + window_us, rounded up, exact below 2^53.
+  local until_end = window_ms + math.ceil((start - now) / 1000)
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > limit then
+    retry_after = -1
+  else
+    retry_after = until_end
+  end
+  local reset_after = 0
+  if open or consumes then reset_after = until_end end
+  -- A count above the limit (the limit argument was lowered) leaves nothing, not less.
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then
+    write = {count = count, start = start, expire_at = math.ceil(start / 1000) + window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function fixed_window.store(key, w)
+  store_fields(key, w.expire_at, w.count, w.start)
+end
+-- @end
+
+-- @limiter sliding_window
+local sliding_window = {
+  ARITY = "ERR wrong number of arguments for 'rl.slidingwindow' command",
+  MAX_WINDOW_SECONDS = 1e10,
+}
+
+-- The window in whole milliseconds (rounded to nearest), or nil and the error message.
+function sliding_window.window_arg(s)
+  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
+  local v = tonumber(s)
+  local out_of_range =
+    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
+  if v > sliding_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
+  local window_ms = math.floor(v * 1000 + 0.5)
+  if window_ms >= 1 then return window_ms end
+  return nil, out_of_range
+end
+
+function sliding_window.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, sliding_window.ARITY end
+  local limit, window_ms, cost, err
+  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
+  if not limit then return nil, err end
+  window_ms, err = sliding_window.window_arg(argv[2])
+  if not window_ms then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, cost = cost}
+end
+
+-- A stored count: no admitted total can exceed the largest limit, and larger values would
+-- overflow the retry arithmetic.
+function sliding_window.count(s)
+  local v = stored_amount(s)
+  if v and v <= MAX_INTEGER_ARG then return v end
+  return nil
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function sliding_window.load(key)
+  local fields, err = load_fields(key, 'start', 'cur', 'prev')
+  if not fields then return fields, err end
+  local start = stored_timestamp(fields[1])
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
+  end
+  local cur = sliding_window.count(fields[2])
+  if not cur then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'cur' is not a valid number")
+  end
+  local prev = sliding_window.count(fields[3])
+  if not prev then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'prev' is not a valid number")
+  end
+  return {start = start, cur = cur, prev = prev}
+end
+
+-- The current window's start, the time into it, and the two counts as of now.
+function sliding_window.current(a, state, now)
+  local window = a.window_ms * 1000
+  local w = math.floor(now / window) * window
+  local start, elapsed, cur, prev = w, now - w, 0, 0
+  if state then
+    if state.start > w then
+      -- The clock went backwards: stay in the stored window, at its beginning.
+      start, elapsed, cur, prev = state.start, 0, state.cur, state.prev
+    elseif state.start == w then
+      cur, prev = state.cur, state.prev
+    elseif state.start >= w - window then
+      prev = state.cur
+    end
+  end
+  return start, elapsed, cur, prev
+end
+
+function sliding_window.write(a, start, cur, prev)
+  return {start = start, cur = cur, prev = prev,
+    expire_at = math.ceil(start / 1000) + 2 * a.window_ms}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0) or charged (positive) on the current
+-- window's counter without an admission check. The reply, and what to store (nil when nothing changes).
+function sliding_window.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(sliding_window.decide(a, state, now)) end
+  local start, _, cur, prev = sliding_window.current(a, state, now)
+  cur = cur + delta
+  if cur < 0 then cur = 0 end
+  local w = sliding_window.write(a, start, cur, prev)
+  return settled(sliding_window.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function sliding_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window = window_ms * 1000
+  local start, elapsed, cur, prev = sliding_window.current(a, state, now)
+  local weighted = prev * (window - elapsed) / window
+  local estimate = weighted + cur
+
+  local allowed = estimate + cost <= limit
+  local consumes = allowed and cost > 0
+  if consumes then cur = cur + cost end
+
+  -- Offset from start at which the same cost would be admitted if no other call came: within
+  -- this window as the previous count's weight falls, or in the next one.
+  local retry_after = 0
+  if not allowed then
+    if cost > limit then
+      retry_after = -1
+    else
+      local room = limit - cost
+      local offset = 0
+      if cur > room then
+        offset = window + window * (cur - room) / cur
+      elseif prev > 0 then
+        offset = window * (prev - (room - cur)) / prev
+      end
+      retry_after = math.ceil((start - now + offset) / 1000)
+      if retry_after < 1 then retry_after = 1 end
+    end
+  end
+  -- Milliseconds until the estimate is 0, exact below 2^53.
+  local to_start = math.ceil((start - now) / 1000)
+  local reset_after = 0
+  if cur > 0 then
+    reset_after = 2 * window_ms + to_start
+  elseif prev > 0 then
+    reset_after = window_ms + to_start
+  end
+  local remaining = math.floor(limit - (weighted + cur))
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then write = sliding_window.write(a, start, cur, prev) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function sliding_window.store(key, w)
+  store_fields(key, w.expire_at, w.start, w.cur, w.prev)
+end
+-- @end
+
+-- @limiter gcra
+local gcra = {
+  ARITY = "ERR wrong number of arguments for 'rl.gcra' command",
+}
+
+function gcra.parse(argv)
+  if #argv < 3 or #argv > 4 then return nil, gcra.ARITY end
+  local max_burst, count, period, cost, err
+  max_burst, err = integer_arg(argv[1], 0, MAX_INTEGER_ARG,
+    'ERR max_burst must be an integer', 'ERR max_burst must be between 0 and 1000000000000000')
+  if not max_burst then return nil, err end
+  count, err = integer_arg(argv[2], 1, MAX_INTEGER_ARG, 'ERR count_per_period must be an integer',
+    'ERR count_per_period must be between 1 and 1000000000000000')
+  if not count then return nil, err end
+  period, err = rate_arg(argv[3], 'ERR period_sec must be a number',
+    'ERR period_sec must be greater than 0 and at most 1000000000000000')
+  if not period then return nil, err end
+  cost, err = cost_arg(argv[4])
+  if not cost then return nil, err end
+  if period * 1000000 / count < 1 then
+    return nil, 'ERR count_per_period / period_sec must be at most 1000000 per second'
+  end
+  local interval = math.ceil(period * 1000000 / count)
+  local limit = max_burst + 1
+  local tolerance = interval * limit
+  if tolerance > 1e15 then
+    return nil, 'ERR (max_burst + 1) * period_sec / count_per_period must be at most 1000000000 seconds'
+  end
+  return {interval = interval, limit = limit, tolerance = tolerance, cost = cost}
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function gcra.load(key)
+  local fields, err = load_fields(key, 'tat')
+  if not fields then return fields, err end
+  local s = fields[1]
+  local tat = s and is_integer(s) and tonumber(s)
+  if not (tat and tat >= 0 and tat <= 8e15) then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tat' is not a valid timestamp")
+  end
+  return {tat = tat}
+end
+
+-- RL.SETTLE: the theoretical arrival time moved by delta emission intervals without an
+-- admission check (a charge from now at the earliest, to at most now + 2 * tolerance; a refund
+-- never before now, and none while idle). The reply, and what to store (nil when nothing
+-- changes).
+function gcra.settle(a, state, now, delta)
+  local tat = now
+  if state then tat = state.tat end
+  local moved = a.interval * delta
+  local new_tat
+  if delta > 0 then
+    local base = tat
+    if now > base then base = now end
+    new_tat = base + moved
+    if new_tat > now + 2 * a.tolerance then new_tat = now + 2 * a.tolerance end
+  elseif delta < 0 and tat > now then
+    new_tat = tat + moved
+    if new_tat < now then new_tat = now end
+  end
+  local w
+  if new_tat then w = {tat = new_tat, expire_at = math.ceil(new_tat / 1000)} end
+  return settled(gcra.decide(a, w or state, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function gcra.decide(a, state, now)
+  local interval, limit, tolerance, cost = a.interval, a.limit, a.tolerance, a.cost
+  local tat = now
+  if state then tat = state.tat end
+  local allowed, ttl, retry_after, write = false, tat - now, -1, nil
+  if cost <= limit then
+    local base = tat
+    if now > base then base = now end
+    local new_tat = base + interval * cost
+    local allow_at = new_tat - tolerance
+    if allow_at > now then
+      retry_after = math.ceil((allow_at - now) / 1000)
+    else
+      allowed, ttl, retry_after = true, new_tat - now, 0
+      if cost > 0 then write = {tat = new_tat, expire_at = math.ceil(new_tat / 1000)} end
+    end
+  end
+  if ttl < 0 then ttl = 0 end
+  local remaining = 0
+  if tolerance - ttl > 0 then remaining = math.floor((tolerance - ttl) / interval) end
+  return {allowed and 1 or 0, remaining, retry_after, math.ceil(ttl / 1000), limit}, write
+end
+
+function gcra.store(key, w)
+  store_fields(key, w.expire_at, w.tat)
+end
+-- @end
+
+-- @limiter sliding_log
+local sliding_log = {
+  ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
+  -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory.
+  MAX_LIMIT = 100000,
+  MAX_WINDOW_SECONDS = 1e10,
+  -- Members per ZADD call: unpack() returns fewer than 8000 results (Lua's C stack limit).
+  ZADD_BATCH = 2000,
+}
+
+function sliding_log.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, sliding_log.ARITY end
+  local limit, cost, err
+  limit, err = integer_arg(argv[1], 1, sliding_log.MAX_LIMIT,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+  if not limit then return nil, err end
+  if not is_decimal(argv[2]) then return nil, 'ERR window_sec must be a number' end
+  local window_sec = tonumber(argv[2])
+  if not (window_sec > 0 and window_sec <= sliding_log.MAX_WINDOW_SECONDS) then
+    return nil, 'ERR window_sec must be greater than 0 and at most 10000000000'
+  end
+  -- Millisecond resolution, rounded half up.
+  local window_ms = math.floor(window_sec * 1000 + 0.5)
+  if window_ms < 1 then return nil, 'ERR window_sec must be at least 1 millisecond' end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, window_us = window_ms * 1000, cost = cost}
+end
+
+-- The score of the entry `rank` places before the newest (0 is the newest), checked: an integer
+-- score in [0, 2^53] and the member "<score>:<n>". False past the oldest, or nil and an error.
+local function sliding_log_entry(key, rank)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local score = stored_timestamp(entry[2])
+  if not score then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+  end
+  local t = string.match(entry[1], '^(%d+):%d+$')
+  if not t or tonumber(t) ~= score then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'")
+  end
+  return score
+end
+
+-- What a call needs to know of the log, each in O(log n): its length, the newest entry (the one
+-- entry every call checks), how many entries are still in the window, and how many share the
+-- newest score when new entries would join them. False for a new key, or nil and an error reply.
+function sliding_log.load(key, a, now)
+  local len = redis.pcall('ZCARD', key)
+  if type(len) == 'table' then return nil, len end
+  if len == 0 then return false end
+  local newest, err = sliding_log_entry(key, 0)
+  if newest == nil then return nil, err end
+  local count = redis.call('ZCOUNT', key, string.format('(%.17g', now - a.window_us), '+inf')
+  local tied = 0
+  if newest and newest >= now then
+    local at = string.format('%.17g', newest)
+    tied = redis.call('ZCOUNT', key, at, at)
+  end
+  return {len = len, count = count, newest = newest, tied = tied}
+end
+
+-- Milliseconds from now until an entry at `score` leaves the window, rounded up.
+local function sliding_log_leaves_after(a, score, now)
+  return math.ceil((score - now) / 1000) + a.window_ms
+end
+
+-- The reply, and what to store (nil when nothing is written); or nil and an error reply when
+-- the entry a denial reads is corrupt.
+function sliding_log.decide(a, view, now, key)
+  local limit, cost = a.limit, a.cost
+  view = view or {len = 0, count = 0, tied = 0}
+  local count = view.count
+
+  -- A clock that went backwards never places new entries before stored ones.
+  local t = now
+  if view.newest and view.newest > now then t = view.newest end
+
+  local allowed = count + cost <= limit
+  local admits = allowed and cost > 0
+  local count_after = count
+  if admits then count_after = count + cost end
+  local remaining = limit - count_after
+  if remaining < 0 then remaining = 0 end
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > limit then
+    retry_after = -1
+  else
+    -- Enough room once the k-th oldest entry in the window has left it, k = count + cost -
+    -- limit: that one is `limit - cost` places before the newest.
+    local score, err = sliding_log_entry(key, limit - cost)
+    if score == nil then return nil, err end
+    if score then retry_after = sliding_log_leaves_after(a, score, now) else retry_after = -1 end
+  end
+  local reset_after = 0
+  if admits then
+    reset_after = sliding_log_leaves_after(a, t, now)
+  elseif count > 0 then
+    reset_after = sliding_log_leaves_after(a, view.newest, now)
+  end
+
+  local write
+  if admits then
+    local trim
+    if view.len > count then trim = now - a.window_us end
+    write = {trim = trim, t = t, first = view.tied, count = cost,
+             expire_at = math.ceil(t / 1000) + a.window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+-- RL.SETTLE: delta units refunded (negative: the newest entries still in the window leave, at
+-- most as many as there are) or charged (positive: entries join at the call time, at most limit
+-- of them) without an admission check. The reply, and what to store (nil when nothing changes);
+-- or nil and an error reply when an entry it reads is corrupt.
+function sliding_log.settle(a, view, now, delta, key)
+  local limit = a.limit
+  view = view or {len = 0, count = 0, tied = 0}
+  local count = view.count
+  local trim
+  if view.len > count then trim = now - a.window_us end
+  local count_after, newest, write = count, nil, nil
+  if count > 0 then newest = view.newest end
+  if delta > 0 then
+    local t = now
+    if view.newest and view.newest > now then t = view.newest end
+    local added = delta
+    if added > limit then added = limit end
+    write = {trim = trim, t = t, first = view.tied, count = added,
+             expire_at = math.ceil(t / 1000) + a.window_ms}
+    count_after, newest = count + added, t
+  elseif delta < 0 and count > 0 then
+    local dropped = -delta
+    if dropped > count then dropped = count end
+    local next = false
+    if dropped < count then
+      local err
+      next, err = sliding_log_entry(key, dropped)
+      if next == nil then return nil, err end
+    end
+    local expire_at
+    if next then expire_at = math.ceil(next / 1000) + a.window_ms end
+    write = {trim = trim, drop = dropped, expire_at = expire_at}
+    count_after, newest = count - dropped, next or nil
+  end
+  local reset_after = 0
+  if newest and count_after > 0 then reset_after = sliding_log_leaves_after(a, newest, now) end
+  local remaining = limit - count_after
+  if remaining < 0 then remaining = 0 end
+  return {1, remaining, 0, reset_after, limit}, write
+end
+
+function sliding_log.store(key, w)
+  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', w.trim)) end
+  if w.drop then
+    -- A refund: the newest entries leave.
+    redis.call('ZREMRANGEBYRANK', key, string.format('%.0f', -w.drop), '-1')
+    if w.expire_at then redis.call('PEXPIREAT', key, string.format('%.0f', w.expire_at)) end
+    return
+  end
+  local t = string.format('%.0f', w.t)
+  local batch = {}
+  for i = w.first, w.first + w.count - 1 do
+    batch[#batch + 1] = t
+    batch[#batch + 1] = t .. ':' .. string.format('%.0f', i)
+    if #batch == 2 * sliding_log.ZADD_BATCH then
+      redis.call('ZADD', key, unpack(batch))
+      batch = {}
+    end
+  end
+  if #batch > 0 then redis.call('ZADD', key, unpack(batch)) end
+  redis.call('PEXPIREAT', key, string.format('%.0f', w.expire_at))
+end
+-- @end
+
+-- @limiter concurrency
+local concurrency = {
+  ARITY = "ERR wrong number of arguments for 'rl.acquire' command",
+  -- Every lease is one sorted-set member: this bounds a key's memory.
+  MAX_LIMIT = 100000,
+  MAX_LEASE_SECONDS = 1e7,
+  MAX_ID_LEN = 128,
+}
+
+-- A lease id: 1 to 128 bytes, any bytes; nil and the error otherwise.
+function concurrency.id_arg(id)
+  if not id then return nil, 'ERR a CONCURRENCY limit needs LEASE lease_id' end
+  if #id < 1 or #id > concurrency.MAX_ID_LEN then
+    return nil, 'ERR lease_id must be 1 to 128 bytes'
+  end
+  return id
+end
+
+-- {limit, lease_sec, lease_id, cost}: RL.ACQUIRE gives the first three, RL.ALL all four (its
+-- LEASE id, or nil, and its COST). A lease is one slot whatever the cost; a cost of 0 is a peek.
+function concurrency.parse(argv)
+  local limit, cost, id, err
+  limit, err = integer_arg(argv[1], 1, concurrency.MAX_LIMIT,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+  if not limit then return nil, err end
+  if not is_decimal(argv[2]) then return nil, 'ERR lease_sec must be a number' end
+  local lease_sec = tonumber(argv[2])
+  if not (lease_sec > 0 and lease_sec <= concurrency.MAX_LEASE_SECONDS) then
+    return nil, 'ERR lease_sec must be greater than 0 and at most 10000000'
+  end
+  -- Millisecond resolution, rounded half up.
+  local lease_ms = math.floor(lease_sec * 1000 + 0.5)
+  if lease_ms < 1 then return nil, 'ERR lease_sec must be at least 1 millisecond' end
+  cost = 1
+  if argv[4] then
+    cost, err = cost_arg(argv[4])
+    if not cost then return nil, err end
+  end
+  id, err = concurrency.id_arg(argv[3])
+  if not id then return nil, err end
+  return {limit = limit, lease_ms = lease_ms, lease_us = lease_ms * 1000, id = id, cost = cost}
+end
+
+-- The entry `rank` places before the newest (0 is the newest), checked: an integer expiry in
+-- [0, 2^53] and an id of 1 to 128 bytes. False past the oldest, or nil and an error.
+local function concurrency_entry(key, rank, id)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local expiry = stored_timestamp(entry[2])
+  if not expiry then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+  end
+  if #entry[1] < 1 or #entry[1] > concurrency.MAX_ID_LEN then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes')
+  end
+  return {expiry = expiry, own = entry[1] == id}
+end
+
+-- What a call needs to know of the leases, each in O(log n), in the order of
+-- src/core/concurrency.rs: the size, the newest entry (and the one before it when the newest is
+-- the call's own), the live count and the call's own lease. False for a new key, or nil and an
+-- error reply.
+function concurrency.load(key, a, now)
+  local len = redis.pcall('ZCARD', key)
+  if type(len) == 'table' then return nil, len end
+  if len == 0 then return false end
+  local newest, err = concurrency_entry(key, 0, a.id)
+  if newest == nil then return nil, err end
+  local latest_other
+  if newest and newest.own then
+    local before
+    before, err = concurrency_entry(key, 1, a.id)
+    if before == nil then return nil, err end
+    if before then latest_other = before.expiry end
+  elseif newest then
+    latest_other = newest.expiry
+  end
+  local live = redis.call('ZCOUNT', key, string.format('(%.17g', now), '+inf')
+  local own = redis.call('ZSCORE', key, a.id)
+  if own then
+    own = stored_timestamp(own)
+    if not own then
+      return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+    end
+  end
+  return {len = len, live = live, own = own, latest_other = latest_other,
+          latest = newest and newest.expiry}
+end
+
+-- Whole milliseconds from now until `at`, rounded up, never negative.
+local function concurrency_ms_until(at, now)
+  local ms = math.ceil((at - now) / 1000)
+  if ms < 0 then return 0 end
+  return ms
+end
+
+-- The reply, and what to store (nil when nothing is written); or nil and an error reply when
+-- the entry a denial reads is corrupt.
+function concurrency.decide(a, view, now, key)
+  view = view or {len = 0, live = 0}
+  local limit = a.limit
+  local renews = view.own and view.own > now
+  local allowed = renews or view.live < limit
+  local admits = allowed and a.cost > 0
+  local live_after = view.live
+  if admits and not renews then live_after = live_after + 1 end
+  local remaining = limit - live_after
+  if remaining < 0 then remaining = 0 end
+  local expiry = now + a.lease_us
+  local retry_after = 0
+  if not allowed then
+    -- A slot is free once the lease `limit - 1` places before the newest has expired.
+    local entry, err = concurrency_entry(key, limit - 1, a.id)
+    if entry == nil then return nil, err end
+    if entry then retry_after = concurrency_ms_until(entry.expiry, now) else retry_after = -1 end
+  end
+  local latest_after = view.latest
+  if admits then
+    latest_after = expiry
+    if view.latest_other and view.latest_other > expiry then latest_after = view.latest_other end
+  end
+  local reset_after = 0
+  if latest_after then reset_after = concurrency_ms_until(latest_after, now) end
+  local write
+  if admits then
+    local trim
+    if view.len > view.live then trim = now end
+    write = {trim = trim, id = a.id, expiry = expiry, expire_at = math.ceil(latest_after / 1000)}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function concurrency.store(key, w)
+  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', w.trim)) end
+  redis.call('ZADD', key, string.format('%.17g', w.expiry), w.id)
+  redis.call('PEXPIREAT', key, string.format('%.17g', w.expire_at))
+end
+
+-- Frees the call's lease if it is live (the expired ones go too): 1, else 0 and no write.
+function concurrency.release(key, view, now, id)
+  if not (view and view.own and view.own > now) then return 0 end
+  if view.len > view.live then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
+  end
+  redis.call('ZREM', key, id)
+  if view.latest_other and view.latest_other > now then
+    redis.call('PEXPIREAT', key, string.format('%.17g', math.ceil(view.latest_other / 1000)))
+  end
+  return 1
+end
+-- @end
+
+-- @main
+local ALGORITHMS = {
+  {keyword = 'TOKENBUCKET', params = 2, limiter = token_bucket},
+  {keyword = 'LEAKYBUCKET', params = 2, limiter = leaky_bucket},
+  {keyword = 'FIXEDWINDOW', params = 2, limiter = fixed_window},
+  {keyword = 'SLIDINGWINDOW', params = 2, limiter = sliding_window},
+  {keyword = 'GCRA', params = 3, limiter = gcra},
+  {keyword = 'SLIDINGLOG', params = 2, limiter = sliding_log},
+  {keyword = 'CONCURRENCY', params = 2, limiter = concurrency, lease = true},
+}
+local ARITY = "ERR wrong number of arguments for 'rl.all' command"
+local n = #KEYS
+-- The shortest call is `numkeys key ALGORITHM p1 p2` (Redis checks RL.ALL's arity the same way).
+if n + #ARGV < 4 then return redis.error_reply(ARITY) end
+if n < 1 or n > 16 then
+  return redis.error_reply('ERR numkeys must be an integer between 1 and 16')
+end
+
+local words = {}
+for i = 1, #ARGV do words[i] = ARGV[i] end
+-- COST and LEASE at the end, in either order, each at most once.
+local cost, lease = '1', nil
+local cost_seen = false
+for _ = 1, 2 do
+  local option = #words >= 2 and string.upper(words[#words - 1])
+  if option == 'COST' and not cost_seen then
+    cost, cost_seen = words[#words], true
+  elseif option == 'LEASE' and not lease then
+    lease = words[#words]
+  else
+    break
+  end
+  words[#words] = nil
+  words[#words] = nil
+end
+
+local limits = {}
+local leases = false
+local i = 1
+while i <= #words do
+  local algorithm
+  local keyword = string.upper(words[i])
+  for _, a in ipairs(ALGORITHMS) do
+    if a.keyword == keyword then algorithm = a end
+  end
+  if not algorithm then
+    return redis.error_reply('ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG CONCURRENCY')
+  end
+  if #words - i < algorithm.params then return redis.error_reply(ARITY) end
+  local params = {}
+  for j = 1, algorithm.params do params[j] = words[i + j] end
+  -- The cost follows the parameters, and the call's lease id comes before it.
+  local at = algorithm.params + 1
+  if algorithm.lease then
+    leases = true
+    params[at] = lease
+    at = at + 1
+  end
+  params[at] = '0'
+  local peek_args, err = algorithm.limiter.parse(params)
+  if not peek_args then return redis.error_reply(err) end
+  params[at] = cost
+  local args
+  args, err = algorithm.limiter.parse(params)
+  if not args then return redis.error_reply(err) end
+  limits[#limits + 1] = {limiter = algorithm.limiter, args = args, peek_args = peek_args}
+  i = i + 1 + algorithm.params
+end
+if #limits ~= n then
+  return redis.error_reply('ERR the number of limits must equal numkeys')
+end
+if lease and not leases then
+  return redis.error_reply('ERR LEASE is given only with a CONCURRENCY limit')
+end
+for a = 1, n do
+  for b = a + 1, n do
+    if KEYS[a] == KEYS[b] then return redis.error_reply('ERR each limit needs its own key') end
+  end
+end
+
+-- Limits are read and decided in order, at one instant: the first bad key's error is the reply.
+local now = now_us()
+local replies, denied_by = {}, 0
+for k, limit in ipairs(limits) do
+  local state, load_err = limit.limiter.load(KEYS[k], limit.args, now)
+  if state == nil then return load_err end
+  limit.state = state
+  local decided, write = limit.limiter.decide(limit.args, limit.state, now, KEYS[k])
+  if not decided then return write end
+  replies[k], limit.write = decided, write
+  if denied_by == 0 and replies[k][1] == 0 then denied_by = k end
+end
+if denied_by == 0 then
+  for k, limit in ipairs(limits) do
+    if limit.write then limit.limiter.store(KEYS[k], limit.write) end
+  end
+else
+  -- A limit that admitted reports a peek: its state fits, so a peek reads nothing more.
+  for k, limit in ipairs(limits) do
+    if replies[k][1] == 1 then
+      replies[k] = limit.limiter.decide(limit.peek_args, limit.state, now, KEYS[k])
+    end
+  end
+end
+
+local reply = {denied_by == 0 and 1 or 0, denied_by}
+for k = 1, n do reply[k + 2] = replies[k] end
+return reply

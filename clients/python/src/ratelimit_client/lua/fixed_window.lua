@@ -1,0 +1,243 @@
+-- Fixed window counter, the Lua twin of RL.FIXEDWINDOW.
+--
+--   EVALSHA <sha> 1 <key> <limit> <window_sec> [cost]
+--
+-- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
+-- the module's. State: one string "<count> <start>" (start in unix microseconds), absolute
+-- expiry at the window's end. The window opens at the first admitted call; its end comes from
+-- the stored start, never from the TTL. Every number is computed in the same order as
+-- src/core/fixed_window.rs and stored as "%.17g", as the module writes it.
+--
+-- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
+-- block with parse / load / decide / store, and a short "main".
+
+-- @common
+local MAX_INTEGER_ARG = 1e15
+local MAX_RATE_ARG = 1e15
+local MAX_FILL_SECONDS = 1e10
+local MAX_TIMESTAMP_US = 9007199254740992
+
+local function is_integer(s)
+  return string.match(s, '^[+-]?%d+$') ~= nil
+end
+
+local function is_decimal(s)
+  local mantissa = s
+  local e = string.find(s, '[eE]')
+  if e then
+    if not is_integer(string.sub(s, e + 1)) then return false end
+    mantissa = string.sub(s, 1, e - 1)
+  end
+  return string.match(mantissa, '^[+-]?%d+%.?%d*$') ~= nil
+      or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
+end
+
+-- An integer argument in [lo, hi], or nil and the error message.
+local function integer_arg(s, lo, hi, not_integer, out_of_range)
+  if not is_integer(s) then return nil, not_integer end
+  local v = tonumber(s)
+  if v >= lo and v <= hi then return v end
+  return nil, out_of_range
+end
+
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
+end
+
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
+    'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
+end
+
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
+end
+
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
+
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
+  end
+  if not v then return false end
+  local whole = {string.match(v, FIELDS_SPLIT[n])}
+  if #whole == n then return whole end
+  -- Fewer parts than numbers: the ones there, then false.
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
+  return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
+-- every server passes on as its digits.
+local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
+local function store_fields(key, expire_at, ...)
+  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter fixed_window
+local fixed_window = {
+  ARITY = "ERR wrong number of arguments for 'rl.fixedwindow' command",
+  MAX_WINDOW_SECONDS = 1e10,
+}
+
+-- The window in whole milliseconds (rounded to nearest), or nil and the error message.
+function fixed_window.window_arg(s)
+  if not is_decimal(s) then return nil, 'ERR window_sec must be a number' end
+  local v = tonumber(s)
+  local out_of_range =
+    'ERR window_sec must be between 0.001 and 10000000000 (it is rounded to whole milliseconds)'
+  if v > fixed_window.MAX_WINDOW_SECONDS then return nil, out_of_range end
+  local window_ms = math.floor(v * 1000 + 0.5)
+  if window_ms >= 1 then return window_ms end
+  return nil, out_of_range
+end
+
+function fixed_window.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, fixed_window.ARITY end
+  local limit, window_ms, cost, err
+  limit, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 1000000000000000')
+  if not limit then return nil, err end
+  window_ms, err = fixed_window.window_arg(argv[2])
+  if not window_ms then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  return {limit = limit, window_ms = window_ms, cost = cost}
+end
+
+-- false for a new key, the state, or nil and an error reply.
+function fixed_window.load(key)
+  local fields, err = load_fields(key, 'count', 'start')
+  if not fields then return fields, err end
+  local count = stored_amount(fields[1])
+  if not count then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'count' is not a valid number")
+  end
+  local start = stored_timestamp(fields[2])
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
+  end
+  return {count = count, start = start}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never below 0, nothing once the window ended) or
+-- charged (positive; with no window open, one opens now) without an admission check. The reply,
+-- and what to store (nil when nothing changes).
+function fixed_window.settle(a, state, now, delta)
+  local window_ms = a.window_ms
+  local w
+  if delta == 0 then
+    w = nil
+  elseif not (state and now - state.start < window_ms * 1000) then
+    if delta > 0 then
+      w = {count = delta, start = now, expire_at = math.ceil(now / 1000) + window_ms}
+    end
+  else
+    local count = state.count + delta
+    if count < 0 then count = 0 end
+    w = {count = count, start = state.start, expire_at = math.ceil(state.start / 1000) + window_ms}
+  end
+  return settled(fixed_window.decide(a, w or state, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function fixed_window.decide(a, state, now)
+  local limit, window_ms, cost = a.limit, a.window_ms, a.cost
+  local window_us = window_ms * 1000
+  -- A stored window is current until its end; a clock that went backwards stays in it.
+  local count, start, open = 0, now, false
+  if state and now - state.start < window_us then
+    count, start, open = state.count, state.start, true
+  end
+
+  local allowed = count + cost <= limit
+  local consumes = allowed and cost > 0
+  if consumes then count = count + cost end
+
+  -- Milliseconds until start + window_us, rounded up, exact below 2^53.
+  local until_end = window_ms + math.ceil((start - now) / 1000)
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > limit then
+    retry_after = -1
+  else
+    retry_after = until_end
+  end
+  local reset_after = 0
+  if open or consumes then reset_after = until_end end
+  -- A count above the limit (the limit argument was lowered) leaves nothing, not less.
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then
+    write = {count = count, start = start, expire_at = math.ceil(start / 1000) + window_ms}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function fixed_window.store(key, w)
+  store_fields(key, w.expire_at, w.count, w.start)
+end
+-- @end
+
+-- @main
+if #KEYS ~= 1 then return redis.error_reply(fixed_window.ARITY) end
+local args, err = fixed_window.parse(ARGV)
+if not args then return redis.error_reply(err) end
+local state, load_err = fixed_window.load(KEYS[1])
+if state == nil then return load_err end
+local reply, write = fixed_window.decide(args, state, now_us())
+if write then fixed_window.store(KEYS[1], write) end
+return reply

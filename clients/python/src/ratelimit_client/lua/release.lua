@@ -1,0 +1,283 @@
+-- Releasing a lease, the Lua twin of RL.RELEASE.
+--
+--   EVALSHA <sha> 1 <key> <lease_id>
+--
+-- Frees the lease lua-reference/acquire.lua (or RL.ACQUIRE) took for lease_id. Reply: 1 when a
+-- live lease was released, 0 when there was none; errors word for word as the module's. Its
+-- limiter block is a copy of acquire.lua's.
+
+-- @common
+local MAX_INTEGER_ARG = 1e15
+local MAX_RATE_ARG = 1e15
+local MAX_FILL_SECONDS = 1e10
+local MAX_TIMESTAMP_US = 9007199254740992
+
+local function is_integer(s)
+  return string.match(s, '^[+-]?%d+$') ~= nil
+end
+
+local function is_decimal(s)
+  local mantissa = s
+  local e = string.find(s, '[eE]')
+  if e then
+    if not is_integer(string.sub(s, e + 1)) then return false end
+    mantissa = string.sub(s, 1, e - 1)
+  end
+  return string.match(mantissa, '^[+-]?%d+%.?%d*$') ~= nil
+      or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
+end
+
+-- An integer argument in [lo, hi], or nil and the error message.
+local function integer_arg(s, lo, hi, not_integer, out_of_range)
+  if not is_integer(s) then return nil, not_integer end
+  local v = tonumber(s)
+  if v >= lo and v <= hi then return v end
+  return nil, out_of_range
+end
+
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
+end
+
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
+    'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
+end
+
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
+end
+
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
+
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
+  end
+  if not v then return false end
+  local whole = {string.match(v, FIELDS_SPLIT[n])}
+  if #whole == n then return whole end
+  -- Fewer parts than numbers: the ones there, then false.
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
+  return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
+-- every server passes on as its digits.
+local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
+local function store_fields(key, expire_at, ...)
+  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter concurrency
+local concurrency = {
+  ARITY = "ERR wrong number of arguments for 'rl.acquire' command",
+  -- Every lease is one sorted-set member: this bounds a key's memory.
+  MAX_LIMIT = 100000,
+  MAX_LEASE_SECONDS = 1e7,
+  MAX_ID_LEN = 128,
+}
+
+-- A lease id: 1 to 128 bytes, any bytes; nil and the error otherwise.
+function concurrency.id_arg(id)
+  if not id then return nil, 'ERR a CONCURRENCY limit needs LEASE lease_id' end
+  if #id < 1 or #id > concurrency.MAX_ID_LEN then
+    return nil, 'ERR lease_id must be 1 to 128 bytes'
+  end
+  return id
+end
+
+-- {limit, lease_sec, lease_id, cost}: RL.ACQUIRE gives the first three, RL.ALL all four (its
+-- LEASE id, or nil, and its COST). A lease is one slot whatever the cost; a cost of 0 is a peek.
+function concurrency.parse(argv)
+  local limit, cost, id, err
+  limit, err = integer_arg(argv[1], 1, concurrency.MAX_LIMIT,
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+  if not limit then return nil, err end
+  if not is_decimal(argv[2]) then return nil, 'ERR lease_sec must be a number' end
+  local lease_sec = tonumber(argv[2])
+  if not (lease_sec > 0 and lease_sec <= concurrency.MAX_LEASE_SECONDS) then
+    return nil, 'ERR lease_sec must be greater than 0 and at most 10000000'
+  end
+  -- Millisecond resolution, rounded half up.
+  local lease_ms = math.floor(lease_sec * 1000 + 0.5)
+  if lease_ms < 1 then return nil, 'ERR lease_sec must be at least 1 millisecond' end
+  cost = 1
+  if argv[4] then
+    cost, err = cost_arg(argv[4])
+    if not cost then return nil, err end
+  end
+  id, err = concurrency.id_arg(argv[3])
+  if not id then return nil, err end
+  return {limit = limit, lease_ms = lease_ms, lease_us = lease_ms * 1000, id = id, cost = cost}
+end
+
+-- The entry `rank` places before the newest (0 is the newest), checked: an integer expiry in
+-- [0, 2^53] and an id of 1 to 128 bytes. False past the oldest, or nil and an error.
+local function concurrency_entry(key, rank, id)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local expiry = stored_timestamp(entry[2])
+  if not expiry then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+  end
+  if #entry[1] < 1 or #entry[1] > concurrency.MAX_ID_LEN then
+    return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes')
+  end
+  return {expiry = expiry, own = entry[1] == id}
+end
+
+-- What a call needs to know of the leases, each in O(log n), in the order of
+-- src/core/concurrency.rs: the size, the newest entry (and the one before it when the newest is
+-- the call's own), the live count and the call's own lease. False for a new key, or nil and an
+-- error reply.
+function concurrency.load(key, a, now)
+  local len = redis.pcall('ZCARD', key)
+  if type(len) == 'table' then return nil, len end
+  if len == 0 then return false end
+  local newest, err = concurrency_entry(key, 0, a.id)
+  if newest == nil then return nil, err end
+  local latest_other
+  if newest and newest.own then
+    local before
+    before, err = concurrency_entry(key, 1, a.id)
+    if before == nil then return nil, err end
+    if before then latest_other = before.expiry end
+  elseif newest then
+    latest_other = newest.expiry
+  end
+  local live = redis.call('ZCOUNT', key, string.format('(%.17g', now), '+inf')
+  local own = redis.call('ZSCORE', key, a.id)
+  if own then
+    own = stored_timestamp(own)
+    if not own then
+      return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
+    end
+  end
+  return {len = len, live = live, own = own, latest_other = latest_other,
+          latest = newest and newest.expiry}
+end
+
+-- Whole milliseconds from now until `at`, rounded up, never negative.
+local function concurrency_ms_until(at, now)
+  local ms = math.ceil((at - now) / 1000)
+  if ms < 0 then return 0 end
+  return ms
+end
+
+-- The reply, and what to store (nil when nothing is written); or nil and an error reply when
+-- the entry a denial reads is corrupt.
+function concurrency.decide(a, view, now, key)
+  view = view or {len = 0, live = 0}
+  local limit = a.limit
+  local renews = view.own and view.own > now
+  local allowed = renews or view.live < limit
+  local admits = allowed and a.cost > 0
+  local live_after = view.live
+  if admits and not renews then live_after = live_after + 1 end
+  local remaining = limit - live_after
+  if remaining < 0 then remaining = 0 end
+  local expiry = now + a.lease_us
+  local retry_after = 0
+  if not allowed then
+    -- A slot is free once the lease `limit - 1` places before the newest has expired.
+    local entry, err = concurrency_entry(key, limit - 1, a.id)
+    if entry == nil then return nil, err end
+    if entry then retry_after = concurrency_ms_until(entry.expiry, now) else retry_after = -1 end
+  end
+  local latest_after = view.latest
+  if admits then
+    latest_after = expiry
+    if view.latest_other and view.latest_other > expiry then latest_after = view.latest_other end
+  end
+  local reset_after = 0
+  if latest_after then reset_after = concurrency_ms_until(latest_after, now) end
+  local write
+  if admits then
+    local trim
+    if view.len > view.live then trim = now end
+    write = {trim = trim, id = a.id, expiry = expiry, expire_at = math.ceil(latest_after / 1000)}
+  end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
+end
+
+function concurrency.store(key, w)
+  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', w.trim)) end
+  redis.call('ZADD', key, string.format('%.17g', w.expiry), w.id)
+  redis.call('PEXPIREAT', key, string.format('%.17g', w.expire_at))
+end
+
+-- Frees the call's lease if it is live (the expired ones go too): 1, else 0 and no write.
+function concurrency.release(key, view, now, id)
+  if not (view and view.own and view.own > now) then return 0 end
+  if view.len > view.live then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
+  end
+  redis.call('ZREM', key, id)
+  if view.latest_other and view.latest_other > now then
+    redis.call('PEXPIREAT', key, string.format('%.17g', math.ceil(view.latest_other / 1000)))
+  end
+  return 1
+end
+-- @end
+
+-- @main
+if #KEYS ~= 1 or #ARGV ~= 1 then
+  return redis.error_reply("ERR wrong number of arguments for 'rl.release' command")
+end
+local id, err = concurrency.id_arg(ARGV[1])
+if not id then return redis.error_reply(err) end
+local now = now_us()
+local state, load_err = concurrency.load(KEYS[1], {id = id}, now)
+if state == nil then return load_err end
+return concurrency.release(KEYS[1], state, now, id)

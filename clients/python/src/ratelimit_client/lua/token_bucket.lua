@@ -1,0 +1,238 @@
+-- Token bucket, the Lua twin of RL.TOKENBUCKET.
+--
+--   EVALSHA <sha> 1 <key> <capacity> <refill_per_sec> [cost]
+--
+-- Reply: {allowed, remaining, retry_after_ms, reset_after_ms, limit}, errors word for word as
+-- the module's. State: one string "<tokens> <ts>" (ts in unix microseconds), absolute expiry
+-- when full again. Every number is computed in the same order as src/core/token_bucket.rs and
+-- stored as "%.17g", as the module writes it: given the same state and the same TIME, both store
+-- the same bytes and give the same reply, on every server.
+--
+-- Layout shared by every script here: a "common" block (identical in all of them), one "limiter"
+-- block with parse / load / decide / store, and a short "main". lua-reference/all.lua is
+-- assembled from these blocks.
+
+-- @common
+local MAX_INTEGER_ARG = 1e15
+local MAX_RATE_ARG = 1e15
+local MAX_FILL_SECONDS = 1e10
+local MAX_TIMESTAMP_US = 9007199254740992
+
+local function is_integer(s)
+  return string.match(s, '^[+-]?%d+$') ~= nil
+end
+
+local function is_decimal(s)
+  local mantissa = s
+  local e = string.find(s, '[eE]')
+  if e then
+    if not is_integer(string.sub(s, e + 1)) then return false end
+    mantissa = string.sub(s, 1, e - 1)
+  end
+  return string.match(mantissa, '^[+-]?%d+%.?%d*$') ~= nil
+      or string.match(mantissa, '^[+-]?%.%d+$') ~= nil
+end
+
+-- An integer argument in [lo, hi], or nil and the error message.
+local function integer_arg(s, lo, hi, not_integer, out_of_range)
+  if not is_integer(s) then return nil, not_integer end
+  local v = tonumber(s)
+  if v >= lo and v <= hi then return v end
+  return nil, out_of_range
+end
+
+-- A rate argument in (0, MAX_RATE_ARG], or nil and the error message.
+local function rate_arg(s, not_number, out_of_range)
+  if not is_decimal(s) then return nil, not_number end
+  local v = tonumber(s)
+  if v > 0 and v <= MAX_RATE_ARG then return v end
+  return nil, out_of_range
+end
+
+local function cost_arg(s)
+  if s == nil then return 1 end
+  return integer_arg(s, 0, MAX_INTEGER_ARG,
+    'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
+end
+
+-- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+local function stored_amount(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v >= 0 and v < math.huge then return v end
+  return nil
+end
+
+-- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+local function stored_balance(s)
+  local v = s and is_decimal(s) and tonumber(s)
+  if v and v > -math.huge and v < math.huge then return v end
+  return nil
+end
+
+local function stored_timestamp(s)
+  local v = s and is_integer(s) and tonumber(s)
+  if v and v >= 0 and v <= MAX_TIMESTAMP_US then return v end
+  return nil
+end
+
+-- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
+-- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
+-- state is one string, its numbers separated by single spaces and split at the first n - 1 of
+-- them (the last part keeps the rest). A hash with one field per number, the layout of release
+-- 0.1, is read too; the next write replaces it with the string.
+local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
+local function load_fields(key, ...)
+  local n = select('#', ...)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    return redis.call('HMGET', key, ...)
+  end
+  if not v then return false end
+  local whole = {string.match(v, FIELDS_SPLIT[n])}
+  if #whole == n then return whole end
+  -- Fewer parts than numbers: the ones there, then false.
+  local fields, from = {}, 1
+  for i = 1, n - 1 do
+    local space = string.find(v, ' ', from, true)
+    if not space then break end
+    fields[i] = string.sub(v, from, space - 1)
+    from = space + 1
+  end
+  fields[#fields + 1] = string.sub(v, from)
+  for i = #fields + 1, n do fields[i] = false end
+  return fields
+end
+
+-- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
+-- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
+-- every server passes on as its digits.
+local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
+local function store_fields(key, expire_at, ...)
+  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+end
+
+-- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
+-- nothing to wait for.
+local function settled(reply)
+  reply[1], reply[3] = 1, 0
+  return reply
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- @end
+
+-- @limiter token_bucket
+local token_bucket = {
+  ARITY = "ERR wrong number of arguments for 'rl.tokenbucket' command",
+}
+
+function token_bucket.parse(argv)
+  if #argv < 2 or #argv > 3 then return nil, token_bucket.ARITY end
+  local capacity, rate, cost, err
+  capacity, err = integer_arg(argv[1], 1, MAX_INTEGER_ARG,
+    'ERR capacity must be an integer', 'ERR capacity must be between 1 and 1000000000000000')
+  if not capacity then return nil, err end
+  rate, err = rate_arg(argv[2], 'ERR refill_per_sec must be a number',
+    'ERR refill_per_sec must be greater than 0 and at most 1000000000000000')
+  if not rate then return nil, err end
+  cost, err = cost_arg(argv[3])
+  if not cost then return nil, err end
+  if capacity / rate > MAX_FILL_SECONDS then
+    return nil, 'ERR capacity / refill_per_sec must be at most 10000000000 seconds'
+  end
+  return {capacity = capacity, rate = rate, cost = cost}
+end
+
+-- false for a new bucket, the state, or nil and an error reply.
+function token_bucket.load(key)
+  local fields, err = load_fields(key, 'tokens', 'ts')
+  if not fields then return fields, err end
+  local tokens = stored_balance(fields[1])
+  if not tokens then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tokens' is not a valid number")
+  end
+  local ts = stored_timestamp(fields[2])
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  return {tokens = tokens, ts = ts}
+end
+
+-- The tokens as of now (a debt down to -capacity), and the time to store with them.
+function token_bucket.current(a, state, now)
+  local capacity = a.capacity
+  local tokens, ts = capacity, now
+  if state then tokens, ts = state.tokens, state.ts end
+  -- A clock that went backwards refills nothing and never moves the stored time back.
+  local elapsed = now - ts
+  if elapsed < 0 then elapsed = 0 end
+  local t = now
+  if ts > now then t = ts end
+  tokens = tokens + elapsed * a.rate / 1000000
+  if tokens > capacity then tokens = capacity end
+  if tokens < -capacity then tokens = -capacity end
+  return tokens, t
+end
+
+function token_bucket.write(a, tokens, t)
+  local reset_after = math.ceil((a.capacity - tokens) * 1000 / a.rate)
+  return {tokens = tokens, ts = t, expire_at = math.ceil(t / 1000) + reset_after}
+end
+
+-- RL.SETTLE: delta units refunded (negative, never above capacity) or charged (positive, down
+-- to a debt of -capacity) without an admission check. The reply, and what to store (nil when nothing changes).
+function token_bucket.settle(a, state, now, delta)
+  if delta == 0 or (delta < 0 and not state) then return settled(token_bucket.decide(a, state, now)) end
+  local tokens, t = token_bucket.current(a, state, now)
+  tokens = tokens - delta
+  if tokens > a.capacity then tokens = a.capacity end
+  if tokens < -a.capacity then tokens = -a.capacity end
+  local w = token_bucket.write(a, tokens, t)
+  return settled(token_bucket.decide(a, w, now)), w
+end
+
+-- The reply, and what to store (nil when nothing is written).
+function token_bucket.decide(a, state, now)
+  local capacity, rate, cost = a.capacity, a.rate, a.cost
+  local tokens, t = token_bucket.current(a, state, now)
+
+  local allowed = cost <= tokens
+  local consumes = allowed and cost > 0
+  if consumes then tokens = tokens - cost end
+
+  local retry_after
+  if allowed then
+    retry_after = 0
+  elseif cost > capacity then
+    retry_after = -1
+  else
+    retry_after = math.ceil((cost - tokens) * 1000 / rate)
+  end
+  local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
+  -- A debt leaves nothing, not less.
+  local remaining = math.floor(tokens)
+  if remaining < 0 then remaining = 0 end
+
+  local write
+  if consumes then write = token_bucket.write(a, tokens, t) end
+  return {allowed and 1 or 0, remaining, retry_after, reset_after, capacity}, write
+end
+
+function token_bucket.store(key, w)
+  store_fields(key, w.expire_at, w.tokens, w.ts)
+end
+-- @end
+
+-- @main
+if #KEYS ~= 1 then return redis.error_reply(token_bucket.ARITY) end
+local args, err = token_bucket.parse(ARGV)
+if not args then return redis.error_reply(err) end
+local state, load_err = token_bucket.load(KEYS[1])
+if state == nil then return load_err end
+local reply, write = token_bucket.decide(args, state, now_us())
+if write then token_bucket.store(KEYS[1], write) end
+return reply

@@ -1,0 +1,161 @@
+"""Counters of the middleware's decisions per limit, in Prometheus's text format, and through
+``prometheus_client`` when it is installed (:meth:`Metrics.register`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DECISIONS_HELP = (
+    "Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and "
+    "shadow_denied (a shadow limit would have refused; let through)."
+)
+SETTLED_HELP = (
+    "Units given back (refunded) or taken (charged) when reservations were settled with their "
+    "actual cost."
+)
+
+
+@dataclass(slots=True)
+class Counts:
+    allowed: int = 0
+    denied: int = 0
+    degraded: int = 0
+    #: Requests a shadow limit would have refused (and let through).
+    shadow_denied: int = 0
+    #: Whether the limit has been evaluated as a shadow limit.
+    shadow: bool = False
+    #: Units given back by settlements (an actual cost below the estimate).
+    refunded: int = 0
+    #: Units taken by settlements (an actual cost above the estimate).
+    charged: int = 0
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Metrics:
+    """Thread-safe counters; share one between middlewares to count them together."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_limit: dict[str, Counts] = {}
+
+    def _counts(self, limit: str) -> Counts:
+        c = self._by_limit.get(limit)
+        if c is None:
+            c = self._by_limit[limit] = Counts()
+        return c
+
+    def record(self, limit: str, allowed: bool, degraded: bool) -> None:
+        with self._lock:
+            c = self._counts(limit)
+            if allowed:
+                c.allowed += 1
+            else:
+                c.denied += 1
+            if degraded:
+                c.degraded += 1
+
+    def record_shadow(self, limit: str, allowed: bool, degraded: bool) -> None:
+        """A shadow limit's answer: ``allowed`` counts as allowed, a denial as
+        ``shadow_denied`` (the request went through), never as ``denied``."""
+        with self._lock:
+            c = self._counts(limit)
+            c.shadow = True
+            if allowed:
+                c.allowed += 1
+            else:
+                c.shadow_denied += 1
+            if degraded:
+                c.degraded += 1
+
+    def record_settled(self, limit: str, delta: int) -> None:
+        """A settlement of ``delta`` units on ``limit``: below 0 refunded, above 0 charged."""
+        with self._lock:
+            c = self._counts(limit)
+            if delta < 0:
+                c.refunded += -delta
+            else:
+                c.charged += delta
+
+    def counts(self, limit: str) -> Counts:
+        with self._lock:
+            c = self._by_limit.get(limit)
+            return Counts() if c is None else Counts(**{f: getattr(c, f) for f in Counts.__slots__})
+
+    def snapshot(self) -> dict[str, Counts]:
+        """Every limit's counts, by name."""
+        with self._lock:
+            return {name: Counts(**{f: getattr(c, f) for f in Counts.__slots__}) for name, c in self._by_limit.items()}
+
+    def render_prometheus(self) -> str:
+        """``ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`` (and
+        ``outcome="shadow_denied"`` for a limit evaluated as a shadow limit), then, once a
+        settlement changed something, ``ratelimit_settled_units_total{limit="...",
+        direction="refunded|charged"}`` for the limits that settled; limits in byte order."""
+        counts = sorted(self.snapshot().items())
+        out = [
+            f"# HELP ratelimit_decisions_total {DECISIONS_HELP}\n",
+            "# TYPE ratelimit_decisions_total counter\n",
+        ]
+        for name, c in counts:
+            n = _escape(name)
+            for outcome, v in (("allowed", c.allowed), ("denied", c.denied), ("degraded", c.degraded)):
+                out.append(f'ratelimit_decisions_total{{limit="{n}",outcome="{outcome}"}} {v}\n')
+            if c.shadow:
+                out.append(
+                    f'ratelimit_decisions_total{{limit="{n}",outcome="shadow_denied"}} {c.shadow_denied}\n'
+                )
+        settled = [(name, c) for name, c in counts if c.refunded > 0 or c.charged > 0]
+        if settled:
+            out.append(f"# HELP ratelimit_settled_units_total {SETTLED_HELP}\n")
+            out.append("# TYPE ratelimit_settled_units_total counter\n")
+        for name, c in settled:
+            n = _escape(name)
+            for direction, v in (("refunded", c.refunded), ("charged", c.charged)):
+                out.append(f'ratelimit_settled_units_total{{limit="{n}",direction="{direction}"}} {v}\n')
+        return "".join(out)
+
+    def register(self, registry: Any = None) -> Any:
+        """Exposes these counters through ``prometheus_client`` (which must be installed): a
+        collector registered in ``registry`` (default ``prometheus_client.REGISTRY``), read at
+        every scrape. Returns the collector (``registry.unregister(collector)`` removes it)."""
+        from prometheus_client import REGISTRY
+
+        collector = _Collector(self)
+        (REGISTRY if registry is None else registry).register(collector)
+        return collector
+
+
+class _Collector:
+    """A ``prometheus_client`` collector of :class:`Metrics`."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        decisions = CounterMetricFamily(
+            "ratelimit_decisions", DECISIONS_HELP, labels=["limit", "outcome"]
+        )
+        settled = CounterMetricFamily("ratelimit_settled_units", SETTLED_HELP, labels=["limit", "direction"])
+        counts = sorted(self._metrics.snapshot().items())
+        for name, c in counts:
+            decisions.add_metric([name, "allowed"], c.allowed)
+            decisions.add_metric([name, "denied"], c.denied)
+            decisions.add_metric([name, "degraded"], c.degraded)
+            if c.shadow:
+                decisions.add_metric([name, "shadow_denied"], c.shadow_denied)
+            if c.refunded > 0 or c.charged > 0:
+                settled.add_metric([name, "refunded"], c.refunded)
+                settled.add_metric([name, "charged"], c.charged)
+        yield decisions
+        yield settled
