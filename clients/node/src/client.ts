@@ -1,0 +1,682 @@
+/**
+ * The client: mode detection (module, Functions library, scripts), the Lua fallback reloaded on
+ * `NOSCRIPT`, per-call timeouts and abort signals, the failure policy and the circuit breaker.
+ */
+
+import { randomBytes } from 'node:crypto';
+
+import {
+  type Algorithm,
+  type Concurrency,
+  commandOf,
+  keywordOf,
+  limitOf,
+  paramsOf,
+  plainNumber,
+} from './algorithm.js';
+import { Breaker } from './breaker.js';
+import { type Connection, type ConnectionSource, RedisReplyError, type Reply, toConnection } from './connection.js';
+import { Lease } from './lease.js';
+import { LocalLeases, LocalLimiter } from './local.js';
+import { Reservation } from './reservation.js';
+import {
+  ALL_SCRIPT,
+  LIBRARY,
+  LIBRARY_NAME,
+  RELEASE_SCRIPT,
+  SETTLE_SCRIPT,
+  type Script,
+  functionName,
+  scriptFor,
+} from './scripts.js';
+import {
+  type CallOptions,
+  type ClientOptions,
+  type Decision,
+  type Degraded,
+  type FailurePolicy,
+  type Mode,
+  type MultiOutcome,
+  type Outcome,
+  RejectedError,
+  type Settlement,
+  type TopEntry,
+  UnavailableError,
+  UnsupportedError,
+} from './types.js';
+
+/** A limit of a call over several limits: its key and its algorithm. */
+export type Limit = readonly [key: string, algorithm: Algorithm];
+
+/** The answer to {@link Client.acquire}: the outcome, and the lease when admitted. */
+export interface LeaseOutcome {
+  readonly outcome: Outcome;
+  /** Set exactly when admitted. */
+  readonly lease: Lease | undefined;
+}
+
+/** The answer to {@link Client.acquireAll}. */
+export interface MultiLeaseOutcome {
+  readonly outcome: MultiOutcome;
+  /** Set when admitted with a cost above 0 and at least one concurrency limit. */
+  readonly lease: Lease | undefined;
+}
+
+/** The answer to {@link Client.reserve}: the outcome, and the reservation when admitted. */
+export interface ReservationOutcome {
+  readonly outcome: Outcome;
+  /** Set exactly when admitted. */
+  readonly reservation: Reservation | undefined;
+}
+
+/** The answer to {@link Client.reserveAll}. */
+export interface MultiReservationOutcome {
+  readonly outcome: MultiOutcome;
+  readonly reservation: Reservation | undefined;
+}
+
+/**
+ * Refusals returned to the caller as they are: an error about the call itself, or one that
+ * asking again cannot fix and that failing open would hide (the user may not run the command,
+ * is not authenticated, the server is full, the address is a replica). Any other error
+ * (`LOADING`, `CLUSTERDOWN`, `MASTERDOWN`, `TRYAGAIN`, `BUSY`...) means Redis could not decide.
+ */
+const REJECTED = new Set(['ERR', 'WRONGTYPE', 'CROSSSLOT', 'NOPERM', 'NOAUTH', 'WRONGPASS', 'OOM', 'READONLY']);
+
+const LEASE_PREFIX = randomBytes(8).toString('hex');
+let leaseCounter = 0;
+
+/** A lease id unique to this call: a random per-process prefix, the process id, a counter. */
+export function newLeaseId(): string {
+  leaseCounter += 1;
+  return `${LEASE_PREFIX}-${process.pid.toString(16)}-${leaseCounter.toString(16)}`;
+}
+
+class UnexpectedReply extends Error {
+  override name = 'UnexpectedReply';
+  constructor(reply: Reply) {
+    super(`unexpected reply: ${JSON.stringify(reply)}`);
+  }
+}
+
+function int(v: Reply): number {
+  if (typeof v === 'number' && Number.isInteger(v)) return v;
+  throw new UnexpectedReply(v);
+}
+
+function decision(v: Reply): Decision {
+  if (!Array.isArray(v) || v.length !== 5) throw new UnexpectedReply(v);
+  const [allowed, remaining, retryAfterMs, resetAfterMs, limit] = v.map(int) as [number, number, number, number, number];
+  if (remaining < 0 || resetAfterMs < 0 || limit < 0) throw new UnexpectedReply(v);
+  return { allowed: allowed === 1, remaining, retryAfterMs, resetAfterMs, limit };
+}
+
+function decisions(v: Reply, n: number): Decision[] {
+  if (!Array.isArray(v) || v.length !== n) throw new UnexpectedReply(v);
+  return v.map(decision);
+}
+
+function multi(v: Reply, n: number): [boolean, number, Decision[]] {
+  if (!Array.isArray(v) || v.length !== n + 2) throw new UnexpectedReply(v);
+  const deniedBy = int(v[1]);
+  if (deniedBy < 0) throw new UnexpectedReply(v);
+  return [int(v[0]) === 1, deniedBy, v.slice(2).map(decision)];
+}
+
+function text(v: Reply): string {
+  if (typeof v === 'string') return v;
+  if (Buffer.isBuffer(v)) return v.toString('utf8');
+  throw new UnexpectedReply(v);
+}
+
+function topEntries(v: Reply): TopEntry[] {
+  if (!Array.isArray(v)) throw new UnexpectedReply(v);
+  return v.map((e: Reply) => {
+    if (!Array.isArray(e) || e.length !== 6) throw new UnexpectedReply(v);
+    return {
+      key: text(e[0]),
+      denied: int(e[1]),
+      error: int(e[2]),
+      command: text(e[3]),
+      firstDeniedMs: int(e[4]),
+      lastDeniedMs: int(e[5]),
+    };
+  });
+}
+
+function checkCount(what: string, n: number): void {
+  if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`${what} must be an integer from 0 to 2^53-1, not ${n}`);
+}
+
+type Guarded<T> = { ok: true; value: T } | { ok: false; cause: unknown };
+
+const USER_ABORT = Symbol('aborted by the caller');
+
+/** The answer made when Redis could not: the policy's decision and which policy it was. */
+type Fallback = [Decision, Degraded];
+
+/**
+ * A connection to Redis (or Redis Cluster) that decides with the module, the Functions library
+ * or the scripts. Several keys in one call (`checkAll`, `settle`...) need a common hash tag on a
+ * cluster (`{user42}:minute`, `{user42}:hour`).
+ */
+export class Client {
+  private readonly conn: Connection;
+  private readonly breaker: Breaker;
+  private readonly local = new LocalLimiter();
+  private readonly leases = new LocalLeases();
+  private modeValue: Mode | undefined;
+  private detecting: Promise<Mode> | undefined;
+  readonly timeoutMs: number;
+  readonly policy: FailurePolicy;
+  readonly instances: number;
+  readonly failClosedRetryMs: number;
+
+  /**
+   * `connection`: a node-redis client or cluster, an ioredis `Redis` or `Cluster`, or any
+   * {@link Connection}. The client sends its commands through it and never connects, closes or
+   * configures it (see docs/node.md for the settings that let a call fail fast while Redis is
+   * down).
+   */
+  constructor(connection: ConnectionSource, options: ClientOptions = {}) {
+    this.conn = toConnection(connection);
+    this.timeoutMs = options.timeoutMs ?? 100;
+    this.policy = options.policy ?? 'fail-open';
+    this.instances = Math.max(Math.trunc(options.instances ?? 1), 1);
+    this.failClosedRetryMs = options.failClosedRetryMs ?? 1000;
+    this.breaker = new Breaker(options.breaker);
+    this.modeValue = options.mode === undefined || options.mode === 'auto' ? undefined : options.mode;
+  }
+
+  /** A client whose mode is detected at once (within the timeout; later if Redis is down now). */
+  static async open(connection: ConnectionSource, options: ClientOptions = {}): Promise<Client> {
+    const c = new Client(connection, options);
+    await c.detect();
+    return c;
+  }
+
+  /** The mode in use, once known (after the first call that reached Redis in `'auto'`). */
+  get mode(): Mode | undefined {
+    return this.modeValue;
+  }
+
+  /** Whether the circuit breaker is open (or half open). */
+  get breakerOpen(): boolean {
+    return this.breaker.isOpen();
+  }
+
+  /** Detects the mode now if not known yet; undefined if Redis did not answer in time. */
+  async detect(call?: CallOptions): Promise<Mode | undefined> {
+    const g = await this.guarded((signal) => this.resolveMode(signal), call, false);
+    return g.ok ? g.value : undefined;
+  }
+
+  /**
+   * Loads (or replaces) the Functions library on the server: `FUNCTION LOAD REPLACE`. On a
+   * cluster, load it on every master (through a client of each). Throws {@link RejectedError}
+   * for a refusal, {@link UnavailableError} when Redis does not answer.
+   */
+  async loadLibrary(call?: CallOptions): Promise<void> {
+    const g = await this.guarded((signal) => this.conn.send(['FUNCTION', 'LOAD', 'REPLACE', LIBRARY], undefined, signal), call);
+    if (!g.ok) throw new UnavailableError(g.cause);
+  }
+
+  private resolveMode(signal: AbortSignal): Promise<Mode> {
+    if (this.modeValue) return Promise.resolve(this.modeValue);
+    // One detection at a time; the callers that come meanwhile wait for it.
+    if (!this.detecting) {
+      this.detecting = (async () => {
+        const info = await this.conn.send(['COMMAND', 'INFO', 'rl.all'], undefined, signal);
+        if (!Array.isArray(info)) throw new UnexpectedReply(info);
+        const loaded = info.length > 0 && info[0] !== null && info[0] !== undefined;
+        const mode: Mode = loaded ? 'module' : (await this.hasLibrary(signal)) ? 'function' : 'script';
+        this.modeValue = mode;
+        return mode;
+      })().finally(() => {
+        this.detecting = undefined;
+      });
+    }
+    return this.detecting;
+  }
+
+  /**
+   * Whether the `ratelimit` Functions library is loaded. A server that refuses to say (an error
+   * reply, such as `NOPERM` for `FUNCTION`) is taken to have none: the scripts decide alike.
+   */
+  private async hasLibrary(signal: AbortSignal): Promise<boolean> {
+    try {
+      const listed = await this.conn.send(['FUNCTION', 'LIST', 'LIBRARYNAME', LIBRARY_NAME], undefined, signal);
+      if (!Array.isArray(listed)) throw new UnexpectedReply(listed);
+      return listed.length > 0;
+    } catch (e) {
+      if (e instanceof RedisReplyError) return false;
+      throw e;
+    }
+  }
+
+  /** `EVALSHA` of a script; on `NOSCRIPT`, `SCRIPT LOAD` (on the keys' node) and again. */
+  private async evalsha(script: Script, keys: readonly string[], args: readonly string[], signal: AbortSignal): Promise<Reply> {
+    const cmd = ['EVALSHA', script.sha, String(keys.length), ...keys, ...args];
+    try {
+      return await this.conn.send(cmd, keys[0], signal);
+    } catch (e) {
+      if (!(e instanceof RedisReplyError) || !e.reply.startsWith('NOSCRIPT')) throw e;
+      await this.conn.send(['SCRIPT', 'LOAD', script.source], keys[0], signal);
+      return await this.conn.send(cmd, keys[0], signal);
+    }
+  }
+
+  /** A command in the mode in use: the module's, its function in the library, or its script. */
+  private async command(
+    mode: Mode,
+    command: string,
+    script: Script,
+    keys: readonly string[],
+    args: readonly string[],
+    signal: AbortSignal,
+    numkeys: boolean,
+  ): Promise<Reply> {
+    switch (mode) {
+      case 'module':
+        return this.conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], signal);
+      case 'function':
+        return this.conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], signal);
+      case 'script':
+        return this.evalsha(script, keys, args, signal);
+    }
+  }
+
+  /**
+   * One limit's command: the parameters, then the cost, or for a concurrency limit the lease id
+   * (`RL.ACQUIRE` takes no cost).
+   */
+  private async callOne(key: string, a: Algorithm, cost: number, lease: string | undefined, signal: AbortSignal): Promise<[Decision, Mode]> {
+    const mode = await this.resolveMode(signal);
+    const args = paramsOf(a);
+    args.push(a.kind === 'concurrency' && lease !== undefined ? lease : plainNumber(cost));
+    const reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, signal, false);
+    return [decision(reply), mode];
+  }
+
+  private async callRelease(key: string, id: string, signal: AbortSignal): Promise<number> {
+    const mode = await this.resolveMode(signal);
+    return int(await this.command(mode, 'RL.RELEASE', RELEASE_SCRIPT, [key], [id], signal, false));
+  }
+
+  private static limitArgs(limits: readonly Limit[]): string[] {
+    const args: string[] = [];
+    for (const [, a] of limits) args.push(keywordOf(a), ...paramsOf(a));
+    return args;
+  }
+
+  private async callAll(limits: readonly Limit[], cost: number, lease: string | undefined, signal: AbortSignal): Promise<[[boolean, number, Decision[]], Mode]> {
+    const mode = await this.resolveMode(signal);
+    const args = Client.limitArgs(limits);
+    if (lease !== undefined) args.push('LEASE', lease);
+    args.push('COST', plainNumber(cost));
+    const keys = limits.map(([k]) => k);
+    const reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, signal, true);
+    return [multi(reply, limits.length), mode];
+  }
+
+  private async callSettle(limits: readonly Limit[], delta: number, signal: AbortSignal): Promise<[Decision[], Mode]> {
+    const mode = await this.resolveMode(signal);
+    const args = Client.limitArgs(limits);
+    args.push('DELTA', plainNumber(delta));
+    const keys = limits.map(([k]) => k);
+    const reply = await this.command(mode, 'RL.SETTLE', SETTLE_SCRIPT, keys, args, signal, true);
+    return [decisions(reply, limits.length), mode];
+  }
+
+  /**
+   * Runs `fn` under the timeout, the caller's signal and the breaker. A Redis refusal is thrown
+   * as {@link RejectedError}; no answer in time (or an error that means Redis could not decide)
+   * is `{ ok: false }`; the caller's abort rejects with the signal's reason.
+   */
+  private async guarded<T>(fn: (signal: AbortSignal) => Promise<T>, call: CallOptions | undefined, breaker = true): Promise<Guarded<T>> {
+    const user = call?.signal;
+    user?.throwIfAborted();
+    if (breaker && !this.breaker.permit()) return { ok: false, cause: new Error('circuit breaker open') };
+    const controller = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    let onAbort: (() => void) | undefined;
+    const stop = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        const e = new Error(`no answer within ${call?.timeoutMs ?? this.timeoutMs} ms`);
+        controller.abort(e);
+        reject(e);
+      }, call?.timeoutMs ?? this.timeoutMs);
+      if (user) {
+        onAbort = () => {
+          controller.abort(user.reason);
+          reject(USER_ABORT);
+        };
+        user.addEventListener('abort', onAbort, { once: true });
+      }
+    });
+    try {
+      const value = await Promise.race([fn(controller.signal), stop]);
+      if (breaker) this.breaker.success();
+      return { ok: true, value };
+    } catch (e) {
+      if (e === USER_ABORT) {
+        if (breaker) this.breaker.abandon();
+        throw user?.reason;
+      }
+      if (e instanceof RedisReplyError && REJECTED.has(e.reply.split(' ', 1)[0] ?? '')) {
+        if (breaker) this.breaker.success();
+        if (e.reply.startsWith('READONLY')) await this.conn.reconnect?.();
+        throw new RejectedError(e.reply);
+      }
+      if (breaker) this.breaker.failure();
+      return { ok: false, cause: e };
+    } finally {
+      clearTimeout(timer);
+      if (onAbort) user?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  private fallback(key: string, a: Algorithm, cost: number, lease: string | undefined): Fallback {
+    switch (this.policy) {
+      case 'fail-open':
+        return [{ allowed: true, remaining: limitOf(a), retryAfterMs: 0, resetAfterMs: 0, limit: limitOf(a) }, 'fail-open'];
+      case 'fail-closed':
+        return [
+          {
+            allowed: false,
+            remaining: 0,
+            retryAfterMs: this.failClosedRetryMs,
+            resetAfterMs: this.failClosedRetryMs,
+            limit: limitOf(a),
+          },
+          'fail-closed',
+        ];
+      case 'local':
+        return a.kind === 'concurrency'
+          ? [this.leases.acquire(key, lease ?? '', a, this.instances, cost > 0), 'local']
+          : [this.local.check(key, a, this.instances, cost), 'local'];
+    }
+  }
+
+  /**
+   * Checks (and on admission consumes) `cost` units of `algorithm` on `key`. A concurrency limit
+   * is only peeked at here (cost 0, through `RL.ALL`); its slots are taken with
+   * {@link Client.acquire} ({@link UnsupportedError} for a cost above 0).
+   */
+  async check(key: string, algorithm: Algorithm, cost = 1, call?: CallOptions): Promise<Outcome> {
+    checkCount('cost', cost);
+    if (algorithm.kind !== 'concurrency') return this.decideOne(key, algorithm, cost, undefined, call);
+    const o = await this.checkAll([[key, algorithm]], cost, call);
+    return { decision: o.decisions[0]!, degraded: o.degraded, mode: o.mode };
+  }
+
+  /** @internal One limit: Redis, or the failure policy when Redis cannot answer. */
+  async decideOne(key: string, a: Algorithm, cost: number, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
+    const g = await this.guarded((signal) => this.callOne(key, a, cost, lease, signal), call);
+    if (g.ok) return { decision: g.value[0], degraded: undefined, mode: g.value[1] };
+    const [d, degraded] = this.fallback(key, a, cost, lease);
+    return { decision: d, degraded, mode: undefined };
+  }
+
+  /**
+   * Checks several limits at once: admitted only if every limit admits, and then `cost` is
+   * consumed from all of them (`RL.ALL`, or `all.lua`); one limit alone goes through its own
+   * command. Concurrency limits are only peeked at here (cost 0); their slots are taken with
+   * {@link Client.acquireAll}.
+   */
+  async checkAll(limits: readonly Limit[], cost = 1, call?: CallOptions): Promise<MultiOutcome> {
+    checkCount('cost', cost);
+    if (!limits.some(([, a]) => a.kind === 'concurrency')) return this.decideAll(limits, cost, undefined, call);
+    if (cost > 0) throw new UnsupportedError('concurrency limits take a lease: Client.acquireAll');
+    return this.decideAll(limits, 0, newLeaseId(), call);
+  }
+
+  /** @internal Several limits in one call (one alone with its own command, but a concurrency peek). */
+  async decideAll(limits: readonly Limit[], cost: number, lease: string | undefined, call?: CallOptions): Promise<MultiOutcome> {
+    const only = limits.length === 1 ? limits[0] : undefined;
+    if (only && (cost > 0 || only[1].kind !== 'concurrency')) {
+      const o = await this.decideOne(only[0], only[1], cost, lease, call);
+      return {
+        allowed: o.decision.allowed,
+        deniedBy: o.decision.allowed ? 0 : 1,
+        decisions: [o.decision],
+        degraded: o.degraded,
+        mode: o.mode,
+      };
+    }
+    if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
+    const g = await this.guarded((signal) => this.callAll(limits, cost, lease, signal), call);
+    if (g.ok) {
+      const [[allowed, deniedBy, ds], mode] = g.value;
+      return { allowed, deniedBy, decisions: ds, degraded: undefined, mode };
+    }
+    return this.degradedAll(limits, cost, lease);
+  }
+
+  private degradedAll(limits: readonly Limit[], cost: number, lease: string | undefined): MultiOutcome {
+    let degraded: Degraded = 'fail-open';
+    // Peek first so that a denial consumes from none of the limits.
+    const peeks = limits.map(([k, a]) => {
+      const [d, g] = this.fallback(k, a, 0, lease);
+      degraded = g;
+      return d;
+    });
+    const denier = peeks.findIndex((d, i) => {
+      if (degraded === 'fail-closed') return true;
+      // One slot whatever the cost; none taken by a peek.
+      if (limits[i]![1].kind === 'concurrency') return cost > 0 && !d.allowed;
+      return d.remaining < cost;
+    });
+    let ds: Decision[];
+    if (denier >= 0) {
+      ds = peeks;
+      const [k, a] = limits[denier]!;
+      ds[denier] = this.fallback(k, a, cost, lease)[0];
+    } else {
+      ds = limits.map(([k, a]) => this.fallback(k, a, cost, lease)[0]);
+    }
+    return { allowed: denier < 0, deniedBy: denier + 1, decisions: ds, degraded, mode: undefined };
+  }
+
+  /**
+   * Gives back `id`'s slot of `key` (`RL.RELEASE`): whether a live lease was released; false too
+   * when Redis cannot answer (the lease then expires by itself). Idempotent.
+   */
+  async release(key: string, id: string, call?: CallOptions): Promise<boolean> {
+    const g = await this.guarded((signal) => this.callRelease(key, id, signal), call);
+    return g.ok && g.value === 1;
+  }
+
+  /** @internal Frees `id`'s slot of `key` in the in-process semaphore of the `'local'` policy. */
+  releaseLocal(key: string, id: string): boolean {
+    return this.leases.release(key, id);
+  }
+
+  /**
+   * Takes one of `limit.limit` slots of `key` for a new lease (`RL.ACQUIRE` with a fresh lease
+   * id). Admitted: the outcome and the {@link Lease}, given back with `release()`, or at the end
+   * of an `await using` block. Denied: the outcome alone, `retryAfterMs` until a lease expires.
+   * When Redis cannot answer: `'fail-open'` admits with a lease that holds nothing,
+   * `'fail-closed'` denies, `'local'` takes a slot of an in-process semaphore.
+   */
+  acquire(key: string, limit: Concurrency, call?: CallOptions): Promise<LeaseOutcome> {
+    return this.acquireAs(key, limit, newLeaseId(), call);
+  }
+
+  /**
+   * {@link Client.acquire} with the caller's lease id (1 to 128 bytes, unique to the holder, such
+   * as a job id): a live lease of that id is renewed instead of taking a second slot.
+   */
+  async acquireAs(key: string, limit: Concurrency, id: string, call?: CallOptions): Promise<LeaseOutcome> {
+    const outcome = await this.decideOne(key, limit, 1, id, call);
+    const lease = outcome.decision.allowed ? new Lease(this, id, [[key, limit]], outcome.degraded) : undefined;
+    return { outcome, lease };
+  }
+
+  /**
+   * Several limits at once, concurrency limits among them (`RL.ALL ... LEASE id COST cost`):
+   * admitted only if every limit admits; then `cost` is consumed from the others and one slot of
+   * each concurrency limit is held by the returned lease. Cost 0 peeks and takes no slot.
+   */
+  async acquireAll(limits: readonly Limit[], cost = 1, call?: CallOptions): Promise<MultiLeaseOutcome> {
+    checkCount('cost', cost);
+    const held = limits.filter((l): l is readonly [string, Concurrency] => l[1].kind === 'concurrency');
+    if (held.length === 0) return { outcome: await this.decideAll(limits, cost, undefined, call), lease: undefined };
+    const id = newLeaseId();
+    const outcome = await this.decideAll(limits, cost, id, call);
+    const lease = outcome.allowed && cost > 0 ? new Lease(this, id, held, outcome.degraded) : undefined;
+    return { outcome, lease };
+  }
+
+  /**
+   * Runs `fn` while holding a slot of `key`, and gives it back when `fn` settles (`try/finally`,
+   * where `await using` is not available). Denied: `fn` does not run and `result` is undefined.
+   */
+  async withLease<T>(key: string, limit: Concurrency, fn: (lease: Lease) => T | Promise<T>, call?: CallOptions): Promise<{ outcome: Outcome; result: T | undefined }> {
+    const { outcome, lease } = await this.acquire(key, limit, call);
+    if (!lease) return { outcome, result: undefined };
+    try {
+      return { outcome, result: await fn(lease) };
+    } finally {
+      await lease.release().catch(() => false);
+    }
+  }
+
+  /**
+   * Checks and on admission consumes `estimate` units, for work whose true cost is known only
+   * afterwards. Admitted: the outcome and the {@link Reservation}, whose `settle(actual)`
+   * refunds or charges the difference; left unsettled, the estimate stays charged.
+   */
+  async reserve(key: string, algorithm: Algorithm, estimate: number, call?: CallOptions): Promise<ReservationOutcome> {
+    checkCount('estimate', estimate);
+    if (algorithm.kind === 'concurrency') throw new UnsupportedError('concurrency limits are not settled: Client.acquire');
+    const outcome = await this.decideOne(key, algorithm, estimate, undefined, call);
+    const reservation = outcome.decision.allowed ? new Reservation(this, [[key, algorithm]], estimate, outcome.degraded) : undefined;
+    return { outcome, reservation };
+  }
+
+  /** {@link Client.reserve} over several limits at once, settled together in one call. */
+  async reserveAll(limits: readonly Limit[], estimate: number, call?: CallOptions): Promise<MultiReservationOutcome> {
+    checkCount('estimate', estimate);
+    if (limits.some(([, a]) => a.kind === 'concurrency')) {
+      throw new UnsupportedError('concurrency limits are not settled: Client.acquireAll');
+    }
+    const outcome = await this.decideAll(limits, estimate, undefined, call);
+    const reservation = outcome.allowed ? new Reservation(this, [...limits], estimate, outcome.degraded) : undefined;
+    return { outcome, reservation };
+  }
+
+  /**
+   * Adjusts what was consumed from every limit by `delta` units in one call (`RL.SETTLE ...
+   * DELTA delta`): below 0 gives `-delta` back (never above the limit), above 0 takes `delta`
+   * more without asking whether it is left (a limit may go into debt, and then denies until it is
+   * paid back), 0 only reports. When Redis cannot answer nothing is adjusted, and the decisions
+   * are the failure policy's for a cost of 0.
+   */
+  async settle(limits: readonly Limit[], delta: number, call?: CallOptions): Promise<Settlement> {
+    if (!Number.isSafeInteger(delta)) throw new RangeError(`delta must be a safe integer, not ${delta}`);
+    if (limits.some(([, a]) => a.kind === 'concurrency')) throw new UnsupportedError('concurrency limits are not settled');
+    if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
+    const g = await this.guarded((signal) => this.callSettle(limits, delta, signal), call);
+    if (g.ok) return { decisions: g.value[0], degraded: undefined, mode: g.value[1] };
+    let degraded: Degraded = 'fail-open';
+    const ds = limits.map(([k, a]) => {
+      const [d, g2] = this.fallback(k, a, 0, undefined);
+      degraded = g2;
+      return d;
+    });
+    return { decisions: ds, degraded, mode: undefined };
+  }
+
+  /**
+   * @internal Settles where a reservation was charged: Redis (undefined), the in-process buckets
+   * of the `'local'` policy, or nowhere (admitted by `'fail-open'`: nothing is sent).
+   */
+  async settleCharged(limits: readonly Limit[], delta: number, charged: Degraded | undefined, call?: CallOptions): Promise<Settlement> {
+    if (charged === undefined) return this.settle(limits, delta, call);
+    if (charged === 'local' && this.policy === 'local') {
+      return {
+        decisions: limits.map(([k, a]) => this.local.adjust(k, a, this.instances, delta)),
+        degraded: 'local',
+        mode: undefined,
+      };
+    }
+    return { decisions: limits.map(([k, a]) => this.fallback(k, a, 0, undefined)[0]), degraded: charged, mode: undefined };
+  }
+
+  /**
+   * The `count` keys with the most denials on the server, most first (`RL.TOP count`, count from
+   * 1 to 100,000), as the module counts them. Only the module keeps this list:
+   * {@link UnsupportedError} in the other modes. An operator's call, outside the `ratelimit` ACL
+   * category ({@link RejectedError} `NOPERM` for an application's user). No failure policy:
+   * {@link UnavailableError} when Redis does not answer. Each server counts its own keys.
+   */
+  async top(count: number, call?: CallOptions): Promise<TopEntry[]> {
+    return this.callTop(count, call);
+  }
+
+  /** Clears the list of {@link Client.top} (`RL.TOP RESET`). */
+  async resetTop(call?: CallOptions): Promise<void> {
+    await this.callTop(undefined, call);
+  }
+
+  private async callTop(count: number | undefined, call?: CallOptions): Promise<TopEntry[]> {
+    const g = await this.guarded(async (signal) => {
+      const mode = await this.resolveMode(signal);
+      if (mode !== 'module') return undefined;
+      const reply = await this.conn.send(['RL.TOP', count === undefined ? 'RESET' : plainNumber(count)], undefined, signal);
+      return count === undefined ? [] : topEntries(reply);
+    }, call);
+    if (!g.ok) throw new UnavailableError(g.cause);
+    if (g.value === undefined) throw new UnsupportedError('the most-denied keys are counted by the module only (RL.TOP)');
+    return g.value;
+  }
+
+  /**
+   * @internal Any command, routed by `key` on a cluster, under the timeout and the breaker:
+   * {@link RejectedError} for a refusal, {@link UnavailableError} when Redis does not answer.
+   */
+  async sendRaw(args: readonly string[], key: string | undefined, call?: CallOptions): Promise<Reply> {
+    const g = await this.guarded((signal) => this.conn.send(args, key, signal), call);
+    if (!g.ok) throw new UnavailableError(g.cause);
+    return g.value;
+  }
+
+  /** A {@link Limiter}: this client bound to one algorithm. */
+  limiter(algorithm: Algorithm): Limiter {
+    return new Limiter(this, algorithm);
+  }
+}
+
+/** A {@link Client} bound to one algorithm and its parameters. */
+export class Limiter {
+  constructor(
+    readonly client: Client,
+    readonly algorithm: Algorithm,
+  ) {}
+
+  /** One unit. */
+  check(key: string, call?: CallOptions): Promise<Outcome> {
+    return this.client.check(key, this.algorithm, 1, call);
+  }
+
+  checkCost(key: string, cost: number, call?: CallOptions): Promise<Outcome> {
+    return this.client.check(key, this.algorithm, cost, call);
+  }
+
+  /** The current state, consuming nothing (cost 0). */
+  peek(key: string, call?: CallOptions): Promise<Outcome> {
+    return this.client.check(key, this.algorithm, 0, call);
+  }
+
+  /** A slot of the limiter's concurrency limit ({@link UnsupportedError} for the other algorithms). */
+  acquire(key: string, call?: CallOptions): Promise<LeaseOutcome> {
+    if (this.algorithm.kind !== 'concurrency') return Promise.reject(new UnsupportedError('acquire takes a concurrency limit'));
+    return this.client.acquire(key, this.algorithm, call);
+  }
+
+  /** Reserves `estimate` units, settled later with the true cost (see {@link Client.reserve}). */
+  reserve(key: string, estimate: number, call?: CallOptions): Promise<ReservationOutcome> {
+    return this.client.reserve(key, this.algorithm, estimate, call);
+  }
+}

@@ -1,0 +1,178 @@
+/**
+ * The connection side: what the client needs of a Redis client library (one command at a time,
+ * routed by its key on a cluster), and adapters for node-redis (`redis`), ioredis and the
+ * `sendCommand` functions that rate-limit-redis takes.
+ */
+
+/** A reply as the client libraries give it: integers, strings, arrays, null. */
+export type Reply = unknown;
+
+/**
+ * What the client sends commands through. `key` is the key the command works on (the first of
+ * several), for a cluster to route it; undefined for a command about the server (`COMMAND
+ * INFO`). A Redis error reply must reject with a {@link RedisReplyError} (or an error an adapter
+ * below recognises); any other rejection means Redis did not answer.
+ */
+export interface Connection {
+  send(args: readonly string[], key: string | undefined, signal: AbortSignal): Promise<Reply>;
+  /**
+   * Called after a `READONLY` answer (the address now names a replica, as after a failover):
+   * drops the connection so that the next command connects anew.
+   */
+  reconnect?(): void | Promise<void>;
+}
+
+/** An error reply of Redis (`ERR ...`, `NOPERM ...`), with its text as Redis sent it. */
+export class RedisReplyError extends Error {
+  override name = 'RedisReplyError';
+  constructor(readonly reply: string) {
+    super(reply);
+  }
+}
+
+/**
+ * Whether `e` is an error reply of Redis as a client library reports it: node-redis's
+ * `ErrorReply` (and its subclasses), ioredis's `ReplyError`, or ours.
+ */
+export function isReplyError(e: unknown): e is Error {
+  if (!(e instanceof Error)) return false;
+  if (e instanceof RedisReplyError || e.name === 'ReplyError') return true;
+  for (let p: unknown = Object.getPrototypeOf(e); p && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    const ctor = (p as { constructor?: { name?: string } }).constructor;
+    if (ctor?.name === 'ErrorReply') return true;
+  }
+  return false;
+}
+
+/** Rejects with a {@link RedisReplyError} for an error reply, and passes anything else on. */
+function normalise(e: unknown): never {
+  if (isReplyError(e) && !(e instanceof RedisReplyError)) throw new RedisReplyError(e.message);
+  throw e;
+}
+
+/** node-redis's client (`createClient`), as far as it is used here. */
+export interface NodeRedisClientLike {
+  sendCommand(args: string[], options?: { abortSignal?: AbortSignal }): Promise<unknown>;
+}
+
+/** node-redis's cluster (`createCluster`), as far as it is used here. */
+export interface NodeRedisClusterLike {
+  sendCommand(
+    firstKey: string | undefined,
+    isReadonly: boolean | undefined,
+    args: string[],
+    options?: { abortSignal?: AbortSignal },
+  ): Promise<unknown>;
+  readonly masters: unknown;
+}
+
+/** ioredis's `Redis` or `Cluster`, as far as it is used here. */
+export interface IORedisLike {
+  call(command: string, ...args: string[]): Promise<unknown>;
+  readonly isCluster: boolean;
+  disconnect(reconnect?: boolean): void;
+}
+
+/** ioredis's `Command` class, to route module commands on an ioredis `Cluster` by their key. */
+export interface IORedisCommandClass {
+  new (name: string, args: string[], options?: { replyEncoding?: string | null }): {
+    slot?: number | null;
+    promise: Promise<unknown>;
+  };
+}
+
+/** A node-redis client or cluster (`redis` v4 and later). */
+export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike): Connection {
+  if ('masters' in client && client.masters !== undefined) {
+    const cluster = client as NodeRedisClusterLike;
+    return {
+      send: (args, key, signal) =>
+        cluster.sendCommand(key, false, [...args], { abortSignal: signal }).catch(normalise),
+    };
+  }
+  const single = client as NodeRedisClientLike;
+  return {
+    send: (args, _key, signal) => single.sendCommand([...args], { abortSignal: signal }).catch(normalise),
+  };
+}
+
+/**
+ * An ioredis `Redis` or `Cluster`. On a `Cluster`, pass ioredis's `Command` class so that the
+ * module's commands (unknown to ioredis) go straight to the master of their key; without it they
+ * reach it through a `MOVED` redirection.
+ */
+export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCommandClass } = {}): Connection {
+  const Command = options.Command;
+  const cluster = client.isCluster;
+  const sender = client as unknown as { sendCommand(c: unknown): unknown };
+  return {
+    send(args, key) {
+      if (cluster && Command && key !== undefined) {
+        const cmd = new Command(args[0]!, args.slice(1), { replyEncoding: 'utf8' });
+        cmd.slot = keySlot(key);
+        sender.sendCommand(cmd);
+        return cmd.promise.catch(normalise);
+      }
+      return client.call(args[0]!, ...args.slice(1)).catch(normalise);
+    },
+    reconnect() {
+      client.disconnect(true);
+    },
+  };
+}
+
+/** rate-limit-redis's `sendCommand`: `(...args) => client.sendCommand(args)` or `client.call(...args)`. */
+export type SendCommandFn = (...args: string[]) => Promise<unknown>;
+
+/** rate-limit-redis's `sendCommandCluster`, given the key of each command. */
+export type SendCommandClusterFn = (details: {
+  key: string | undefined;
+  isReadOnly: boolean;
+  command: string[];
+}) => Promise<unknown>;
+
+export function fromSendCommand(fn: SendCommandFn): Connection {
+  return { send: (args) => fn(...args).catch(normalise) };
+}
+
+export function fromSendCommandCluster(fn: SendCommandClusterFn): Connection {
+  return { send: (args, key) => fn({ key, isReadOnly: false, command: [...args] }).catch(normalise) };
+}
+
+/** Anything the client accepts as its connection. */
+export type ConnectionSource = Connection | NodeRedisClientLike | NodeRedisClusterLike | IORedisLike;
+
+/** The {@link Connection} for a client of node-redis or ioredis, or a connection as it is. */
+export function toConnection(source: ConnectionSource): Connection {
+  if ('send' in source && typeof source.send === 'function') return source;
+  if ('call' in source && typeof source.call === 'function' && 'isCluster' in source) {
+    return fromIORedis(source);
+  }
+  if ('sendCommand' in source && typeof source.sendCommand === 'function') {
+    return fromNodeRedis(source as NodeRedisClientLike | NodeRedisClusterLike);
+  }
+  throw new TypeError('not a node-redis or ioredis client, nor a Connection');
+}
+
+const CRC16_TABLE = (() => {
+  const t = new Uint16Array(256);
+  for (let i = 0; i < 256; i++) {
+    let c = i << 8;
+    for (let j = 0; j < 8; j++) c = c & 0x8000 ? ((c << 1) ^ 0x1021) & 0xffff : (c << 1) & 0xffff;
+    t[i] = c;
+  }
+  return t;
+})();
+
+/** The cluster slot of `key` (CRC16 of its hash tag, if any, modulo 16384). */
+export function keySlot(key: string): number {
+  let bytes = Buffer.from(key);
+  const open = bytes.indexOf(0x7b);
+  if (open >= 0) {
+    const close = bytes.indexOf(0x7d, open + 1);
+    if (close > open + 1) bytes = bytes.subarray(open + 1, close);
+  }
+  let crc = 0;
+  for (const b of bytes) crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ b) & 0xff]!;
+  return crc & 0x3fff;
+}

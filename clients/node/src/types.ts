@@ -1,0 +1,145 @@
+/**
+ * What every part of the client shares: decisions and outcomes, modes, options, failure
+ * policies and errors.
+ */
+
+/** One limit's answer: the five fields every `RL.*` command replies. */
+export interface Decision {
+  readonly allowed: boolean;
+  /** Whole units left (0 while in debt). */
+  readonly remaining: number;
+  /** 0 when allowed; -1 when the cost can never be admitted. */
+  readonly retryAfterMs: number;
+  readonly resetAfterMs: number;
+  readonly limit: number;
+}
+
+/**
+ * How decisions are made on the server: the module's `RL.*` commands, `FCALL` of the
+ * `ratelimit` Functions library, or `EVALSHA` of the `lua-reference/` scripts.
+ */
+export type Mode = 'module' | 'function' | 'script';
+
+/** Set on an answer that did not come from Redis: which failure policy gave it. */
+export type Degraded = 'fail-open' | 'fail-closed' | 'local';
+
+/**
+ * What to answer when Redis cannot (timeout, connection error, breaker open, `LOADING`,
+ * `CLUSTERDOWN`...): admit everything, deny everything, or decide in process with the limit and
+ * rate divided by `instances` (a token bucket per key; a counting semaphore per key for a
+ * concurrency limit).
+ */
+export type FailurePolicy = 'fail-open' | 'fail-closed' | 'local';
+
+export interface BreakerOptions {
+  /** Consecutive failures that open the breaker (default 3, at least 1). */
+  failures?: number;
+  /** How long calls skip Redis once it is open (default 1000 ms). */
+  cooldownMs?: number;
+}
+
+export interface ClientOptions {
+  /** Budget of one call to Redis, mode detection included (default 100 ms). */
+  timeoutMs?: number;
+  /** Default `'fail-open'`. */
+  policy?: FailurePolicy;
+  /** Instances sharing the limits, for the `'local'` policy (default 1). */
+  instances?: number;
+  breaker?: BreakerOptions;
+  /** `'auto'` (default): the module, else the Functions library, else the scripts. */
+  mode?: 'auto' | Mode;
+  /** `retryAfterMs` of the `'fail-closed'` policy's denials (default 1000). */
+  failClosedRetryMs?: number;
+}
+
+/** Per-call options. */
+export interface CallOptions {
+  /**
+   * Gives up the call when aborted: the promise rejects with the signal's reason, and no
+   * failure policy answers (the caller no longer wants one).
+   */
+  signal?: AbortSignal;
+  /** This call's budget instead of the client's `timeoutMs`. */
+  timeoutMs?: number;
+}
+
+/** The answer for one limit. */
+export interface Outcome {
+  readonly decision: Decision;
+  /** Set when Redis was not asked or did not answer in time. */
+  readonly degraded: Degraded | undefined;
+  /** The mode that answered (undefined when degraded). */
+  readonly mode: Mode | undefined;
+}
+
+/** The answer for several limits checked at once (`RL.ALL`). */
+export interface MultiOutcome {
+  readonly allowed: boolean;
+  /** 1-based position of the first limit that denied, 0 when allowed. */
+  readonly deniedBy: number;
+  readonly decisions: readonly Decision[];
+  readonly degraded: Degraded | undefined;
+  readonly mode: Mode | undefined;
+}
+
+/** The state of every limit after a settlement (`RL.SETTLE`), in the order of the limits. */
+export interface Settlement {
+  /** One per limit: `allowed` true, `retryAfterMs` 0, `remaining` 0 while in debt. */
+  readonly decisions: readonly Decision[];
+  /** Set when Redis was not asked or did not answer: the decisions are the failure policy's. */
+  readonly degraded: Degraded | undefined;
+  readonly mode: Mode | undefined;
+}
+
+/** One of the keys with the most denials on a server (`RL.TOP`), as the module counts them. */
+export interface TopEntry {
+  readonly key: string;
+  /** Denials counted: at least `denied - error`, at most `denied`. */
+  readonly denied: number;
+  /** The most by which `denied` may overcount. */
+  readonly error: number;
+  /** The command of the latest denial (`RL.TOKENBUCKET`, `RL.ALL`). */
+  readonly command: string;
+  /** When the key's slot was taken, and its latest denial (Unix ms, by the module's clock). */
+  readonly firstDeniedMs: number;
+  readonly lastDeniedMs: number;
+}
+
+/** Every error of this package. */
+export class RateLimitError extends Error {
+  override name = 'RateLimitError';
+}
+
+/**
+ * Redis answered with an error about the call itself (bad parameters, `WRONGTYPE`,
+ * `CROSSSLOT`), or a refusal that asking again cannot fix and that failing open would hide:
+ * `NOPERM`, `NOAUTH`, `WRONGPASS`, `OOM`, `READONLY`. Never answered by a failure policy.
+ */
+export class RejectedError extends RateLimitError {
+  override name = 'RejectedError';
+  /** Redis's error as it came (`ERR capacity must be between 1 and 1000000000000000`). */
+  readonly reply: string;
+  /** Its first word (`ERR`, `NOPERM`, `OOM`). */
+  readonly code: string;
+  constructor(reply: string) {
+    super(`rejected by redis: ${reply}`);
+    this.reply = reply;
+    this.code = reply.split(' ', 1)[0] ?? '';
+  }
+}
+
+/** The call cannot be made: the combination cannot be checked in one call, or the mode cannot answer it. */
+export class UnsupportedError extends RateLimitError {
+  override name = 'UnsupportedError';
+  constructor(what: string) {
+    super(`unsupported: ${what}`);
+  }
+}
+
+/** Redis did not answer, for a call that no failure policy answers (`Client.top`). */
+export class UnavailableError extends RateLimitError {
+  override name = 'UnavailableError';
+  constructor(cause?: unknown) {
+    super('redis did not answer', cause === undefined ? undefined : { cause });
+  }
+}

@@ -1,0 +1,322 @@
+/**
+ * Real servers for the tests, started here and killed at the end: `RL_REDIS_SERVER` names the
+ * server binary (default `redis-server`; `make test-node` runs every server of the matrix) and
+ * `RL_MODULE` the module (default the workspace's release build).
+ */
+
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { Socket, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { Redis as IORedis } from 'ioredis';
+import { createClient, createCluster } from 'redis';
+
+import { type ClientOptions, type Connection, fromIORedis, fromNodeRedis } from '../src/index.js';
+
+/** clients/node, whether run from tests/ or from build/tests/. */
+export const PACKAGE_ROOT = (() => {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json'))) dir = dirname(dir);
+  return dir;
+})();
+export const REPO_ROOT = resolve(PACKAGE_ROOT, '..', '..');
+
+export function serverBinary(): string {
+  return process.env['RL_REDIS_SERVER'] || 'redis-server';
+}
+
+export function modulePath(): string {
+  const p = process.env['RL_MODULE'] || join(REPO_ROOT, 'target', 'release', 'libredis_rate_limiter.so');
+  if (!existsSync(p)) throw new Error(`${p} not found: build the module (make build) or set RL_MODULE`);
+  return p;
+}
+
+/** The server's name and version, for test titles: `valkey-server 9.1.2`. */
+export function serverVersion(): string {
+  const out = spawnSync(serverBinary(), ['--version'], { encoding: 'utf8' }).stdout;
+  const m = /^(\S+) server v=(\S+)/.exec(out);
+  return m ? `${m[1]!.toLowerCase()} ${m[2]}` : out.trim();
+}
+
+/** A loopback port nobody listens on (now). */
+export function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const s = createServer();
+    s.once('error', fail);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => ok(port));
+    });
+  });
+}
+
+/** A port whose cluster bus port (+10000) is free too. */
+export async function clusterPort(): Promise<number> {
+  for (;;) {
+    const p = await freePort();
+    if (p >= 55_000) continue;
+    const bus = await new Promise<boolean>((ok) => {
+      const s = createServer();
+      s.once('error', () => ok(false));
+      s.listen(p + 10_000, '127.0.0.1', () => s.close(() => ok(true)));
+    });
+    if (bus) return p;
+  }
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+export interface ServerOptions {
+  module?: boolean;
+  testClock?: boolean;
+  cluster?: boolean;
+  port?: number;
+  extra?: string[];
+}
+
+/** A redis-server of the tests, in a temporary directory of its own. */
+export class Server {
+  private child: ChildProcess | undefined;
+  private exited: Promise<void> = Promise.resolve();
+  readonly dir: string;
+
+  private constructor(
+    readonly port: number,
+    private readonly options: ServerOptions,
+  ) {
+    this.dir = mkdtempSync(join(tmpdir(), 'rl-node-'));
+  }
+
+  static async start(options: ServerOptions = {}): Promise<Server> {
+    const s = new Server(options.port ?? (await freePort()), options);
+    await s.launch();
+    return s;
+  }
+
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+
+  get log(): string {
+    try {
+      return readFileSync(join(this.dir, 'redis.log'), 'utf8');
+    } catch {
+      return '';
+    }
+  }
+
+  /** Starts (again) on the same port. */
+  async launch(): Promise<void> {
+    const o = this.options;
+    const args = ['--port', String(this.port), '--bind', '127.0.0.1', '--dir', this.dir, '--logfile', join(this.dir, 'redis.log'), '--save', '', '--appendonly', 'no'];
+    if (o.module ?? true) {
+      args.push('--loadmodule', modulePath());
+      if (o.testClock) args.push('TESTCLOCK');
+    }
+    if (o.cluster) args.push('--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-node-timeout', '2000');
+    args.push(...(o.extra ?? []));
+    const child = spawn(serverBinary(), args, { stdio: 'ignore' });
+    this.child = child;
+    let exitedEarly = false;
+    this.exited = new Promise((r) => child.once('exit', () => { exitedEarly = true; r(); }));
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      if (exitedEarly) throw new Error(`redis-server exited at start; log:\n${this.log}`);
+      if (await this.ping()) return;
+      if (Date.now() > deadline) throw new Error('redis-server did not start');
+      await sleep(20);
+    }
+  }
+
+  private ping(): Promise<boolean> {
+    return new Promise((ok) => {
+      const socket = new Socket();
+      let buf = '';
+      socket.setTimeout(500);
+      socket.once('error', () => ok(false));
+      socket.once('timeout', () => { socket.destroy(); ok(false); });
+      socket.connect(this.port, '127.0.0.1', () => socket.write('PING\r\n'));
+      socket.on('data', (d: Buffer) => {
+        buf += d.toString();
+        if (buf.includes('\r\n')) {
+          socket.destroy();
+          ok(buf.startsWith('+PONG'));
+        }
+      });
+    });
+  }
+
+  /** Kills the server at once (no shutdown handshake), as a crash would. */
+  async kill(): Promise<void> {
+    const c = this.child;
+    this.child = undefined;
+    if (c && c.exitCode === null && c.signalCode === null) {
+      c.kill('SIGKILL');
+      await this.exited;
+    }
+  }
+
+  /** Kills the server and removes its directory. */
+  async stop(): Promise<void> {
+    await this.kill();
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  /** A node-redis connection of the test's own (admin commands). */
+  async admin(): Promise<Admin> {
+    const c = createClient({ url: this.url, RESP: 2, socket: { reconnectStrategy: false } });
+    c.on('error', () => undefined);
+    await c.connect();
+    return c as unknown as Admin;
+  }
+}
+
+/** What the tests use of a node-redis connection. */
+export interface Admin {
+  sendCommand(args: string[]): Promise<unknown>;
+  destroy(): void;
+}
+
+/** Runs one command on `admin`, numbers as text. */
+export function cmd(admin: Admin, ...args: Array<string | number>): Promise<unknown> {
+  return admin.sendCommand(args.map(String));
+}
+
+export const T0 = 1_800_000_000_000_000;
+
+/** The client libraries the tests run the package with. */
+export type Library = 'node-redis' | 'ioredis';
+export const LIBRARIES: Library[] = ['node-redis', 'ioredis'];
+
+/** An open connection of a client library, and how to close it. */
+export interface Opened {
+  readonly connection: Connection;
+  readonly raw: unknown;
+  close(): Promise<void>;
+}
+
+/**
+ * A connection of `library` to `port`, set up as docs/node.md recommends: commands fail at once
+ * while the server is unreachable (no offline queue, nothing re-sent after a reconnect), and the
+ * client reconnects by itself. It is not waited for: a server that is down is the failure
+ * policy's business.
+ */
+export function open(library: Library, port: number): Opened {
+  if (library === 'node-redis') {
+    const c = createClient({
+      url: `redis://127.0.0.1:${port}`,
+      disableOfflineQueue: true,
+      socket: { reconnectStrategy: (n: number) => Math.min(20 * n, 200), connectTimeout: 1000 },
+    });
+    c.on('error', () => undefined);
+    c.connect().catch(() => undefined);
+    return {
+      connection: fromNodeRedis(c),
+      raw: c,
+      close: async () => {
+        c.destroy();
+      },
+    };
+  }
+  const c = new IORedis(port, '127.0.0.1', {
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 0,
+    autoResendUnfulfilledCommands: false,
+    retryStrategy: (n: number) => Math.min(20 * n, 200),
+  });
+  c.on('error', () => undefined);
+  return {
+    connection: fromIORedis(c),
+    raw: c,
+    close: async () => {
+      c.disconnect();
+    },
+  };
+}
+
+/** Waits until a connection answers (a client made for a running server, before a test starts). */
+export async function ready(o: Opened): Promise<void> {
+  const deadline = Date.now() + 5000;
+  for (;;) {
+    try {
+      await o.connection.send(['PING'], undefined, new AbortController().signal);
+      return;
+    } catch (e) {
+      if (Date.now() > deadline) throw e;
+      await sleep(10);
+    }
+  }
+}
+
+/** Options for a client in a forced mode. */
+export function forced(mode: 'module' | 'function' | 'script', extra: ClientOptions = {}): ClientOptions {
+  return { mode, ...extra };
+}
+
+/** A 3-master cluster (module on every node or not), slots assigned by `redis-cli --cluster create`. */
+export class Cluster {
+  private constructor(readonly nodes: Server[]) {}
+
+  static async start(module: boolean): Promise<Cluster> {
+    const nodes: Server[] = [];
+    for (let i = 0; i < 3; i++) nodes.push(await Server.start({ module, cluster: true, port: await clusterPort() }));
+    const out = spawnSync(
+      'redis-cli',
+      ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'],
+      { encoding: 'utf8' },
+    );
+    if (out.status !== 0) throw new Error(`cluster create: ${out.stdout}${out.stderr}`);
+    const deadline = Date.now() + 30_000;
+    for (const n of nodes) {
+      const a = await n.admin();
+      for (;;) {
+        const info = String(await cmd(a, 'CLUSTER', 'INFO'));
+        if (info.includes('cluster_state:ok') && info.includes('cluster_known_nodes:3')) break;
+        if (Date.now() > deadline) throw new Error('cluster never became ok');
+        await sleep(50);
+      }
+      a.destroy();
+    }
+    return new Cluster(nodes);
+  }
+
+  /** A node-redis cluster client. */
+  async nodeRedis(): Promise<{ connection: Connection; close(): Promise<void> }> {
+    const c = createCluster({ rootNodes: this.nodes.map((n) => ({ url: n.url })) });
+    c.on('error', () => undefined);
+    await c.connect();
+    return { connection: fromNodeRedis(c), close: async () => c.destroy() };
+  }
+
+  /** An ioredis cluster client, routing the module's commands itself with `Command` or through MOVED. */
+  async ioredis(withCommand: boolean): Promise<{ connection: Connection; close(): Promise<void> }> {
+    const { Cluster: IOCluster, Command } = await import('ioredis');
+    const c = new IOCluster(this.nodes.map((n) => ({ host: '127.0.0.1', port: n.port })));
+    c.on('error', () => undefined);
+    await new Promise<void>((ok, fail) => {
+      c.once('ready', () => ok());
+      c.once('error', fail);
+    });
+    return {
+      connection: fromIORedis(c, withCommand ? { Command: Command as never } : {}),
+      close: async () => c.disconnect(),
+    };
+  }
+
+  async dbsizes(): Promise<number[]> {
+    const out: number[] = [];
+    for (const n of this.nodes) {
+      const a = await n.admin();
+      out.push(Number(await cmd(a, 'DBSIZE')));
+      a.destroy();
+    }
+    return out;
+  }
+
+  async stop(): Promise<void> {
+    for (const n of this.nodes) await n.stop();
+  }
+}
