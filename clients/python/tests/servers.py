@@ -178,17 +178,17 @@ class Cluster:
     def wait_until_ok(self) -> None:
         deadline = time.monotonic() + 30
         for n in self.nodes:
-            c = n.connect()
-            while "cluster_state:ok" not in c.execute_command("CLUSTER INFO"):
+            c = n.raw()
+            while b"cluster_state:ok" not in call(c, "CLUSTER", "INFO"):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the cluster never became ok")
                 time.sleep(0.05)
 
     def owner(self, key: str) -> Server:
         """The master serving ``key``."""
-        c = self.nodes[0].connect()
-        slot = c.execute_command("CLUSTER KEYSLOT", key)
-        for line in c.execute_command("CLUSTER NODES").splitlines():
+        c = self.nodes[0].raw()
+        slot = call(c, "CLUSTER", "KEYSLOT", key)
+        for line in call(c, "CLUSTER", "NODES").decode().splitlines():
             fields = line.split(" ")
             if "master" not in fields[2]:
                 continue

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from ._breaker import Breaker
 from ._local import LocalLeases, LocalLimiter
@@ -59,6 +59,12 @@ REJECTED_CODES = frozenset(
 )
 
 
+#: Commands without a key: on a cluster they go to any one node.
+ANY_NODE = frozenset({"COMMAND INFO", "FUNCTION LIST"})
+
+ON_A_CLUSTER = "each master counts its own denials: ask each through a client of its own (RL.TOP)"
+
+
 class UnexpectedReply(Exception):
     """A reply of another shape than the command's: counted as Redis not deciding."""
 
@@ -93,6 +99,10 @@ def error_message(e: BaseException) -> str:
 def classify(e: BaseException) -> Rejected | None:
     """The :class:`Rejected` error for an answer about the call, ``None`` when Redis could not
     decide."""
+    if isinstance(e, RedisClusterException) and "same key slot" in str(e):
+        # redis-py's cluster client refuses keys of several slots before sending: Redis would
+        # have answered CROSSSLOT.
+        return Rejected(f"CROSSSLOT {e}")
     code = error_code(e)
     if code is not None and code in REJECTED_CODES:
         return Rejected(error_message(e))

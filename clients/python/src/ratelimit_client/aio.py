@@ -12,11 +12,14 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.cluster as redis_cluster
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 from redis.asyncio.retry import Retry
 
 from ._core import (
+    ANY_NODE,
+    ON_A_CLUSTER,
     Core,
     Exchange,
     Failure,
@@ -60,29 +63,37 @@ class AsyncClient:
         options: Options | None = None,
     ) -> None:
         self._redis = redis
+        self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
 
     @classmethod
     def from_url(cls, url: str, options: Options | None = None, *, cluster: bool = False, **kwargs: Any) -> AsyncClient:
         """A client for ``url``, never retried by redis-py (a failure goes to the failure policy
-        at once; the whole call is bounded by ``options.timeout``). Connects lazily.
-        ``cluster=True``: a ``RedisCluster`` from this seed node."""
+        at once; the whole call is bounded by ``options.timeout``). Connects lazily. Calls
+        beyond ``max_connections`` (default 100) in flight wait for a connection, within their
+        deadline. ``cluster=True``: a ``RedisCluster`` from this seed node."""
         options = options or Options()
         kwargs.setdefault("socket_timeout", options.timeout)
         kwargs.setdefault("socket_connect_timeout", options.timeout)
         kwargs.setdefault("retry", Retry(NoBackoff(), 0))
         conn: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
         if cluster:
-            kwargs.setdefault("cluster_error_retry_attempts", 0)
             conn = redis.asyncio.cluster.RedisCluster.from_url(url, **kwargs)
         else:
-            conn = redis.asyncio.Redis.from_url(url, **kwargs)
+            kwargs.setdefault("max_connections", 100)
+            # Wait for a free connection (within the call's deadline) rather than fail at once.
+            pool = redis.asyncio.BlockingConnectionPool.from_url(url, timeout=None, **kwargs)
+            conn = redis.asyncio.Redis.from_pool(pool)
         return cls(conn, options)
 
     @classmethod
     async def open(cls, url: str, options: Options | None = None, **kwargs: Any) -> AsyncClient:
-        """:meth:`from_url`, then detects the mode at once."""
+        """:meth:`from_url`, then detects the mode at once. A cluster client first learns the
+        cluster's slots (outside any call's deadline; the synchronous cluster client does this
+        when it is made)."""
         client = cls.from_url(url, options, **kwargs)
+        if isinstance(client._redis, redis_cluster.RedisCluster):
+            await client._redis.initialize()
         await client.detect()
         return client
 
@@ -112,12 +123,19 @@ class AsyncClient:
 
     # Driving the exchanges ---------------------------------------------------------------------
 
+    def _routing(self, call: tuple[Any, ...]) -> dict[str, Any]:
+        """A cluster sends the keyless detection commands to any one node."""
+        if self._cluster and call[0] in ANY_NODE:
+            # A node, not the RANDOM flag, which redis-py 8.1 routes by key all the same.
+            return {"target_nodes": self._redis.get_random_node()}  # type: ignore[union-attr]
+        return {}
+
     async def _drive(self, exchange: Exchange[T]) -> T:
         try:
             call = next(exchange)
             while True:
                 try:
-                    reply = await self._redis.execute_command(*call)
+                    reply = await self._redis.execute_command(*call, **self._routing(call))
                 except (RedisError, RedisClusterException, OSError) as e:
                     call = exchange.throw(e)
                 else:
@@ -274,6 +292,8 @@ class AsyncClient:
         await self._top(None)
 
     async def _top(self, count: int | None) -> list[TopEntry]:
+        if self._cluster:
+            raise Unsupported(ON_A_CLUSTER)
         try:
             entries = await self._guarded(self._core.call_top(count))
         except Failure:

@@ -11,11 +11,14 @@ from typing import Any, TypeVar
 
 import redis
 import redis.cluster
+import redis.cluster as redis_cluster
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from ._core import (
+    ANY_NODE,
+    ON_A_CLUSTER,
     Core,
     Exchange,
     Failure,
@@ -59,6 +62,7 @@ class Client:
         self._redis = redis
         # RedisCluster.execute_command carries no annotations.
         self._execute: Callable[..., Any] = redis.execute_command
+        self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
 
     @classmethod
@@ -74,7 +78,6 @@ class Client:
         kwargs.setdefault("retry", Retry(NoBackoff(), 0))
         conn: redis.Redis | redis.cluster.RedisCluster
         if cluster:
-            kwargs.setdefault("cluster_error_retry_attempts", 0)
             conn = redis.cluster.RedisCluster.from_url(url, **kwargs)
         else:
             conn = redis.Redis.from_url(url, **kwargs)
@@ -117,12 +120,19 @@ class Client:
 
     # Driving the exchanges ---------------------------------------------------------------------
 
+    def _routing(self, call: tuple[Any, ...]) -> dict[str, Any]:
+        """A cluster sends the keyless detection commands to any one node."""
+        if self._cluster and call[0] in ANY_NODE:
+            # A node, not the RANDOM flag, which redis-py 8.1 routes by key all the same.
+            return {"target_nodes": self._redis.get_random_node()}  # type: ignore[union-attr]
+        return {}
+
     def _drive(self, exchange: Exchange[T]) -> T:
         try:
             call = next(exchange)
             while True:
                 try:
-                    reply = self._execute(*call)
+                    reply = self._execute(*call, **self._routing(call))
                 except (RedisError, RedisClusterException, OSError) as e:
                     call = exchange.throw(e)
                 else:
@@ -307,6 +317,8 @@ class Client:
         self._top(None)
 
     def _top(self, count: int | None) -> list[TopEntry]:
+        if self._cluster:
+            raise Unsupported(ON_A_CLUSTER)
         try:
             entries = self._guarded(self._core.call_top(count))
         except Failure:
