@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """The handler of the conformance table in each framework (Starlette, FastAPI, Flask, Django),
 behind the package's middleware, and the real servers that serve them over TCP (uvicorn for the
 ASGI applications, werkzeug's threaded server for Flask, waitress for Django).
@@ -11,6 +12,7 @@ them.
 
 
 import asyncio
+import http.client
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -192,7 +194,16 @@ def django_app() -> Any:
     return get_wsgi_application()
 
 
+#: The Django view that the URL configuration serves (a test may put its own).
+DJANGO_VIEW: dict[str, Callable[..., Any]] = {}
+
+
 def _django_view(request: Any, path: str = "") -> Any:
+    view = DJANGO_VIEW.get("current", _table_view)
+    return view(request, path)
+
+
+def _table_view(request: Any, path: str = "") -> Any:
     from django.http import HttpResponse, StreamingHttpResponse
 
     _hold_sync(request.headers.get("x-hold"))
@@ -233,9 +244,58 @@ def expose_shadow_wsgi(app: Callable[..., Any]) -> Callable[..., Any]:
 def wsgi_app(flavor: str, client: Client, options: dict[str, Any]) -> Any:
     if flavor == "flask":
         app = flask_app()
-        app.wsgi_app = WsgiMiddleware(app.wsgi_app, client=client, **options)  # type: ignore[method-assign]
+        app.wsgi_app = WsgiMiddleware(app.wsgi_app, client=client, **options)
         return expose_shadow_wsgi(app)
     return expose_shadow_wsgi(WsgiMiddleware(django_app(), client=client, **options))
+
+
+# The client ----------------------------------------------------------------------------------
+
+#: The response fields a reply shows, when present.
+FIELDS = (
+    "ratelimit-policy",
+    "ratelimit",
+    "ratelimit-limit",
+    "ratelimit-remaining",
+    "ratelimit-reset",
+    "ratelimit-degraded",
+    "retry-after",
+    "content-type",
+)
+
+
+def send_request(port: int, r: dict[str, Any]) -> dict[str, Any]:
+    """One request of the table over TCP from its peer address; a stream is read up to its first
+    line, then the client goes away."""
+    peer = r.get("peer", "127.0.0.1")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(peer, 0))
+    headers = dict(r.get("headers", {}))
+    if "used" in r:
+        headers["x-used"] = str(r["used"])
+    if "hold" in r:
+        headers["x-hold"] = r["hold"]
+    conn.request("GET", r.get("path", "/"), headers=headers)
+    resp = conn.getresponse()
+    got: dict[str, list[str]] = {}
+    for name, value in resp.getheaders():
+        got.setdefault(name.lower(), []).append(value)
+    obs: dict[str, Any] = {
+        "status": resp.status,
+        # A field sent twice shows as both values, and so mismatches.
+        "headers": {n: "\n".join(got[n]) for n in FIELDS if n in got},
+    }
+    if r.get("stream"):
+        line = resp.readline()
+        assert line, "the stream sent nothing"
+        conn.sock.close() if conn.sock else None
+        resp.close()
+        conn.close()
+    else:
+        obs["body"] = resp.read().decode("utf-8")
+        conn.close()
+    if "x-test-shadow-denials" in got:
+        obs["shadow_denials"] = got["x-test-shadow-denials"][0].split(",")
+    return obs
 
 
 # Servers -----------------------------------------------------------------------------------
@@ -251,20 +311,21 @@ class Dispatch:
 class AsgiServer:
     """uvicorn on a loopback port, in a thread with its own event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, lifespan: bool = False, app: Any = None) -> None:
         import socket
 
         import uvicorn
 
         self.dispatch = Dispatch()
+        self.dispatch.current = app
 
-        async def app(scope: Any, receive: Any, send: Any) -> None:
+        async def dispatch(scope: Any, receive: Any, send: Any) -> None:
             await self.dispatch.current(scope, receive, send)
 
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="critical", lifespan="off", access_log=False)
+        config = uvicorn.Config(dispatch, log_level="critical", lifespan="on" if lifespan else "off", access_log=False)
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(

@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """Fixtures: servers that the tests start themselves (see servers.py), and the ``heavy`` marker
 for the tests that make test-python runs on one server of the matrix only."""
 

@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """Real servers for the tests: redis-server (or valkey-server) processes on a free loopback port,
 with or without the module, under its test clock when asked, killed at teardown; and a cluster
 of masters made by ``redis-cli --cluster create``.
@@ -39,7 +40,7 @@ def free_port(pair: bool = False) -> int:
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            port: int = s.getsockname()[1]
         if not pair:
             return port
         if port < 55535:

@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """What the table cannot show about the clients, against real servers: mode detection, the
 script mode's NOSCRIPT reload, what is sent (plain decimals, lease ids), leases as context
 managers, the error classes, and both clients having the same shape."""

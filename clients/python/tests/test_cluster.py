@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """A cluster of 3 masters through ``redis.cluster.RedisCluster`` (and its asyncio twin): keys on
 every master, several limits under one hash tag, leases and reservations, in the three modes,
 with and without the module; keys of several slots refused."""

@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """Redis stopped and restarted under each failure policy, a hung server and the breaker, and the
 deadline of a call, through both clients."""
 
@@ -19,6 +20,7 @@ from ratelimit_client import (
     Degraded,
     FailClosed,
     FailOpen,
+    FailurePolicy,
     Local,
     ModeChoice,
     Options,
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.heavy
 
 BUCKET = TokenBucket(10, 1e-6)
 SLOTS = Concurrency(4, 60)
-POLICIES = {"fail_open": FailOpen(), "fail_closed": FailClosed(), "local": Local(2)}
+POLICIES: dict[str, FailurePolicy] = {"fail_open": FailOpen(), "fail_closed": FailClosed(), "local": Local(2)}
 
 # What each policy answers for the three checks of one unit while Redis is down (bucket of 10),
 # and for a slot of SLOTS (4 slots).

@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """The package ships the Lua twins of lua-reference/ (copied in by tools/sync_lua.py): the copy
 must be exactly the source, and every command the clients send must have its script."""
 

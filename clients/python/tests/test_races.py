@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-calls=False
 """Many callers at once on one key: 200 threads through one synchronous client, 200 asyncio tasks
 through one asyncio client, in the three modes, for every algorithm, RL.ALL and leases: exactly
 ``limit`` admitted, and the server's state says the same."""

@@ -170,13 +170,31 @@ class Rules:
         return self.estimates.get("*", 1)
 
 
-def rules(**kwargs: Any) -> Rules:
-    """:class:`Rules` from the middleware's keyword arguments (unknown ones are a TypeError)."""
-    names = {f.name for f in dataclasses.fields(Rules)}
-    unknown = set(kwargs) - names
-    if unknown:
-        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    return Rules(**kwargs)
+def make_rules(
+    *,
+    key: KeyFunc | None,
+    plan: Callable[[RequestInfo], str] | None,
+    route_class: Callable[[RequestInfo], str] | None,
+    limits: Mapping[tuple[str, str], Sequence[Policy]] | None,
+    limits_fn: Callable[[str, str], Sequence[Policy]] | None,
+    estimates: Mapping[str, int] | None,
+    legacy_headers: bool,
+    prefix: str,
+    lease_keep_alive: float | None,
+) -> Rules:
+    """:class:`Rules` from the middleware's keyword arguments, ``None`` for the defaults."""
+    r = Rules(legacy_headers=legacy_headers, prefix=prefix, lease_keep_alive=lease_keep_alive, limits_fn=limits_fn)
+    if key is not None:
+        r.key = key
+    if plan is not None:
+        r.plan = plan
+    if route_class is not None:
+        r.route_class = route_class
+    if limits is not None:
+        r.limits = {k: list(v) for k, v in limits.items()}
+    if estimates is not None:
+        r.estimates = dict(estimates)
+    return r
 
 
 class RateLimitState:

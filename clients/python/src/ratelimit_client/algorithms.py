@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import ClassVar, Union
+from typing import ClassVar
 
 
 def num(value: float) -> str:
@@ -24,7 +24,11 @@ def num(value: float) -> str:
     return "0" if text in ("-0", "") else text
 
 
-class _Base:
+class Algorithm:
+    """One algorithm with its parameters (the base of :class:`TokenBucket`, :class:`LeakyBucket`,
+    :class:`FixedWindow`, :class:`SlidingWindow`, :class:`SlidingLog`, :class:`Gcra` and
+    :class:`Concurrency`)."""
+
     #: The command (``RL.TOKENBUCKET``).
     command: ClassVar[str]
 
@@ -59,7 +63,7 @@ class _Base:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenBucket(_Base):
+class TokenBucket(Algorithm):
     """``RL.TOKENBUCKET key capacity refill_per_sec``: bursts up to ``capacity``, refilled
     continuously."""
 
@@ -80,7 +84,7 @@ class TokenBucket(_Base):
 
 
 @dataclass(frozen=True, slots=True)
-class LeakyBucket(_Base):
+class LeakyBucket(Algorithm):
     """``RL.LEAKYBUCKET key capacity leak_per_sec``: a queue of ``capacity`` draining at a steady
     rate."""
 
@@ -100,7 +104,7 @@ class LeakyBucket(_Base):
         return float(self.leak_per_sec)
 
 
-class _Windowed(_Base):
+class _Windowed(Algorithm):
     limit: int
     window_sec: float
 
@@ -148,7 +152,7 @@ class SlidingLog(_Windowed):
 
 
 @dataclass(frozen=True, slots=True)
-class Gcra(_Base):
+class Gcra(Algorithm):
     """``RL.GCRA key max_burst count_per_period period_sec``: ``max_burst + 1`` at once, then
     evenly spaced."""
 
@@ -170,7 +174,7 @@ class Gcra(_Base):
 
 
 @dataclass(frozen=True, slots=True)
-class Concurrency(_Base):
+class Concurrency(Algorithm):
     """At most ``limit`` leases held at once on a key, each for ``lease_sec`` seconds unless
     renewed or released first (``RL.ACQUIRE key limit lease_sec lease_id``; ``CONCURRENCY limit
     lease_sec`` inside ``RL.ALL``, where it takes one slot whatever the cost)."""
@@ -198,11 +202,8 @@ class Concurrency(_Base):
         return float(self.lease_sec)
 
 
-#: One algorithm with its parameters.
-Algorithm = Union[TokenBucket, LeakyBucket, FixedWindow, SlidingWindow, SlidingLog, Gcra, Concurrency]
-
 #: Every algorithm's class, in the module's order.
-ALGORITHMS: tuple[type[_Base], ...] = (
+ALGORITHMS: tuple[type[Algorithm], ...] = (
     TokenBucket,
     LeakyBucket,
     FixedWindow,

@@ -17,7 +17,7 @@ response, and the difference is settled before the response fields are written.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from ._http import (
@@ -34,8 +34,9 @@ from ._http import (
     header,
     keep_alive,
     release_async,
+    KeyFunc,
+    make_rules,
     report_cost,
-    rules,
     run_async,
 )
 from .aio import AsyncClient
@@ -65,10 +66,35 @@ class RateLimitMiddleware:
     ...]}``), ``limits_fn``, ``estimates``, ``legacy_headers``, ``prefix``, ``lease_keep_alive``;
     and ``metrics`` to share counters."""
 
-    def __init__(self, app: ASGIApp, client: AsyncClient, *, metrics: Metrics | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        client: AsyncClient,
+        *,
+        key: KeyFunc | None = None,
+        plan: Callable[[RequestInfo], str] | None = None,
+        route_class: Callable[[RequestInfo], str] | None = None,
+        limits: Mapping[tuple[str, str], Sequence[Policy]] | None = None,
+        limits_fn: Callable[[str, str], Sequence[Policy]] | None = None,
+        estimates: Mapping[str, int] | None = None,
+        legacy_headers: bool = False,
+        prefix: str = "rl",
+        lease_keep_alive: float | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.app = app
         self.client = client
-        self.rules = rules(**options)
+        self.rules = make_rules(
+            key=key,
+            plan=plan,
+            route_class=route_class,
+            limits=limits,
+            limits_fn=limits_fn,
+            estimates=estimates,
+            legacy_headers=legacy_headers,
+            prefix=prefix,
+            lease_keep_alive=lease_keep_alive,
+        )
         self.metrics = metrics if metrics is not None else Metrics()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -95,11 +121,15 @@ class RateLimitMiddleware:
                 raw = [(n, v) for n, v in message.get("headers", ()) if bytes(n).decode("latin-1").lower() not in FIELDS]
                 raw += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in fields]
                 message = {**message, "headers": raw}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                # The slots come back before the response's end goes out: a client that has read
+                # the whole response finds them free.
+                await asyncio.shield(release_async(adm))
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_fields)
         finally:
-            # The slots come back once the application is done: the response sent, or the
-            # client gone (even if this task is being cancelled).
+            # Else once the application is done: it failed, or the client went away (even if this
+            # task is being cancelled).
             await asyncio.shield(release_async(adm))

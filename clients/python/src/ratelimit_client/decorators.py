@@ -48,7 +48,7 @@ from ._http import (
 )
 from ._types import RateLimitError
 from .aio import AsyncClient
-from .algorithms import ALGORITHMS, Algorithm, FixedWindow
+from .algorithms import Algorithm, FixedWindow
 from .client import Client
 from .metrics import Metrics
 
@@ -73,7 +73,7 @@ def _policy(p: Policy | Algorithm | str) -> Policy:
         return p
     if isinstance(p, str):
         return parse_rate(p)
-    if isinstance(p, ALGORITHMS):
+    if isinstance(p, Algorithm):
         return Policy(p.keyword.lower(), p)
     raise TypeError(f"a Policy, an algorithm or a rate such as '5/minute', not {p!r}")
 

@@ -16,7 +16,7 @@ reserves it; the application reports the actual cost with :func:`report_cost` be
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -34,8 +34,9 @@ from ._http import (
     header,
     keep_alive,
     release_sync,
+    KeyFunc,
+    make_rules,
     report_cost,
-    rules,
     run_sync,
 )
 from .client import Client
@@ -52,17 +53,47 @@ def status_line(status: int) -> str:
     return f"{status} {HTTPStatus(status).phrase}"
 
 
-class _Released:
-    """The application's response body; closing it (what a server does once the body was sent,
-    or the client went away) gives the request's slots back."""
+def _always() -> bool:
+    return True
 
-    def __init__(self, body: Iterable[bytes], adm: Admission) -> None:
+
+class _Released:
+    """The application's response body, which gives the request's slots back when it ends: a body
+    that is not a stream (a ``Content-Length``, a list, or Django's non-streaming response) just
+    before its last chunk, so that a client that has read the whole response finds the slot
+    free; a stream once it is exhausted; and any at the latest when the server closes it (the
+    body sent, or the client gone)."""
+
+    def __init__(self, body: Iterable[bytes], adm: Admission, sized: Callable[[], bool]) -> None:
         self._body = body
         self._adm = adm
+        whole = isinstance(body, (list, tuple)) or getattr(body, "streaming", None) is False
+        self._sized: Callable[[], bool] = _always if whole else sized
         self._once = threading.Lock()
 
+    def _release(self) -> None:
+        if self._once.acquire(blocking=False):
+            release_sync(self._adm)
+
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._body)
+        chunks = iter(self._body)
+        if not self._adm.leases:
+            yield from chunks
+            return
+        for chunk in chunks:
+            if not self._sized():
+                # A stream: its chunks go out as they come; the slot comes back at its end.
+                yield chunk
+                yield from chunks
+                break
+            # One chunk ahead, to know which is the last.
+            for following in chunks:
+                yield chunk
+                chunk = following
+            self._release()
+            yield chunk
+            return
+        self._release()
 
     def close(self) -> None:
         try:
@@ -70,18 +101,42 @@ class _Released:
             if close is not None:
                 close()
         finally:
-            if self._once.acquire(blocking=False):
-                release_sync(self._adm)
+            self._release()
 
 
 class RateLimitMiddleware:
     """Rate limits HTTP requests in front of a WSGI application; the options are those of
     :class:`ratelimit_client.asgi.RateLimitMiddleware`."""
 
-    def __init__(self, app: WSGIApp, client: Client, *, metrics: Metrics | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        app: WSGIApp,
+        client: Client,
+        *,
+        key: KeyFunc | None = None,
+        plan: Callable[[RequestInfo], str] | None = None,
+        route_class: Callable[[RequestInfo], str] | None = None,
+        limits: Mapping[tuple[str, str], Sequence[Policy]] | None = None,
+        limits_fn: Callable[[str, str], Sequence[Policy]] | None = None,
+        estimates: Mapping[str, int] | None = None,
+        legacy_headers: bool = False,
+        prefix: str = "rl",
+        lease_keep_alive: float | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.app = app
         self.client = client
-        self.rules = rules(**options)
+        self.rules = make_rules(
+            key=key,
+            plan=plan,
+            route_class=route_class,
+            limits=limits,
+            limits_fn=limits_fn,
+            estimates=estimates,
+            legacy_headers=legacy_headers,
+            prefix=prefix,
+            lease_keep_alive=lease_keep_alive,
+        )
         self.metrics = metrics if metrics is not None else Metrics()
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
@@ -99,10 +154,12 @@ class RateLimitMiddleware:
             return [body]
         keep_alive(adm, self.rules.lease_keep_alive)
         fields: list[Headers] = []
+        sized: list[bool] = []
 
         def start_with_fields(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], object]:
             if not fields:
                 fields.append(run_sync(self.client, finish(adm, self.metrics, state.actual_cost, legacy)))
+            sized[:] = [any(n.lower() == "content-length" for n, _ in headers)]
             kept = [(n, v) for n, v in headers if n.lower() not in FIELDS]
             if exc_info is not None:
                 return start_response(status, kept + fields[0], exc_info)
@@ -113,4 +170,4 @@ class RateLimitMiddleware:
         except BaseException:
             release_sync(adm)
             raise
-        return _Released(response, adm)
+        return _Released(response, adm, lambda: bool(sized and sized[0]))
