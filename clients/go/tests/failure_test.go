@@ -110,11 +110,12 @@ func equalSeen(a, b []seen) bool {
 
 // A server that stops answering (SIGSTOP) costs the timeout only until the breaker opens; then
 // calls are answered at once, and after the cooldown one trial finds the server back. A
-// deadline of the caller's context that comes before the timeout is kept.
+// deadline of the caller's context that comes before the timeout is kept. (Bounds wide enough
+// for a loaded machine: 30 ms against 300.)
 func TestTheBreakerSparesTheTimeoutOfAHungServer(t *testing.T) {
 	ctx := context.Background()
 	s := start(t, serverOpts{module: true})
-	l := ratelimit.NewLimiter(client(s, ratelimit.Options{Timeout: 100 * time.Millisecond,
+	l := ratelimit.NewLimiter(client(s, ratelimit.Options{Timeout: 300 * time.Millisecond,
 		Breaker: ratelimit.BreakerConfig{Failures: 3, Cooldown: 500 * time.Millisecond}}), slowBucket)
 	if o, err := l.Check(ctx, "k"); err != nil || o.Degraded != ratelimit.NotDegraded || o.Decision.Remaining != 9 {
 		t.Fatalf("%+v %v", o, err)
@@ -123,20 +124,20 @@ func TestTheBreakerSparesTheTimeoutOfAHungServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.signal(syscall.SIGCONT) }()
-	// The context's deadline (30 ms) comes before the timeout (100 ms).
+	// The context's deadline (30 ms) comes before the timeout (300 ms).
 	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	began := time.Now()
 	o, err := l.Check(short, "k")
 	cancel()
 	if took := time.Since(began); err != nil || o.Degraded != ratelimit.DegradedFailOpen ||
-		took < 25*time.Millisecond || took > 90*time.Millisecond {
+		took < 25*time.Millisecond || took > 250*time.Millisecond {
 		t.Fatalf("%+v %v in %v", o, err, took)
 	}
 	for i := 0; i < 2; i++ {
 		began := time.Now()
 		o, err := l.Check(ctx, "k")
 		if took := time.Since(began); err != nil || o.Degraded != ratelimit.DegradedFailOpen ||
-			took < 95*time.Millisecond || took > time.Second {
+			took < 295*time.Millisecond || took > 2*time.Second {
 			t.Fatalf("call %d: %+v %v in %v", i, o, err, took)
 		}
 	}
@@ -147,7 +148,7 @@ func TestTheBreakerSparesTheTimeoutOfAHungServer(t *testing.T) {
 		began := time.Now()
 		o, err := l.Check(ctx, "k")
 		if took := time.Since(began); err != nil || o.Degraded != ratelimit.DegradedFailOpen ||
-			took > 50*time.Millisecond {
+			took > 100*time.Millisecond {
 			t.Fatalf("open breaker, call %d: %+v %v in %v", i, o, err, took)
 		}
 	}

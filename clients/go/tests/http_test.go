@@ -60,7 +60,7 @@ func TestLeasesAreRenewedWhileARequestOutlastsThem(t *testing.T) {
 	a := admin(t, s)
 	m := ratelimit.NewMiddleware(client(s, ratelimit.Options{})).
 		Key(ratelimit.HeaderKey("X-Api-Key")).
-		Limits("*", "*", ratelimit.NewPolicy("inflight", ratelimit.Concurrency{Limit: 1, LeaseSec: 0.3})).
+		Limits("*", "*", ratelimit.NewPolicy("inflight", ratelimit.Concurrency{Limit: 1, LeaseSec: 0.5})).
 		LeaseKeepAlive(50 * time.Millisecond)
 	release := make(chan struct{})
 	url := serve(t, m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -74,8 +74,8 @@ func TestLeasesAreRenewedWhileARequestOutlastsThem(t *testing.T) {
 	waitFor(t, "the slow request holds its slot", func() bool {
 		return zcard(t, a, "rl:{gina}:default:inflight") == 1
 	})
-	// Four leases later the slow request still holds its slot.
-	time.Sleep(1200 * time.Millisecond)
+	// Three leases later the slow request still holds its slot.
+	time.Sleep(1500 * time.Millisecond)
 	r := get(t, url, "X-Api-Key", "gina")
 	if r.status != 429 || r.headers.Get("Retry-After") != "1" {
 		t.Fatalf("%d %v %s", r.status, r.headers, r.body)
