@@ -1,0 +1,144 @@
+/**
+ * The package as `npm pack` makes it (what `make dist` ships), installed into a clean directory
+ * with node-redis, ioredis and Express from npm, then used there: imported as an ES module and
+ * required as CommonJS against a real server, and its type declarations checked by a strict
+ * TypeScript program of both kinds.
+ */
+
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, test } from 'node:test';
+
+import { PACKAGE_ROOT, Server } from './harness.js';
+
+const npm = process.env['npm_execpath'] && process.env['npm_execpath'].endsWith('.js') ? [process.execPath, process.env['npm_execpath']] : ['npm'];
+const pkg = JSON.parse(readFileSync(join(PACKAGE_ROOT, 'package.json'), 'utf8')) as {
+  name: string;
+  version: string;
+  devDependencies: Record<string, string>;
+};
+
+function run(cmd: string[], cwd: string, env: Record<string, string> = {}): string {
+  const r = spawnSync(cmd[0]!, cmd.slice(1), { cwd, encoding: 'utf8', env: { ...process.env, ...env } });
+  assert.equal(r.status, 0, `${cmd.join(' ')} in ${cwd}:\n${r.stdout}\n${r.stderr}`);
+  return r.stdout;
+}
+
+let dir: string;
+let tarball: string;
+let server: Server;
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'rl-node-pack-'));
+  const out = run([...npm, 'pack', '--json', '--pack-destination', dir], PACKAGE_ROOT);
+  const packed = JSON.parse(out) as Array<{ filename: string; files: Array<{ path: string }> }>;
+  tarball = join(dir, packed[0]!.filename);
+  server = await Server.start();
+});
+
+after(async () => {
+  await server?.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+test('the tarball holds both builds with their declarations, and nothing of the sources or tests', () => {
+  const files = execFileSync('tar', ['-tzf', tarball], { encoding: 'utf8' }).trim().split('\n').sort();
+  for (const f of [
+    'package/package.json',
+    'package/README.md',
+    'package/dist/esm/index.js',
+    'package/dist/esm/index.d.ts',
+    'package/dist/esm/lua.generated.js',
+    'package/dist/cjs/index.js',
+    'package/dist/cjs/index.d.ts',
+    'package/dist/cjs/package.json',
+  ]) {
+    assert.ok(files.includes(f), `${f} in ${tarball}`);
+  }
+  assert.deepEqual(files.filter((f) => !f.startsWith('package/dist/') && !['package/package.json', 'package/README.md'].includes(f)), []);
+  assert.equal(files.some((f) => f.endsWith('.ts') && !f.endsWith('.d.ts')), false);
+});
+
+test('installed in a clean directory: imported, required and type-checked there', () => {
+  const app = join(dir, 'app');
+  run(['mkdir', '-p', app], dir);
+  writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'consumer', version: '1.0.0', private: true, type: 'module' }));
+  const deps = ['redis', 'ioredis', 'express', '@types/express', '@types/node'].map((d) => `${d}@${pkg.devDependencies[d]}`);
+  run([...npm, 'install', '--prefer-offline', '--no-audit', '--no-fund', tarball, ...deps], app);
+
+  writeFileSync(
+    join(app, 'esm.mjs'),
+    `import { createClient } from 'redis';
+import { Client, tokenBucket, rateLimit, RateLimitStore } from 'ratelimit-client';
+const redis = createClient({ url: process.env.REDIS_URL, RESP: 2, disableOfflineQueue: true });
+await redis.connect();
+const client = new Client(redis);
+const outs = [];
+for (let i = 0; i < 3; i++) outs.push(await client.check('esm', tokenBucket(2, 0.001)));
+console.log(JSON.stringify({ outs: outs.map((o) => [o.decision.allowed, o.decision.remaining, o.mode]), middleware: typeof rateLimit, store: typeof RateLimitStore }));
+redis.destroy();
+`,
+  );
+  writeFileSync(
+    join(app, 'cjs.cjs'),
+    `const { Redis } = require('ioredis');
+const { Client, fixedWindow } = require('ratelimit-client');
+(async () => {
+  const redis = new Redis(process.env.REDIS_URL, { protocol: 2, enableReadyCheck: false, enableOfflineQueue: false, maxRetriesPerRequest: 0 });
+  await new Promise((r) => redis.once('ready', r));
+  const client = await Client.open(redis, { mode: 'auto' });
+  const o = await client.checkAll([['{c}:a', fixedWindow(1, 60)], ['{c}:b', fixedWindow(5, 60)]], 1);
+  const again = await client.checkAll([['{c}:a', fixedWindow(1, 60)], ['{c}:b', fixedWindow(5, 60)]], 1);
+  console.log(JSON.stringify([client.mode, o.allowed, again.allowed, again.deniedBy]));
+  redis.disconnect();
+})();
+`,
+  );
+  const env = { REDIS_URL: server.url };
+  assert.equal(
+    run([process.execPath, 'esm.mjs'], app, env).trim(),
+    JSON.stringify({ outs: [[true, 1, 'module'], [true, 0, 'module'], [false, 0, 'module']], middleware: 'function', store: 'function' }),
+  );
+  assert.equal(run([process.execPath, 'cjs.cjs'], app, env).trim(), JSON.stringify(['module', true, false, 1]));
+
+  // The declarations, strictly, from an ES module and from a CommonJS module.
+  writeFileSync(
+    join(app, 'tsconfig.json'),
+    JSON.stringify({
+      compilerOptions: { module: 'nodenext', moduleResolution: 'nodenext', target: 'es2022', strict: true, noEmit: true, skipLibCheck: false, types: ['node'], lib: ['es2022', 'esnext.disposable'] },
+      files: ['typed.mts', 'typed.cts'],
+    }),
+  );
+  writeFileSync(
+    join(app, 'typed.mts'),
+    `import express from 'express';
+import { createClient } from 'redis';
+import { Redis } from 'ioredis';
+import { Client, type Decision, type Outcome, RejectedError, concurrency, policy, rateLimit, setActualCost, slidingWindow, tokenBucket } from 'ratelimit-client';
+const fromNodeRedis: Client = new Client(createClient({ RESP: 2 }), { policy: 'local', instances: 2 });
+const fromIORedis: Client = new Client(new Redis({ lazyConnect: true }));
+export async function use(): Promise<number> {
+  const o: Outcome = await fromNodeRedis.check('k', tokenBucket(10, 5), 2, { signal: AbortSignal.timeout(50) });
+  const d: Decision = o.decision;
+  await using lease = (await fromIORedis.acquire('jobs', concurrency(3, 30))).lease;
+  const app = express();
+  app.use(rateLimit(fromIORedis, { key: { header: 'x-api-key' }, limits: [{ plan: '*', class: '*', policies: [policy('hourly', slidingWindow(100, 3600))] }] }));
+  app.get('/', (_req, res) => { setActualCost(res, 3); res.send('ok'); });
+  try { await fromIORedis.top(10); } catch (e) { if (e instanceof RejectedError) return e.code.length; }
+  return d.remaining + (lease ? 1 : 0);
+}
+`,
+  );
+  writeFileSync(
+    join(app, 'typed.cts'),
+    `import ratelimit = require('ratelimit-client');
+const c: ratelimit.Client = new ratelimit.Client({ send: async () => [1, 9, 0, 200, 10] }, { mode: 'module' });
+export const limiter: ratelimit.Limiter = c.limiter(ratelimit.gcra(9, 1, 1));
+export const store: { increment(key: string): Promise<ratelimit.ClientRateLimitInfo> } = new ratelimit.RateLimitStore({ client: c });
+`,
+  );
+  run([process.execPath, join(PACKAGE_ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.json'], app);
+});
