@@ -78,7 +78,7 @@ examples: deps servers
 # The module's suites that run on a server (every tests/*.rs but the two that need none), on each
 # server of SERVERS in turn: `make test-servers SERVERS=valkey-9.1`.
 SERVERS ?= $(MATRIX)
-SERVERLESS_TESTS := lua_differential lua_blocks layers
+SERVERLESS_TESTS := lua_differential lua_blocks layers bounds
 SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS),$(basename $(notdir $(wildcard tests/*.rs))))
 
 test-servers: servers
@@ -209,6 +209,48 @@ test-conformance-rust: servers
 		RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
 			$(CARGO) test -p ratelimit-client --test conformance || exit 1; \
 	done
+
+# The Python package (clients/python): its pinned dependencies (requirements/dev.txt, hashes
+# checked) in clients/python/.venv, made once; mypy --strict over the package, its tools and its
+# tests; then its suite against servers it starts itself with this tree's module. On every server
+# of the matrix: the conformance table (the sync and asyncio clients, the ASGI middleware under
+# uvicorn, the WSGI one under werkzeug), detection, refusals, Redis killed and restarted under each
+# policy, a hung server, a 3-master cluster. On Redis 7.0 only, what tests the package alone,
+# whatever the server: 200 threads and 200 tasks racing (each command's atomicity is the module's
+# and the twins', which their own suites test everywhere), FastAPI and Django beside Starlette and
+# Flask, the decorator, the wheel installed in a fresh venv. `make python-lua` copies
+# lua-reference/ into the package, whose tests fail while the copy differs; `make dist-python`
+# builds the wheel and the sdist into target/dist/python.
+PY_DIR := clients/python
+PY_VENV := $(PY_DIR)/.venv
+PY_READY := $(PY_VENV)/.installed
+PYTHON3 ?= python3
+
+.PHONY: test-python dist-python python-lua
+
+$(PY_READY): $(PY_DIR)/requirements/dev.txt $(PY_DIR)/requirements/runtime.txt
+	rm -rf $(PY_VENV) && $(PYTHON3) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps \
+		-r $(PY_DIR)/requirements/dev.txt
+	$(PY_VENV)/bin/pip download -q --disable-pip-version-check --require-hashes --no-deps \
+		-r $(PY_DIR)/requirements/runtime.txt -d $(PY_DIR)/.wheelhouse
+	touch $@
+
+python-lua:
+	$(PYTHON3) $(PY_DIR)/tools/sync_lua.py
+
+test-python: build servers $(PY_READY)
+	cd $(PY_DIR) && .venv/bin/mypy
+	@for s in $(MATRIX); do \
+		echo "== Python suite on $$s"; \
+		if [ $$s = redis-7.0 ]; then set -- ; frameworks=all; else set -- -m "not heavy"; frameworks=; fi; \
+		(cd $(PY_DIR) && RL_MODULE=$(CURDIR)/$(MODULE) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
+			RL_PY_FRAMEWORKS=$$frameworks .venv/bin/pytest -q "$$@") || exit 1; \
+	done
+
+dist-python: $(PY_READY)
+	$(PY_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check
+	cd $(PY_DIR) && .venv/bin/python -m build --no-isolation --sdist --wheel --outdir $(TARGET_DIR)/dist/python .
 
 clean:
 	$(CARGO) clean

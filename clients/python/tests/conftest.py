@@ -2,6 +2,7 @@
 """Fixtures: servers that the tests start themselves (see servers.py), and the ``heavy`` marker
 for the tests that make test-python runs on one server of the matrix only."""
 
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -14,8 +15,8 @@ from servers import Server
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "heavy: 200 racers, servers killed and restarted, a cluster, frameworks, the wheel in a fresh venv "
-        "(make test-python runs them on Redis 7.0 only)",
+        "heavy: what tests the package alone, whatever the server: 200 racers, the frameworks, the wheel in a "
+        "fresh venv (make test-python runs them on Redis 7.0 only)",
     )
 
 

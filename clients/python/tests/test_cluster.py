@@ -27,8 +27,6 @@ from ratelimit_client import (
 )
 from servers import Cluster, Server, call
 
-pytestmark = pytest.mark.heavy
-
 START_US = 1_800_000_000_000_000
 MODES = {"module": ModeChoice.MODULE, "function": ModeChoice.FUNCTION, "script": ModeChoice.SCRIPT}
 

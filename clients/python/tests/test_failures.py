@@ -28,8 +28,6 @@ from ratelimit_client import (
 )
 from servers import Server
 
-pytestmark = pytest.mark.heavy
-
 BUCKET = TokenBucket(10, 1e-6)
 SLOTS = Concurrency(4, 60)
 POLICIES: dict[str, FailurePolicy] = {"fail_open": FailOpen(), "fail_closed": FailClosed(), "local": Local(2)}
