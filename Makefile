@@ -211,16 +211,16 @@ test-conformance-rust: servers
 	done
 
 # The Python package (clients/python): its pinned dependencies (requirements/dev.txt, hashes
-# checked) in clients/python/.venv, made once; mypy --strict over the package, its tools and its
-# tests; then its suite against servers it starts itself with this tree's module. On every server
-# of the matrix: the conformance table (the sync and asyncio clients, the ASGI middleware under
-# uvicorn, the WSGI one under werkzeug), detection, refusals, Redis killed and restarted under each
-# policy, a hung server, a 3-master cluster. On Redis 7.0 only, what tests the package alone,
-# whatever the server: 200 threads and 200 tasks racing (each command's atomicity is the module's
-# and the twins', which their own suites test everywhere), FastAPI and Django beside Starlette and
-# Flask, the decorator, the wheel installed in a fresh venv. `make python-lua` copies
-# lua-reference/ into the package, whose tests fail while the copy differs; `make dist-python`
-# builds the wheel and the sdist into target/dist/python.
+# checked) in clients/python/.venv, made once; ruff, and mypy --strict over the package, its
+# tools and its tests; then its suite against servers it starts itself with this tree's module.
+# On every server of the matrix: the conformance table (the sync and asyncio clients, the ASGI
+# middleware under uvicorn, the WSGI one under werkzeug), detection, refusals, Redis killed and
+# restarted under each policy, a hung server, a 3-master cluster. On Redis 7.0 only, what tests
+# the package alone, whatever the server: 200 threads and 200 tasks racing (each command's
+# atomicity is the module's and the twins', which their own suites test everywhere), FastAPI
+# and Django beside Starlette and Flask, the decorator, the wheel installed in a fresh venv.
+# `make python-lua` copies lua-reference/ into the package, whose tests fail while the copy
+# differs; `make dist-python` builds the wheel and the sdist into target/dist/python.
 PY_DIR := clients/python
 PY_VENV := $(PY_DIR)/.venv
 PY_READY := $(PY_VENV)/.installed
@@ -240,7 +240,7 @@ python-lua:
 	$(PYTHON3) $(PY_DIR)/tools/sync_lua.py
 
 test-python: build servers $(PY_READY)
-	cd $(PY_DIR) && .venv/bin/mypy
+	cd $(PY_DIR) && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
 	@for s in $(MATRIX); do \
 		echo "== Python suite on $$s"; \
 		if [ $$s = redis-7.0 ]; then set -- ; frameworks=all; else set -- -m "not heavy"; frameworks=; fi; \

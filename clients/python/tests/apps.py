@@ -10,7 +10,6 @@ the middleware's shadow denials into ``x-test-shadow-denials``, as a logging lay
 them.
 """
 
-
 import asyncio
 import http.client
 import threading
@@ -345,6 +344,7 @@ class AsgiServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        self.loop.close()
 
 
 class WerkzeugServer:

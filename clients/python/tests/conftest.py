@@ -2,7 +2,6 @@
 """Fixtures: servers that the tests start themselves (see servers.py), and the ``heavy`` marker
 for the tests that make test-python runs on one server of the matrix only."""
 
-
 from __future__ import annotations
 
 from collections.abc import Iterator

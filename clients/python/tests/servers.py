@@ -80,7 +80,14 @@ class Server:
             if test_clock:
                 args.append("TESTCLOCK")
         if cluster:
-            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]
+            args += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
         args += extra or []
         self.args = args
         self.process: subprocess.Popen[bytes] | None = None

@@ -37,7 +37,7 @@ from ratelimit_client import (
 )
 from ratelimit_client._core import classify, new_lease_id
 from ratelimit_client.algorithms import LeakyBucket, SlidingWindow, num
-from servers import Server, call
+from servers import Server
 
 
 def commandstats(s: Server) -> dict[str, int]:
@@ -55,7 +55,13 @@ def test_numbers_are_plain_decimals() -> None:
     assert (Gcra(4, 1, 2.5).quota, Gcra(4, 1, 2.5).window_secs) == (5, 13)
     assert (FixedWindow(3, 0.5).window_secs, FixedWindow(3, 0.5).rate_per_sec) == (1, 6.0)
     c = Concurrency(3, 2.5)
-    assert (c.command, c.keyword, c.params(), c.quota, c.window_secs) == ("RL.ACQUIRE", "CONCURRENCY", ["3", "2.5"], 3, 3)
+    assert (c.command, c.keyword, c.params(), c.quota, c.window_secs) == (
+        "RL.ACQUIRE",
+        "CONCURRENCY",
+        ["3", "2.5"],
+        3,
+        3,
+    )
     assert [a.keyword for a in (TokenBucket(1, 1), LeakyBucket(1, 1), SlidingWindow(1, 1), SlidingLog(1, 1))] == [
         "TOKENBUCKET", "LEAKYBUCKET", "SLIDINGWINDOW", "SLIDINGLOG",
     ]  # fmt: skip
@@ -88,7 +94,13 @@ def test_the_mode_is_detected_once(server: Server, bare_server: Server) -> None:
         assert c.check("k", tb).decision.remaining == 7
     stats = commandstats(bare_server)
     # The script mode's one check: EVALSHA (NOSCRIPT), then EVAL.
-    assert (stats["command|info"], stats["function|list"], stats["fcall"], stats["evalsha"], stats["eval"]) == (2, 2, 2, 1, 1)
+    assert (stats["command|info"], stats["function|list"], stats["fcall"], stats["evalsha"], stats["eval"]) == (
+        2,
+        2,
+        2,
+        1,
+        1,
+    )
     # An unreachable server leaves the mode unknown.
     assert Client.from_url("redis://127.0.0.1:1").detect() is None
 
@@ -216,7 +228,7 @@ def test_both_clients_have_the_same_shape() -> None:
     sync.pop("close")
     aio.pop("aclose")
     assert sync == aio
-    for name, fn in vars(AsyncClient).items():
+    for name in vars(AsyncClient):
         if name in sync and name not in ("acquire", "acquire_all", "from_url", "breaker_open"):
             assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name
     assert public(Limiter) == public(AsyncLimiter)
@@ -321,11 +333,11 @@ def test_async_refusals_alike(server: Server) -> None:
     server.connect().execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-rl.all")
 
     async def run() -> tuple[str, Any]:
-        c = AsyncClient.from_url(server.url, username="app", password="pw")
-        try:
-            await c.check_all([("{a}x", TokenBucket(1, 1)), ("{a}y", TokenBucket(1, 1))])
-        except Rejected as e:
-            return e.message, await c.check("k", TokenBucket(1, 1))
+        async with AsyncClient.from_url(server.url, username="app", password="pw") as c:
+            try:
+                await c.check_all([("{a}x", TokenBucket(1, 1)), ("{a}y", TokenBucket(1, 1))])
+            except Rejected as e:
+                return e.message, await c.check("k", TokenBucket(1, 1))
         raise AssertionError("not rejected")
 
     message, o = asyncio.run(run())

@@ -99,7 +99,12 @@ async def scenario_async(c: AsyncClient, cluster: Cluster) -> list[Any]:
 
 
 def expected() -> list[Any]:
-    bucket = [Decision(True, 2, 0, 2000, 3), Decision(True, 1, 0, 4000, 3), Decision(True, 0, 0, 6000, 3), Decision(False, 0, 2000, 6000, 3)]
+    bucket = [
+        Decision(True, 2, 0, 2000, 3),
+        Decision(True, 1, 0, 4000, 3),
+        Decision(True, 0, 0, 6000, 3),
+        Decision(False, 0, 2000, 6000, 3),
+    ]
     out: list[Any] = []
     for _ in range(3):
         out += [bucket, 1]

@@ -17,15 +17,25 @@ import asyncio
 import inspect
 import json
 import os
-from pathlib import Path
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from apps import ASGI_FLAVORS, CURRENT, AsgiServer, Gates, WaitressServer, WerkzeugServer, asgi_app, send_request, wsgi_app
+from apps import (
+    ASGI_FLAVORS,
+    CURRENT,
+    AsgiServer,
+    Gates,
+    WaitressServer,
+    WerkzeugServer,
+    asgi_app,
+    send_request,
+    wsgi_app,
+)
 from ratelimit_client import (
     LIBRARY,
     AsyncClient,
@@ -51,11 +61,11 @@ from ratelimit_client import (
 from ratelimit_client.middleware import Metrics, Policy, client_ip, header
 from servers import ROOT, Server, call, free_port
 
-TABLE = json.loads(Path(os.environ.get("CONFORMANCE_TABLE") or ROOT / "clients" / "conformance" / "cases.json").read_text())
-MODES = ("module", "function", "script")
-HTTP_FLAVORS = ("starlette", "flask") + (
-    ("fastapi", "django") if os.environ.get("RL_PY_FRAMEWORKS") == "all" else ()
+TABLE = json.loads(
+    Path(os.environ.get("CONFORMANCE_TABLE") or ROOT / "clients" / "conformance" / "cases.json").read_text()
 )
+MODES = ("module", "function", "script")
+HTTP_FLAVORS = ("starlette", "flask") + (("fastapi", "django") if os.environ.get("RL_PY_FRAMEWORKS") == "all" else ())
 
 
 def _params() -> list[Any]:
@@ -236,7 +246,7 @@ def matches(expect: Any, got: Any) -> bool:
     if isinstance(expect, list) and len(expect) == 2 and all(_number(x) for x in expect) and _number(got):
         return bool(expect[0] <= got <= expect[1])
     if isinstance(expect, list) and isinstance(got, list):
-        return len(expect) == len(got) and all(matches(x, y) for x, y in zip(expect, got))
+        return len(expect) == len(got) and all(matches(x, y) for x, y in zip(expect, got, strict=True))
     if isinstance(expect, dict) and isinstance(got, dict):
         return expect.keys() == got.keys() and all(matches(expect[k], got[k]) for k in expect)
     if isinstance(expect, bool) or isinstance(got, bool):
@@ -502,4 +512,3 @@ def test_case(case: dict[str, Any], flavor: str, harness: Harness, web: Any) -> 
         finally:
             run.close()
     assert not failures, f"{len(failures)} mismatch(es):\n" + "\n".join(failures)
-

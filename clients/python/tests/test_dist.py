@@ -92,7 +92,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_works(tmp_path: Path, server: 
     freeze = subprocess.run([str(python), "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert sorted(freeze.splitlines()) == [f"ratelimit-client @ file://{wheel}#sha256={digest}", "redis==8.1.0"]
-    out = subprocess.run([str(python), "-c", SCRIPT, server.url, bare_server.url], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(python), "-c", SCRIPT, server.url, bare_server.url], check=True, capture_output=True, text=True
+    )
     got = json.loads(out.stdout)
     assert got["file"].startswith(str(venv))
     assert got["module"] == {"mode": "module", "remaining": [2, 1, 0, 0, True]}

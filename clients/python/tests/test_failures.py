@@ -82,12 +82,14 @@ def test_sync_client_through_a_restart(policy: str) -> None:
         checks, slot, degraded = WHILE_DOWN[policy]
         down = [c.check("k", BUCKET) for _ in range(3)]
         assert [o.degraded for o in down] == [degraded] * 3
-        assert all(close_enough(o.decision, d) for o, d in zip(down, checks)), down
+        assert all(close_enough(o.decision, d) for o, d in zip(down, checks, strict=True)), down
         held = c.acquire("slots", SLOTS)
         assert held.outcome.degraded is degraded and close_enough(held.outcome.decision, slot), held
         # Admitted by fail-open: a lease that holds nothing; by local: an in-process slot.
         assert (held.lease is not None, held.lease is not None and held.lease.holds_slot) == {
-            "fail_open": (True, False), "fail_closed": (False, False), "local": (True, True)
+            "fail_open": (True, False),
+            "fail_closed": (False, False),
+            "local": (True, True),
         }[policy]
         reservation = c.reserve("r", BUCKET, 3).reservation
         assert lease.lease.release() is False, "Redis cannot answer: the lease expires by itself"
@@ -120,7 +122,7 @@ def test_asyncio_client_through_a_restart(policy: str) -> None:
             checks, slot, degraded = WHILE_DOWN[policy]
             down = [await c.check("k", BUCKET) for _ in range(3)]
             assert [o.degraded for o in down] == [degraded] * 3
-            assert all(close_enough(o.decision, d) for o, d in zip(down, checks)), down
+            assert all(close_enough(o.decision, d) for o, d in zip(down, checks, strict=True)), down
             held = await c.acquire("slots", SLOTS)
             assert held.outcome.degraded is degraded and close_enough(held.outcome.decision, slot)
             s.start()

@@ -114,9 +114,25 @@ def test_a_django_view_settles_the_cost_it_reports(clock: Server) -> None:
         server.stop()
         DJANGO_VIEW.clear()
     fields = '"tokens";q=100;w=100'
-    assert first == {"status": 200, "body": "done", "headers": {"content-type": "text/plain; charset=utf-8", "ratelimit-policy": fields, "ratelimit": '"tokens";r=97;t=3'}}
+    assert first == {
+        "status": 200,
+        "body": "done",
+        "headers": {
+            "content-type": "text/plain; charset=utf-8",
+            "ratelimit-policy": fields,
+            "ratelimit": '"tokens";r=97;t=3',
+        },
+    }
     # 10 reserved from 97, 95 used: 85 more charged, 2 left.
-    assert second == {"status": 200, "body": "done", "headers": {"content-type": "text/plain; charset=utf-8", "ratelimit-policy": fields, "ratelimit": '"tokens";r=2;t=98'}}
+    assert second == {
+        "status": 200,
+        "body": "done",
+        "headers": {
+            "content-type": "text/plain; charset=utf-8",
+            "ratelimit-policy": fields,
+            "ratelimit": '"tokens";r=2;t=98',
+        },
+    }
     assert third["status"] == 429 and third["headers"]["retry-after"] == "8"
     assert third["body"] == problem("tokens", 8)
 
@@ -151,7 +167,11 @@ def test_fastapi_and_starlette_endpoints(clock: Server) -> None:
         server.stop()
     ok_json = {"status": 200, "body": '{"found":"nothing"}'}
     assert [{k: v for k, v in r.items() if k != "headers"} for r in fast[:2]] == [ok_json, ok_json]
-    assert [r["headers"]["ratelimit"] for r in fast] == ['"2/minute";r=1;t=60', '"2/minute";r=0;t=60', '"2/minute";r=0;t=60']
+    assert [r["headers"]["ratelimit"] for r in fast] == [
+        '"2/minute";r=1;t=60',
+        '"2/minute";r=0;t=60',
+        '"2/minute";r=0;t=60',
+    ]
     assert fast[2]["status"] == 429 and fast[2]["body"] == problem("2/minute", 60)
     expected = [two_per_minute(1, legacy=False), two_per_minute(0, legacy=False), two_per_minute(0, 429, legacy=False)]
     for e in expected[:2]:

@@ -18,7 +18,9 @@ SOURCE = HERE.parents[2] / "lua-reference"
 
 def test_the_packaged_scripts_are_lua_reference() -> None:
     # The same check make dist-python runs; it names the stale files and the command to run.
-    out = subprocess.run([sys.executable, str(HERE.parent / "tools" / "sync_lua.py"), "--check"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(HERE.parent / "tools" / "sync_lua.py"), "--check"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     for script in SCRIPTS.values():
         source = (SOURCE / script.name).read_bytes()

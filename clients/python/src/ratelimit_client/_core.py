@@ -54,9 +54,7 @@ Limits = Sequence[tuple[str, Algorithm]]
 #: would hide (the user may not run the command, is not authenticated, the server is full, the
 #: address is a replica). Any other failure (I/O, timeouts, LOADING, CLUSTERDOWN, MASTERDOWN,
 #: TRYAGAIN, BUSY...) means Redis could not decide.
-REJECTED_CODES = frozenset(
-    {"ERR", "WRONGTYPE", "CROSSSLOT", "NOPERM", "NOAUTH", "WRONGPASS", "OOM", "READONLY"}
-)
+REJECTED_CODES = frozenset({"ERR", "WRONGTYPE", "CROSSSLOT", "NOPERM", "NOAUTH", "WRONGPASS", "OOM", "READONLY"})
 
 
 #: Commands without a key: on a cluster they go to any one node.
@@ -166,9 +164,7 @@ def parse_top(v: Any) -> list[TopEntry]:
     for e in v:
         if not isinstance(e, (list, tuple)) or len(e) != 6:
             raise UnexpectedReply(repr(e))
-        entries.append(
-            TopEntry(_text(e[0]), _int(e[1]), _int(e[2]), _text(e[3]), _int(e[4]), _int(e[5]))
-        )
+        entries.append(TopEntry(_text(e[0]), _int(e[1]), _int(e[2]), _text(e[3]), _int(e[4]), _int(e[5])))
     return entries
 
 
@@ -228,7 +224,9 @@ class Core:
             raise UnexpectedReply(repr(listed))
         return len(listed) > 0
 
-    def invoke(self, command: str, keys: Sequence[str], args: Sequence[Any], numkeys: bool) -> Exchange[tuple[Any, Mode]]:
+    def invoke(
+        self, command: str, keys: Sequence[str], args: Sequence[Any], numkeys: bool
+    ) -> Exchange[tuple[Any, Mode]]:
         """``command`` in the mode in use: the module's command (``numkeys`` first for the
         commands that take it), ``FCALL`` of the library, or ``EVALSHA`` of the script (``EVAL``
         on ``NOSCRIPT``)."""
@@ -261,7 +259,9 @@ class Core:
         reply, _ = yield from self.invoke("RL.RELEASE", [key], [lease_id], numkeys=False)
         return _int(reply)
 
-    def call_all(self, limits: Limits, cost: int, lease: str | None) -> Exchange[tuple[tuple[bool, int, tuple[Decision, ...]], Mode]]:
+    def call_all(
+        self, limits: Limits, cost: int, lease: str | None
+    ) -> Exchange[tuple[tuple[bool, int, tuple[Decision, ...]], Mode]]:
         args = limit_args(limits)
         if lease is not None:
             args += ["LEASE", lease]
@@ -271,7 +271,7 @@ class Core:
         return parse_multi(reply, len(limits)), mode
 
     def call_settle(self, limits: Limits, delta: int) -> Exchange[tuple[tuple[Decision, ...], Mode]]:
-        args = limit_args(limits) + ["DELTA", str(delta)]
+        args = [*limit_args(limits), "DELTA", str(delta)]
         keys = [k for k, _ in limits]
         reply, mode = yield from self.invoke("RL.SETTLE", keys, args, numkeys=True)
         return parse_decisions(reply, len(limits)), mode
@@ -316,7 +316,7 @@ class Core:
             d, degraded = self.degraded_one(k, a, 0, lease)
             peeks.append(d)
         denier: int | None = None
-        for i, (d, (_, a)) in enumerate(zip(peeks, limits)):
+        for i, (d, (_, a)) in enumerate(zip(peeks, limits, strict=True)):
             if degraded is Degraded.FAIL_CLOSED:
                 refuses = True
             elif isinstance(a, Concurrency):

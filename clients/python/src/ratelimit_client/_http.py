@@ -80,7 +80,9 @@ class RequestInfo:
             if environ.get(name):
                 headers[name.replace("_", "-").lower()] = [str(environ[name])]
         peer = environ.get("REMOTE_ADDR") or None
-        return cls(str(environ.get("REQUEST_METHOD", "GET")), str(environ.get("PATH_INFO", "/")), headers, peer, environ)
+        return cls(
+            str(environ.get("REQUEST_METHOD", "GET")), str(environ.get("PATH_INFO", "/")), headers, peer, environ
+        )
 
 
 def _visible(v: str) -> bool:
@@ -202,7 +204,7 @@ class RateLimitState:
     middleware: the handler reports the actual cost here (:func:`report_cost`), and the shadow
     policies that would have refused the request are listed here for an outer layer to log."""
 
-    __slots__ = ("actual_cost", "shadow_denials", "outcome")
+    __slots__ = ("actual_cost", "outcome", "shadow_denials")
 
     def __init__(self) -> None:
         #: What the request really cost, in the units of its route's limits.
@@ -219,7 +221,12 @@ STATE_KEY = "ratelimit"
 def state_of(request: Any) -> RateLimitState | None:
     """The middleware's state of a request: an ASGI scope or WSGI environ, or a request object
     of Starlette (``.scope``), Flask or Django (``.environ``)."""
-    for holder in (request, getattr(request, "scope", None), getattr(request, "environ", None), getattr(request, "META", None)):
+    for holder in (
+        request,
+        getattr(request, "scope", None),
+        getattr(request, "environ", None),
+        getattr(request, "META", None),
+    ):
         if isinstance(holder, Mapping):
             state = holder.get(STATE_KEY)
             if isinstance(state, RateLimitState):
@@ -267,7 +274,7 @@ def rate_limit_headers(policies: Sequence[Policy], outcome: MultiOutcome, legacy
     window."""
     policy = []
     state = []
-    for p, d in zip(policies, outcome.decisions):
+    for p, d in zip(policies, outcome.decisions, strict=True):
         name = _sf_string(p.name)
         if isinstance(p.algorithm, Concurrency):
             policy.append(f'"{name}";q={d.limit};qu="concurrent-requests"')
@@ -293,7 +300,7 @@ def _tightest(policies: Sequence[Policy], outcome: MultiOutcome) -> Decision | N
     left (shadow policies never decide)."""
     if outcome.denied_by > 0:
         return outcome.decisions[outcome.denied_by - 1]
-    enforced = [d for p, d in zip(policies, outcome.decisions) if not p.shadow]
+    enforced = [d for p, d in zip(policies, outcome.decisions, strict=True) if not p.shadow]
     return min(enforced, key=lambda d: d.remaining) if enforced else None
 
 
@@ -406,7 +413,7 @@ class Admission:
 
     def fields(self, legacy: bool) -> Headers:
         """The fields of every policy answered for, in the route's order."""
-        answers = list(zip(self.enforced, self.outcome.decisions))
+        answers = list(zip(self.enforced, self.outcome.decisions, strict=True))
         degraded = self.outcome.degraded
         for s in self.shadowed:
             answers.append((s.index, s.outcome.decisions[0]))
@@ -467,7 +474,7 @@ def admit(config: Rules, metrics: Metrics, info: RequestInfo) -> Flow:
             o = yield PeekAll([limits[i] for i in shadows])
         except RateLimitError:
             return adm
-        for i, d in zip(shadows, o.decisions):
+        for i, d in zip(shadows, o.decisions, strict=True):
             one = MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), o.degraded, o.mode)
             adm.shadowed.append(Shadowed(i, one, False))
     return adm
@@ -501,7 +508,7 @@ def _settle(adm: Admission, metrics: Metrics, indices: list[int], outcome: Multi
         return outcome
     decisions = list(outcome.decisions)
     delta = actual - adm.estimate
-    for n, d in zip(positions, s.decisions):
+    for n, d in zip(positions, s.decisions, strict=True):
         decisions[n] = d
         metrics.record_settled(adm.policies[indices[n]].name, delta)
     return dataclasses.replace(outcome, decisions=tuple(decisions))
@@ -584,4 +591,3 @@ async def release_async(adm: Admission) -> None:
             await lease.release()
         except RateLimitError:
             pass  # the lease expires by itself
-

@@ -41,9 +41,7 @@ class LocalLimiter:
         with self._lock:
             if len(self._buckets) >= MAX_KEYS and key not in self._buckets:
                 self._buckets = {
-                    k: (t, ts)
-                    for k, (t, ts) in self._buckets.items()
-                    if t + (now - ts) / 1e9 * rate < cap
+                    k: (t, ts) for k, (t, ts) in self._buckets.items() if t + (now - ts) / 1e9 * rate < cap
                 }
             entry = self._buckets.setdefault(key, (cap, now))
             tokens = min(cap, entry[0] + (now - entry[1]) / 1e9 * rate)
@@ -100,9 +98,7 @@ class LocalLeases:
     def share(limit: Concurrency, instances: int) -> int:
         return max(1, limit.limit // max(1, instances))
 
-    def acquire(
-        self, key: str, lease_id: str, limit: Concurrency, instances: int, take: bool
-    ) -> Decision:
+    def acquire(self, key: str, lease_id: str, limit: Concurrency, instances: int, take: bool) -> Decision:
         """Takes (or renews) a slot of ``key`` for ``lease_id``; with ``take`` false only says
         whether it would."""
         share = self.share(limit, instances)
@@ -110,9 +106,7 @@ class LocalLeases:
         now = time.monotonic_ns()
         with self._lock:
             if len(self._keys) >= MAX_KEYS and key not in self._keys:
-                self._keys = {
-                    k: v for k, v in self._keys.items() if any(t > now for t in v.values())
-                }
+                self._keys = {k: v for k, v in self._keys.items() if any(t > now for t in v.values())}
             leases = {i: t for i, t in self._keys.get(key, {}).items() if t > now}
             held = lease_id in leases
             allowed = held or len(leases) < share

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +70,7 @@ class Local:
 
 #: What to answer when Redis cannot (timeout, connection error, breaker open, ``LOADING``,
 #: ``CLUSTERDOWN``...).
-FailurePolicy = Union[FailOpen, FailClosed, Local]
+FailurePolicy = FailOpen | FailClosed | Local
 
 
 class Degraded(enum.Enum):

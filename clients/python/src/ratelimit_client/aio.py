@@ -13,9 +13,9 @@ from typing import Any, Generic, Protocol, TypeVar
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.cluster as redis_cluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
-from redis.asyncio.retry import Retry
 
 from ._core import (
     ANY_NODE,

@@ -25,6 +25,7 @@ from ._http import (
     STATE_KEY,
     Admission,
     Headers,
+    KeyFunc,
     Policy,
     RateLimitState,
     RequestInfo,
@@ -33,9 +34,8 @@ from ._http import (
     finish,
     header,
     keep_alive,
-    release_async,
-    KeyFunc,
     make_rules,
+    release_async,
     report_cost,
     run_async,
 )
@@ -48,7 +48,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["RateLimitMiddleware", "Policy", "RateLimitState", "RequestInfo", "client_ip", "header", "report_cost"]
+__all__ = ["Policy", "RateLimitMiddleware", "RateLimitState", "RequestInfo", "client_ip", "header", "report_cost"]
 
 
 async def respond(send: Send, status: int, headers: Headers, body: bytes) -> None:
@@ -103,7 +103,9 @@ class RateLimitMiddleware:
             return
         state = RateLimitState()
         scope[STATE_KEY] = state
-        adm: Admission | None = await run_async(self.client, admit(self.rules, self.metrics, RequestInfo.from_scope(scope)))
+        adm: Admission | None = await run_async(
+            self.client, admit(self.rules, self.metrics, RequestInfo.from_scope(scope))
+        )
         if adm is None:
             await self.app(scope, receive, send)
             return
@@ -118,7 +120,9 @@ class RateLimitMiddleware:
         async def send_with_fields(message: Message) -> None:
             if message["type"] == "http.response.start":
                 fields: Headers = await run_async(self.client, finish(adm, self.metrics, state.actual_cost, legacy))
-                raw = [(n, v) for n, v in message.get("headers", ()) if bytes(n).decode("latin-1").lower() not in FIELDS]
+                raw = [
+                    (n, v) for n, v in message.get("headers", ()) if bytes(n).decode("latin-1").lower() not in FIELDS
+                ]
                 raw += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in fields]
                 message = {**message, "headers": raw}
             elif message["type"] == "http.response.body" and not message.get("more_body", False):

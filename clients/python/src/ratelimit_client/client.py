@@ -51,6 +51,7 @@ from .algorithms import Algorithm, Concurrency
 
 T = TypeVar("T")
 
+
 class Client:
     """A connection to Redis (or Redis Cluster) that decides with the module, the Functions
     library or the scripts. Thread-safe: share one per process.
@@ -265,9 +266,7 @@ class Client:
         if isinstance(algo, Concurrency):
             raise Unsupported("concurrency limits are not settled: Client.acquire")
         outcome = self._decide_one(key, algo, estimate, None)
-        reservation = (
-            Reservation(self, [(key, algo)], estimate, outcome.degraded) if outcome.decision.allowed else None
-        )
+        reservation = Reservation(self, [(key, algo)], estimate, outcome.degraded) if outcome.decision.allowed else None
         return ReservationOutcome(outcome, reservation)
 
     def reserve_all(self, limits: Limits, estimate: int) -> MultiReservationOutcome:
@@ -339,7 +338,9 @@ class Lease:
     :meth:`Client.acquire_all`) until the lease expires or is given back: :meth:`release`, or the
     end of a ``with`` block."""
 
-    def __init__(self, client: Client, lease_id: str, limits: Sequence[tuple[str, Concurrency]], degraded: Degraded | None) -> None:
+    def __init__(
+        self, client: Client, lease_id: str, limits: Sequence[tuple[str, Concurrency]], degraded: Degraded | None
+    ) -> None:
         self._client = client
         self._id = lease_id
         self._limits = list(limits)
@@ -447,7 +448,9 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         try:
             self.release()
         except RateLimitError:
@@ -473,7 +476,9 @@ class LeaseOutcome:
     def __enter__(self) -> LeaseOutcome:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.lease is not None:
             self.lease.__exit__(exc_type, exc, tb)
 
@@ -496,7 +501,9 @@ class MultiLeaseOutcome:
     def __enter__(self) -> MultiLeaseOutcome:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.lease is not None:
             self.lease.__exit__(exc_type, exc, tb)
 
@@ -587,4 +594,3 @@ def load_library(conn: redis.Redis | redis.cluster.RedisCluster) -> str:
     execute: Callable[..., Any] = conn.execute_command
     name = execute("FUNCTION LOAD", "REPLACE", LIBRARY)
     return name.decode() if isinstance(name, bytes) else str(name)
-

@@ -140,7 +140,11 @@ class _Request:
 
 
 def _is_starlette_response(v: Any) -> bool:
-    return type(v).__module__.startswith(("starlette.", "fastapi.")) and hasattr(v, "headers") and hasattr(v, "status_code")
+    return (
+        type(v).__module__.startswith(("starlette.", "fastapi."))
+        and hasattr(v, "headers")
+        and hasattr(v, "status_code")
+    )
 
 
 def _find_request(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Request | None:

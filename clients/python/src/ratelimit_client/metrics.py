@@ -12,10 +12,7 @@ DECISIONS_HELP = (
     "Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and "
     "shadow_denied (a shadow limit would have refused; let through)."
 )
-SETTLED_HELP = (
-    "Units given back (refunded) or taken (charged) when reservations were settled with their "
-    "actual cost."
-)
+SETTLED_HELP = "Units given back (refunded) or taken (charged) when reservations were settled with their actual cost."
 
 
 @dataclass(slots=True)
@@ -107,9 +104,7 @@ class Metrics:
             for outcome, v in (("allowed", c.allowed), ("denied", c.denied), ("degraded", c.degraded)):
                 out.append(f'ratelimit_decisions_total{{limit="{n}",outcome="{outcome}"}} {v}\n')
             if c.shadow:
-                out.append(
-                    f'ratelimit_decisions_total{{limit="{n}",outcome="shadow_denied"}} {c.shadow_denied}\n'
-                )
+                out.append(f'ratelimit_decisions_total{{limit="{n}",outcome="shadow_denied"}} {c.shadow_denied}\n')
         settled = [(name, c) for name, c in counts if c.refunded > 0 or c.charged > 0]
         if settled:
             out.append(f"# HELP ratelimit_settled_units_total {SETTLED_HELP}\n")
@@ -143,9 +138,7 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        decisions = CounterMetricFamily(
-            "ratelimit_decisions", DECISIONS_HELP, labels=["limit", "outcome"]
-        )
+        decisions = CounterMetricFamily("ratelimit_decisions", DECISIONS_HELP, labels=["limit", "outcome"])
         settled = CounterMetricFamily("ratelimit_settled_units", SETTLED_HELP, labels=["limit", "direction"])
         counts = sorted(self._metrics.snapshot().items())
         for name, c in counts:

@@ -25,6 +25,7 @@ from ._http import (
     STATE_KEY,
     Admission,
     Headers,
+    KeyFunc,
     Policy,
     RateLimitState,
     RequestInfo,
@@ -33,9 +34,8 @@ from ._http import (
     finish,
     header,
     keep_alive,
-    release_sync,
-    KeyFunc,
     make_rules,
+    release_sync,
     report_cost,
     run_sync,
 )
@@ -46,7 +46,7 @@ Environ = dict[str, Any]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
-__all__ = ["RateLimitMiddleware", "Policy", "RateLimitState", "RequestInfo", "client_ip", "header", "report_cost"]
+__all__ = ["Policy", "RateLimitMiddleware", "RateLimitState", "RequestInfo", "client_ip", "header", "report_cost"]
 
 
 def status_line(status: int) -> str:
@@ -142,7 +142,9 @@ class RateLimitMiddleware:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         state = RateLimitState()
         environ[STATE_KEY] = state
-        adm: Admission | None = run_sync(self.client, admit(self.rules, self.metrics, RequestInfo.from_environ(environ)))
+        adm: Admission | None = run_sync(
+            self.client, admit(self.rules, self.metrics, RequestInfo.from_environ(environ))
+        )
         if adm is None:
             return self.app(environ, start_response)
         state.outcome = adm.outcome
@@ -150,13 +152,15 @@ class RateLimitMiddleware:
         legacy = self.rules.legacy_headers
         if not adm.allowed:
             status, headers, body = adm.refusal(legacy)
-            start_response(status_line(status), headers + [("content-length", str(len(body)))])
+            start_response(status_line(status), [*headers, ("content-length", str(len(body)))])
             return [body]
         keep_alive(adm, self.rules.lease_keep_alive)
         fields: list[Headers] = []
         sized: list[bool] = []
 
-        def start_with_fields(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], object]:
+        def start_with_fields(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], object]:
             if not fields:
                 fields.append(run_sync(self.client, finish(adm, self.metrics, state.actual_cost, legacy)))
             sized[:] = [any(n.lower() == "content-length" for n, _ in headers)]
