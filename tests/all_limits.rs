@@ -101,7 +101,7 @@ fn a_route_limit_and_a_client_limit_consume_together_or_not_at_all() {
     assert_eq!(
         string_bytes(&mut c, "route:search:ip1")
             .split(|&b| b == b' ')
-            .next(),
+            .nth(1),
         Some(&b"1"[..]),
         "the route kept its token"
     );

@@ -94,7 +94,9 @@ fn wrong_types_and_corrupt_state_are_reported_and_left_alone() {
             case.command
         );
         assert_eq!(state(&mut c, &key), before, "{}", case.command);
-        assert_eq!(before.1, -1, "{}: no expiry was given", case.command);
+        if case.kind != "zset" {
+            assert_eq!(before.1, -1, "{}: no expiry was given", case.command);
+        }
     }
 }
 

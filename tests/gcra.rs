@@ -80,14 +80,14 @@ fn stored_state_and_expiry() {
     set_clock(&mut c, T0 + 1);
     g(&mut c, "k", &["4", "3", "1", "2"]);
     // 1/3 s rounds up to 333334 us; two of them.
-    assert_eq!(string_bytes(&mut c, "k"), b"1900000000666669".to_vec());
+    assert_eq!(string_bytes(&mut c, "k"), b"gcra 1900000000666669".to_vec());
     // The first millisecond at which tat is no longer ahead of now.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_667);
     advance_clock(&mut c, 1_000_000);
     g(&mut c, "k", &["4", "3", "1"]);
     assert_eq!(
         string_bytes(&mut c, "k"),
-        b"1900000001333335".to_vec(),
+        b"gcra 1900000001333335".to_vec(),
         "a stale tat counts from now"
     );
 }

@@ -85,7 +85,7 @@ fn stored_state_and_expiry() {
     let mut c = s.connect();
     set_clock(&mut c, T0 + 1);
     lb(&mut c, "k", &["10", "5", "3"]);
-    assert_eq!(string_bytes(&mut c, "k"), b"3 1900000000000001".to_vec());
+    assert_eq!(string_bytes(&mut c, "k"), b"lb 3 1900000000000001".to_vec());
     // Empty again 600 ms after t; the expiry rounds t up to the next millisecond.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_001 + 600);
 
@@ -93,16 +93,17 @@ fn stored_state_and_expiry() {
     assert_eq!(lb(&mut c, "k", &["10", "5", "1"]), [1, 6, 0, 700, 10]);
     assert_eq!(
         string_bytes(&mut c, "k"),
-        b"3.4999950000000002 1900000000100002".to_vec()
+        b"lb 3.4999950000000002 1900000000100002".to_vec()
     );
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_101 + 700);
 
-    // A clock that goes backwards drains nothing and keeps the later time.
+    // A clock that goes backwards (by less than the minute a stored time may be ahead) drains
+    // nothing and keeps the later time; the waits count from it.
     set_clock(&mut c, T0 - 5_000_000);
-    lb(&mut c, "k", &["10", "5", "1"]);
+    assert_eq!(lb(&mut c, "k", &["10", "5", "1"]), [1, 5, 0, 6_001, 10]);
     assert_eq!(
         string_bytes(&mut c, "k"),
-        b"4.4999950000000002 1900000000100002".to_vec()
+        b"lb 4.4999950000000002 1900000000100002".to_vec()
     );
 }
 

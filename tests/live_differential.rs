@@ -96,15 +96,34 @@ fn corrupt(c: &mut Connection, key: &str, corruption: &Corruption, fields: &[&st
         }
         (Corruption::ToLegacyHash, _) => Ok(Value::Nil),
         (Corruption::SetField(f, v), "hash" | "none") => cmd(c, &["HSET", key, f, v]),
+        (Corruption::SetFieldAhead(f, o), "hash") => {
+            let at = (harness::clock_now(c) + o).to_string();
+            cmd(c, &["HSET", key, f, &at])
+        }
+        (Corruption::ExtraHashField, "hash") => cmd(c, &["HSET", key, "extra", "1"]),
         (Corruption::DeleteField(f), "hash") => cmd(c, &["HDEL", key, f]),
-        (Corruption::SetField(..) | Corruption::DeleteField(_), "string") => {
+        (
+            Corruption::SetField(..)
+            | Corruption::DeleteField(_)
+            | Corruption::SetFieldAhead(..)
+            | Corruption::Retag(_),
+            "string",
+        ) => {
             let value = String::from_utf8_lossy(&string_bytes(c, key)).into_owned();
-            match corrupted_value(&value, corruption, fields) {
+            let now = harness::clock_now(c);
+            match corrupted_value(&value, corruption, fields, now) {
                 Some(new) => cmd(c, &["SET", key, &new, "KEEPTTL"]),
                 None => Ok(Value::Nil),
             }
         }
-        (Corruption::SetField(..) | Corruption::DeleteField(_), _) => Ok(Value::Nil),
+        (
+            Corruption::SetField(..)
+            | Corruption::DeleteField(_)
+            | Corruption::SetFieldAhead(..)
+            | Corruption::Retag(_)
+            | Corruption::ExtraHashField,
+            _,
+        ) => Ok(Value::Nil),
     };
     r.expect("corrupting a key");
 }
@@ -313,6 +332,11 @@ fn gcra_module_and_evalsha_agree_on_a_live_server() {
 fn corrupt_string(c: &mut Connection, key: &str, corruption: &Corruption) {
     let r = match corruption {
         Corruption::SetField(_, v) => cmd(c, &["SET", key, v]),
+        Corruption::SetFieldAhead(_, o) => {
+            let ns = i128::from(harness::clock_now(c)) * 1000 + i128::from(*o);
+            cmd(c, &["SET", key, &ns.to_string()])
+        }
+        Corruption::Retag(_) | Corruption::ExtraHashField => Ok(Value::Nil),
         Corruption::MakeString => {
             cmd(c, &["DEL", key]).and_then(|_| cmd(c, &["HSET", key, "x", "1"]))
         }
@@ -394,17 +418,41 @@ fn throttle_module_and_evalsha_agree_on_a_live_server() {
 }
 
 fn corrupt_log(c: &mut Connection, key: &str, now: i64, corruption: &LogCorruption) {
+    // A set the corruption creates gets an expiry, as the module's sets have (`Persist` takes it
+    // away); `PEXPIRE ... NX` leaves one that is there.
+    let keep = |c: &mut Connection| {
+        let at = (now.div_euclid(1000) + 60_000).to_string();
+        if matches!(cmd(c, &["PTTL", key]), Ok(Value::Int(-1))) {
+            let _ = cmd(c, &["PEXPIREAT", key, &at]);
+        }
+    };
     let r = match corruption {
         LogCorruption::AddRaw(s, m) => cmd(c, &["ZADD", key, s, m]),
         LogCorruption::AddAt(offset, i) => {
             let t = now + offset;
             cmd(c, &["ZADD", key, &t.to_string(), &format!("{t}:{i}")])
         }
+        LogCorruption::AddOld(n) => {
+            let mut zadd = vec!["ZADD".to_string(), key.to_string()];
+            for i in 0..i64::from(*n) {
+                let t = (now - 20_000_000_000 - i).max(0);
+                zadd.extend([t.to_string(), format!("{t}:{i}")]);
+            }
+            let zadd: Vec<&str> = zadd.iter().map(String::as_str).collect();
+            cmd(c, &zadd)
+        }
         LogCorruption::PopOldest => cmd(c, &["ZPOPMIN", key]),
         LogCorruption::PopNewest => cmd(c, &["ZPOPMAX", key]),
         LogCorruption::DeleteKey => cmd(c, &["DEL", key]),
         LogCorruption::MakeString => cmd(c, &["SET", key, "x"]),
+        LogCorruption::Persist => cmd(c, &["PERSIST", key]),
     };
+    if matches!(
+        corruption,
+        LogCorruption::AddRaw(..) | LogCorruption::AddAt(..) | LogCorruption::AddOld(_)
+    ) {
+        keep(c);
+    }
     // ZADD on a key that was made a string fails the same way for both twins.
     let _ = r;
 }

@@ -96,6 +96,7 @@ fn put(space: &mut Keyspace, key: &[u8], data: Data, expire_at_ms: Option<i64>) 
 /// `Corruption` on one key of a string-of-numbers limiter (or of its earlier hash layout).
 fn corrupt_key(space: &mut Keyspace, key: &[u8], c: &Corruption, fields: &[&str]) {
     space.expire_due();
+    let now = space.now_us;
     let entry = space.keys.get(key).cloned();
     let expiry = entry.as_ref().and_then(|e| e.expire_at_ms);
     match (c, entry.map(|e| e.data)) {
@@ -119,6 +120,18 @@ fn corrupt_key(space: &mut Keyspace, key: &[u8], c: &Corruption, fields: &[&str]
             h.insert(f.as_bytes().to_vec(), v.as_bytes().to_vec());
             put(space, key, Data::Hash(h), expiry);
         }
+        (Corruption::SetFieldAhead(f, o), Some(Data::Hash(mut h))) => {
+            h.insert(f.as_bytes().to_vec(), (now + o).to_string().into_bytes());
+            put(space, key, Data::Hash(h), expiry);
+        }
+        (Corruption::ExtraHashField, Some(Data::Hash(mut h))) => {
+            h.insert(b"extra".to_vec(), b"1".to_vec());
+            put(space, key, Data::Hash(h), expiry);
+        }
+        (
+            Corruption::ExtraHashField | Corruption::SetFieldAhead(..) | Corruption::Retag(_),
+            None,
+        ) => {}
         (Corruption::SetField(f, v), None) => {
             let h = [(f.as_bytes().to_vec(), v.as_bytes().to_vec())]
                 .into_iter()
@@ -133,12 +146,25 @@ fn corrupt_key(space: &mut Keyspace, key: &[u8], c: &Corruption, fields: &[&str]
                 put(space, key, Data::Hash(h), expiry);
             }
         }
-        (Corruption::SetField(..) | Corruption::DeleteField(_), Some(Data::Str(v))) => {
-            if let Some(new) = corrupted_value(&String::from_utf8_lossy(&v), c, fields) {
+        (
+            Corruption::SetField(..)
+            | Corruption::DeleteField(_)
+            | Corruption::SetFieldAhead(..)
+            | Corruption::Retag(_),
+            Some(Data::Str(v)),
+        ) => {
+            if let Some(new) = corrupted_value(&String::from_utf8_lossy(&v), c, fields, now) {
                 put(space, key, Data::Str(new.into_bytes()), expiry);
             }
         }
-        (Corruption::SetField(..) | Corruption::DeleteField(_), _) => {}
+        (
+            Corruption::SetField(..)
+            | Corruption::DeleteField(_)
+            | Corruption::SetFieldAhead(..)
+            | Corruption::Retag(_)
+            | Corruption::ExtraHashField,
+            _,
+        ) => {}
     }
 }
 
@@ -466,6 +492,12 @@ fn corrupt_string(space: &mut Keyspace, c: &Corruption) {
     space.expire_due();
     let data = match c {
         Corruption::SetField(_, v) => Data::Str(v.as_bytes().to_vec()),
+        Corruption::SetFieldAhead(_, o) => Data::Str(
+            (i128::from(space.now_us) * 1000 + i128::from(*o))
+                .to_string()
+                .into_bytes(),
+        ),
+        Corruption::Retag(_) | Corruption::ExtraHashField => return,
         Corruption::MakeString => {
             Data::Hash([(b"x".to_vec(), b"1".to_vec())].into_iter().collect())
         }
@@ -571,11 +603,38 @@ fn corrupt_log(space: &mut Keyspace, c: &LogCorruption) {
         // On a string key this is WRONGTYPE for both paths alike.
         let _ = space.command(&argv);
     };
+    // A set the corruption creates gets an expiry, as the module's sets have (`Persist` takes it
+    // away).
+    let keep = |space: &mut Keyspace| {
+        if let Some(e) = space.keys.get_mut(KEY)
+            && e.expire_at_ms.is_none()
+        {
+            e.expire_at_ms = Some(now.div_euclid(1000) + 60_000);
+        }
+    };
     match c {
-        LogCorruption::AddRaw(s, m) => zadd(space, s.to_string(), m.to_string()),
+        LogCorruption::AddRaw(s, m) => {
+            zadd(space, s.to_string(), m.to_string());
+            keep(space);
+        }
         LogCorruption::AddAt(offset, i) => {
             let t = now + offset;
             zadd(space, t.to_string(), format!("{t}:{i}"));
+            keep(space);
+        }
+        LogCorruption::AddOld(n) => {
+            for i in 0..i64::from(*n) {
+                let t = (now - 20_000_000_000 - i).max(0);
+                zadd(space, t.to_string(), format!("{t}:{i}"));
+            }
+            keep(space);
+        }
+        LogCorruption::Persist => {
+            if let Some(e) = space.keys.get_mut(KEY)
+                && matches!(e.data, Data::Zset(_))
+            {
+                e.expire_at_ms = None;
+            }
         }
         LogCorruption::PopOldest | LogCorruption::PopNewest => {
             if let Some(Data::Zset(z)) = space.keys.get_mut(KEY).map(|e| &mut e.data) {

@@ -220,7 +220,11 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
         ),
         (
             &["k", "10", "5", "-1"],
-            "ERR cost must be between 0 and 1000000000000000",
+            "ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)",
+        ),
+        (
+            &["k", "100000", "5", "1001"],
+            "ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)",
         ),
         (&["k", "10", "5", "1.0"], "ERR cost must be an integer"),
     ];
@@ -258,39 +262,70 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
 
     let score_err = "ERR corrupt rate limiter state: sorted set score is not a valid timestamp";
     let member_err = "ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'";
+    let ahead_err = "ERR corrupt rate limiter state: sorted set score is further ahead of the server's clock than any call writes";
+    let leases = "WRONGTYPE the key holds RL.ACQUIRE state, not RL.SLIDINGLOG state";
     let ok = format!("{now}:0");
+    let (minute, later) = (now + 60_000_000, now + 60_000_001);
+    let (at_minute, past_minute) = (format!("{minute}:0"), format!("{later}:0"));
+    let (minute, later) = (minute.to_string(), later.to_string());
     let corrupt: &[(&[&str], &str)] = &[
         (&["inf", "1:0"], score_err),
         (&["-inf", "1:0"], score_err),
         (&["-5", "1:0"], score_err),
         (&["1.5", "1:0"], score_err),
         (&["9007199254740994", "9007199254740994:0"], score_err),
-        (&["100", "x"], member_err),
         (&["100", "101:0"], member_err),
         (&["100", "100:"], member_err),
         (&["100", "100:-1"], member_err),
         (&["100", "+100:0"], member_err),
-        (&["100", "100"], member_err),
+        (&["100", &"1:".repeat(100)], member_err),
+        // A member without ':' is a lease id: the set is a lease set.
+        (&["100", "x"], leases),
+        (&["100", "100"], leases),
         // The newest entry is checked on every call, whatever is before it.
         (&["1", &ok, "2", "2:x"], member_err),
+        // An entry a minute ahead of now is a clock that ran ahead; beyond, no call wrote it.
+        (&[&later, &past_minute], ahead_err),
     ];
     for (i, (entries, expected)) in corrupt.iter().enumerate() {
         let key = format!("bad{i}");
         let mut zadd = vec!["ZADD", key.as_str()];
         zadd.extend_from_slice(entries);
         cmd(&mut c, &zadd).unwrap();
-        let before = zset_bytes(&mut c, &key);
+        // Every set the module writes has an expiry; these are given one too.
+        cmd(&mut c, &["PEXPIRE", &key, "100000000"]).unwrap();
+        let before = (zset_bytes(&mut c, &key), pexpiretime(&mut c, &key));
         assert_eq!(
             cmd(&mut c, &[SL, &key, "10", "5"]),
             Err(expected.to_string()),
             "{entries:?}"
         );
-        assert_eq!(zset_bytes(&mut c, &key), before, "left as it was");
-        assert_eq!(pexpiretime(&mut c, &key), -1, "and given no expiry");
+        assert_eq!(
+            (zset_bytes(&mut c, &key), pexpiretime(&mut c, &key)),
+            before,
+            "left as it was"
+        );
     }
-    // Well-formed entries written by someone else are accepted and counted.
+    // A set without an expiry is not the module's, whatever its entries.
+    cmd(&mut c, &["ZADD", "bare", &now.to_string(), &ok]).unwrap();
+    assert_eq!(
+        cmd(&mut c, &[SL, "bare", "10", "5"]),
+        Err(
+            "WRONGTYPE the key holds a sorted set without an expiry, which no rate limiter writes"
+                .into()
+        )
+    );
+    assert_eq!(
+        zset_bytes(&mut c, "bare").len(),
+        2,
+        "one entry, left as it was"
+    );
+    // Well-formed entries written by someone else, with an expiry, are accepted and counted,
+    // up to a minute ahead of now.
     cmd(&mut c, &["ZADD", "foreign", &now.to_string(), &ok]).unwrap();
-    assert_eq!(sl(&mut c, "foreign", &["10", "5"]), [1, 8, 0, 5_000, 10]);
+    cmd(&mut c, &["ZADD", "foreign", &minute, &at_minute]).unwrap();
+    cmd(&mut c, &["PEXPIRE", "foreign", "100000000"]).unwrap();
+    assert_eq!(sl(&mut c, "foreign", &["10", "5"]), [1, 7, 0, 65_000, 10]);
 }
 
 #[test]
@@ -316,7 +351,7 @@ fn an_unmoved_expiry_is_propagated_once() {
     advance_clock(&mut m, 61_000_000);
     assert_eq!(sl(&mut m, "k", &["10", "60"])[..2], [1, 9]);
     let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
-    assert_eq!(calls_of(&mut r, "zremrangebyscore"), 1);
+    assert_eq!(calls_of(&mut r, "zremrangebyrank"), 1);
     assert_eq!(calls_of(&mut r, "pexpireat"), 2);
     assert_eq!(zset_bytes(&mut r, "k"), zset_bytes(&mut m, "k"));
     let entries: i64 = redis::cmd("ZCARD").arg("k").query(&mut m).unwrap();
@@ -346,13 +381,28 @@ fn the_largest_limit_fits_in_one_call_on_both_paths() {
         .arg(lua_script("sliding_log.lua"))
         .query(&mut c)
         .unwrap();
-    let a = cmd(&mut c, &[SL, "big:m", "100000", "60", "100000"]);
-    let b = cmd(
-        &mut c,
-        &["EVALSHA", &sha, "1", "big:l", "100000", "60", "100000"],
+    // One call adds at most 1,000 entries: the largest log fills in 100 calls at one instant.
+    let too_many = "ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)";
+    assert_eq!(
+        cmd(&mut c, &[SL, "big:m", "100000", "60", "100000"]),
+        Err(too_many.into())
     );
-    assert_eq!(ints(&a), [1, 0, 0, 60_000, 100_000]);
-    assert_eq!(a, b);
+    assert_eq!(
+        cmd(
+            &mut c,
+            &["EVALSHA", &sha, "1", "big:l", "100000", "60", "100000"]
+        ),
+        Err(too_many.into())
+    );
+    for i in 1..=100 {
+        let a = cmd(&mut c, &[SL, "big:m", "100000", "60", "1000"]);
+        let b = cmd(
+            &mut c,
+            &["EVALSHA", &sha, "1", "big:l", "100000", "60", "1000"],
+        );
+        assert_eq!(ints(&a), [1, 100_000 - i * 1000, 0, 60_000, 100_000]);
+        assert_eq!(a, b);
+    }
     assert_eq!(zset_bytes(&mut c, "big:m"), zset_bytes(&mut c, "big:l"));
     let denied = cmd(&mut c, &[SL, "big:m", "100000", "60"]);
     assert_eq!(ints(&denied), [0, 0, 60_000, 60_000, 100_000]);
@@ -420,13 +470,18 @@ fn reads_far_from_both_ends_ask_the_sorted_set_index() {
     assert_eq!(calls_of(&mut c, "zcount"), zcount + 2, "the window count");
     let len: i64 = redis::cmd("ZCARD").arg("k").query(&mut c).unwrap();
     assert_eq!(len, 601, "a peek trims nothing");
-    // An admitted call trims them all.
-    assert_eq!(
-        sl(&mut c, "k", &["1000", "10", "1"]),
-        [1, 999, 0, 10_000, 1000]
-    );
-    let len: i64 = redis::cmd("ZCARD").arg("k").query(&mut c).unwrap();
-    assert_eq!(len, 1);
+    // An admitted call removes as many old entries as it adds, and at least 128: the 601 are
+    // gone after five calls (601 = 4 x 128 + 89), each call's work bounded.
+    let mut lens = Vec::new();
+    for i in 1..=5 {
+        assert_eq!(
+            sl(&mut c, "k", &["1000", "10", "1"]),
+            [1, 1000 - i, 0, 10_000, 1000]
+        );
+        let len: i64 = redis::cmd("ZCARD").arg("k").query(&mut c).unwrap();
+        lens.push(len);
+    }
+    assert_eq!(lens, [474, 347, 220, 93, 5]);
 }
 
 #[test]
@@ -438,8 +493,9 @@ fn entries_between_the_newest_and_the_decisive_one_are_counted_unread() {
     let now = future();
     set_clock(&mut c, now);
     let t = now.to_string();
-    // "0x" sorts before every member of the form "<score>:<n>" at its score.
-    cmd(&mut c, &["ZADD", "k", &t, "0x", &t, &format!("{t}:9")]).unwrap();
+    // "0:x" sorts before every member of the form "<score>:<n>" at its score.
+    cmd(&mut c, &["ZADD", "k", &t, "0:x", &t, &format!("{t}:9")]).unwrap();
+    cmd(&mut c, &["PEXPIRE", "k", "100000000"]).unwrap();
     assert_eq!(sl(&mut c, "k", &["3", "10"]), [1, 0, 0, 10_000, 3]);
     assert_eq!(
         cmd(&mut c, &[SL, "k", "3", "10"]),

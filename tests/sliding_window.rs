@@ -36,7 +36,10 @@ fn the_previous_window_weighs_by_the_part_still_covered() {
     assert_eq!(b[0], [1, 1, 0, 17_500, 10]);
     assert_eq!(b[1], [1, 0, 0, 17_500, 10]);
     assert_eq!(b[2], [0, 0, 500, 17_500, 10]);
-    assert_eq!(string_bytes(&mut c, "k"), b"1900000010000000 2 10".to_vec());
+    assert_eq!(
+        string_bytes(&mut c, "k"),
+        b"sw 1900000010000000 2 10".to_vec()
+    );
 }
 
 #[test]
@@ -107,19 +110,28 @@ fn stored_state_and_expiry() {
     let mut c = s.connect();
     set_clock(&mut c, W0 + 3);
     sw(&mut c, "k", &["10", "10", "3"]);
-    assert_eq!(string_bytes(&mut c, "k"), b"1900000000000000 3 0".to_vec());
+    assert_eq!(
+        string_bytes(&mut c, "k"),
+        b"sw 1900000000000000 3 0".to_vec()
+    );
     // Two windows after the current one started, nothing stored weighs anything.
     assert_eq!(pexpiretime(&mut c, "k"), W0 / 1000 + 20_000);
 
     set_clock(&mut c, W0 + W + W / 4);
     assert_eq!(sw(&mut c, "k", &["10", "10"]), [1, 6, 0, 17_500, 10]);
-    assert_eq!(string_bytes(&mut c, "k"), b"1900000010000000 1 3".to_vec());
+    assert_eq!(
+        string_bytes(&mut c, "k"),
+        b"sw 1900000010000000 1 3".to_vec()
+    );
     assert_eq!(pexpiretime(&mut c, "k"), (W0 + W) / 1000 + 20_000);
 
     // A clock that went backwards keeps the stored window, as at its beginning: 3 + 1 + 1.
     set_clock(&mut c, W0 + W / 2);
     assert_eq!(sw(&mut c, "k", &["10", "10"]), [1, 5, 0, 25_000, 10]);
-    assert_eq!(string_bytes(&mut c, "k"), b"1900000010000000 2 3".to_vec());
+    assert_eq!(
+        string_bytes(&mut c, "k"),
+        b"sw 1900000010000000 2 3".to_vec()
+    );
 
     // Two windows on, everything is forgotten.
     set_clock(&mut c, W0 + 3 * W);
@@ -210,7 +222,7 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
         (&["start", "1", "prev", "1"], cur_err),
         (&["start", "1", "cur", "1", "prev", "inf"], prev_err),
         (
-            &["start", "1", "cur", "1", "prev", "1000000000000001"],
+            &["start", "1", "cur", "1", "prev", "2000000000000001"],
             prev_err,
         ),
         (&["start", "1", "cur", "1"], prev_err),

@@ -175,7 +175,7 @@ fn stored_state_and_expiry() {
     let mut c = s.connect();
     set_clock(&mut c, 1_900_000_000_000_001);
     tb(&mut c, "k", &["10", "5", "3"]);
-    assert_eq!(string_bytes(&mut c, "k"), b"7 1900000000000001".to_vec());
+    assert_eq!(string_bytes(&mut c, "k"), b"tb 7 1900000000000001".to_vec());
     // Full again 600 ms after t; the expiry rounds t up to the next millisecond.
     assert_eq!(pexpiretime(&mut c, "k"), 1_900_000_000_001 + 600);
 
@@ -183,7 +183,7 @@ fn stored_state_and_expiry() {
     tb(&mut c, "k", &["10", "5", "1"]);
     assert_eq!(
         string_bytes(&mut c, "k"),
-        b"6.5000049999999998 1900000000100002".to_vec()
+        b"tb 6.5000049999999998 1900000000100002".to_vec()
     );
 }
 

@@ -88,7 +88,8 @@ impl Limiter {
     /// with the same absolute expiry.
     fn write_legacy(&self, c: &mut Connection, from: &str, to: &str) {
         let value = String::from_utf8(string_bytes(c, from)).unwrap();
-        let numbers: Vec<&str> = value.split(' ').collect();
+        // The numbers after the tag (release 0.1 wrote none).
+        let numbers: Vec<&str> = value.split(' ').skip(1).collect();
         let mut hset = vec!["HSET", to];
         for (field, number) in self.fields.iter().zip(&numbers) {
             hset.extend([*field, *number]);

@@ -466,6 +466,11 @@ pub fn signal_string_write(
 impl OpenKey {
     /// The number of entries of a sorted set.
     pub fn zset_len(&self) -> Result<i64, ErrorReply> {
+        self.value_len()
+    }
+
+    /// The length of the key's value: entries of a sorted set, fields of a hash.
+    pub fn value_len(&self) -> Result<i64, ErrorReply> {
         let len = api!(RedisModule_ValueLength)?;
         // SAFETY: the key is open.
         let n = unsafe { len(self.key.as_ptr()) };
@@ -524,19 +529,6 @@ impl OpenKey {
         result
     }
 
-    /// Visits the entries with `min <= score <= max`, ascending (score, then member bytes).
-    pub fn zset_range(
-        &self,
-        min: f64,
-        max: f64,
-        visit: &mut dyn FnMut(TempString, f64) -> Result<(), ErrorReply>,
-    ) -> Result<(), ErrorReply> {
-        self.zset_walk(false, min, max, &mut |member, score| {
-            visit(member, score).map(|()| true)
-        })
-        .map(|_| ())
-    }
-
     pub fn zset_add(&self, score: f64, member: *mut RedisModuleString) -> Result<(), ErrorReply> {
         let add = api!(RedisModule_ZsetAdd)?;
         let mut flags: c_int = 0;
@@ -592,7 +584,7 @@ pub fn replicate_key_command(
 
 /// What a write did to a sorted set, for its keyspace events.
 pub struct ZsetWrite {
-    /// Entries were trimmed (`zremrangebyscore`).
+    /// Entries were trimmed (`zremrangebyrank`).
     pub trimmed: bool,
     /// The entry event: `zadd` or `zrem`.
     pub event: &'static std::ffi::CStr,
@@ -618,7 +610,7 @@ pub fn signal_zset_write(
             notify(
                 ctx,
                 raw::REDISMODULE_NOTIFY_ZSET,
-                c"zremrangebyscore".as_ptr(),
+                c"zremrangebyrank".as_ptr(),
                 key,
             );
         }

@@ -8,7 +8,7 @@ use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use crate::binding::api::{self, KeyKind, OpenKey, TempString, ZsetWrite};
 use crate::codec::error::ErrorReply;
-use crate::codec::number::{G17_MAX_LEN, format_g17};
+use crate::codec::number::{G17_MAX_LEN, format_g17, format_i64};
 use crate::store::{Effect, Entries, EntryVisitor, FieldName, OpenStore, Slot, Store, member_name};
 
 /// A sorted-set read walks at most this many entries from either end; past that it asks Redis
@@ -54,7 +54,7 @@ impl RedisKey {
         // Trim first, then add, as the replicated commands do: a set emptied by the trim is
         // deleted and created anew, so the encoding Redis picks (listpack or skiplist) is the
         // one a replica or the Lua twin ends up with too.
-        let trim = self.trim_first(e.trim_up_to)?;
+        let trim = self.trim_first(e.trim)?;
         let score = score_string(self.ctx, e.score)?;
         // ZADD's argument vector: score member score member ...
         let capacity = usize::try_from(e.count).unwrap_or(0);
@@ -95,12 +95,12 @@ impl RedisKey {
     /// Removes the expired leases, then adds, moves or removes one.
     fn lease(
         &mut self,
-        trim_up_to: Option<f64>,
+        trim: i64,
         id: &[u8],
         expiry: Option<f64>,
         expire_at_ms: Option<i64>,
     ) -> Result<(), ErrorReply> {
-        let trim = self.trim_first(trim_up_to)?;
+        let trim = self.trim_first(trim)?;
         let member = TempString::new(self.ctx, id)?;
         let score = match expiry {
             Some(e) => {
@@ -136,14 +136,9 @@ impl RedisKey {
         )
     }
 
-    /// Removes the entries up to `trim_up_to`, then the newest `count`.
-    fn pop(
-        &mut self,
-        trim_up_to: Option<f64>,
-        count: i64,
-        expire_at_ms: Option<i64>,
-    ) -> Result<(), ErrorReply> {
-        let trim = self.trim_first(trim_up_to)?;
+    /// Removes the oldest `trim` entries, then the newest `count`.
+    fn pop(&mut self, trim: i64, count: i64, expire_at_ms: Option<i64>) -> Result<(), ErrorReply> {
+        let trim = self.trim_first(trim)?;
         let mut newest = Vec::new();
         let mut left = count;
         self.key
@@ -178,16 +173,16 @@ impl RedisKey {
         )
     }
 
-    /// Removes the entries up to `trim_up_to` (when given), first of a sorted-set write, as
-    /// the replicated commands do; the bound as `ZREMRANGEBYSCORE` gets it.
-    fn trim_first(&mut self, trim_up_to: Option<f64>) -> Result<Option<TempString>, ErrorReply> {
-        match trim_up_to {
-            Some(up_to) => {
-                self.trim(up_to)?;
-                score_string(self.ctx, up_to).map(Some)
-            }
-            None => Ok(None),
+    /// Removes the oldest `count` entries (when above 0), first of a sorted-set write, as the
+    /// replicated commands do; the last rank as `ZREMRANGEBYRANK` gets it.
+    fn trim_first(&mut self, count: i64) -> Result<Option<TempString>, ErrorReply> {
+        if count <= 0 {
+            return Ok(None);
         }
+        self.trim(count)?;
+        let mut digits = [0u8; G17_MAX_LEN];
+        let len = format_i64(count - 1, &mut digits);
+        TempString::new(self.ctx, digits.get(..len).unwrap_or_default()).map(Some)
     }
 
     /// After a sorted-set write: whether it left the key empty (deleted), and whether the
@@ -207,17 +202,17 @@ impl RedisKey {
         Ok((deleted, moved))
     }
 
-    /// `ZREMRANGEBYSCORE key -inf up_to`, when entries were trimmed.
-    fn replicate_trim(&self, up_to: Option<&TempString>) -> Result<(), ErrorReply> {
-        let Some(up_to) = up_to else {
+    /// `ZREMRANGEBYRANK key 0 last`, when entries were trimmed.
+    fn replicate_trim(&self, last: Option<&TempString>) -> Result<(), ErrorReply> {
+        let Some(last) = last else {
             return Ok(());
         };
-        let low = TempString::new(self.ctx, b"-inf")?;
+        let first = TempString::new(self.ctx, b"0")?;
         api::replicate_key_command(
             self.ctx,
-            c"ZREMRANGEBYSCORE",
+            c"ZREMRANGEBYRANK",
             self.name,
-            &[low.as_ptr(), up_to.as_ptr()],
+            &[first.as_ptr(), last.as_ptr()],
         )
     }
 
@@ -229,13 +224,16 @@ impl RedisKey {
         }
     }
 
-    /// Removes the entries with a score up to and including `up_to`.
-    fn trim(&mut self, up_to: f64) -> Result<(), ErrorReply> {
-        let mut old = Vec::new();
-        self.key.zset_range(f64::NEG_INFINITY, up_to, &mut |m, _| {
-            old.push(m);
-            Ok(())
-        })?;
+    /// Removes the oldest `count` entries.
+    fn trim(&mut self, count: i64) -> Result<(), ErrorReply> {
+        let mut old = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
+        let mut left = count;
+        self.key
+            .zset_walk(false, f64::NEG_INFINITY, f64::INFINITY, &mut |m, _| {
+                old.push(m);
+                left -= 1;
+                Ok(left > 0)
+            })?;
         for m in &old {
             self.key.zset_rem(m.as_ptr())?;
         }
@@ -391,8 +389,36 @@ impl Store for RedisKey {
         self.key.zset_score(member.as_ptr())
     }
 
+    fn zset_first(&self, count: i64, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
+        if count <= 0 || self.key.kind()? != KeyKind::Zset {
+            return Ok(());
+        }
+        let mut left = count;
+        self.key
+            .zset_walk(false, f64::NEG_INFINITY, f64::INFINITY, &mut |m, s| {
+                visit(m.as_ref(), s)?;
+                left -= 1;
+                Ok(left > 0)
+            })
+            .map(|_| ())
+    }
+
+    fn hash_len(&self) -> Result<i64, ErrorReply> {
+        if self.key.kind()? != KeyKind::Hash {
+            return Ok(0);
+        }
+        self.key.value_len()
+    }
+
+    fn has_expiry(&self) -> Result<bool, ErrorReply> {
+        Ok(self.key.abs_expire()?.is_some())
+    }
+
+    fn writable(&self) -> Result<(), ErrorReply> {
+        api::check_memory()
+    }
+
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
-        api::check_memory()?;
         match effect {
             Effect::Set {
                 value,
@@ -403,16 +429,16 @@ impl Store for RedisKey {
                 expire_at_ms,
             } => self.append(entries, *expire_at_ms),
             Effect::Lease {
-                trim_up_to,
+                trim,
                 id,
                 expiry,
                 expire_at_ms,
-            } => self.lease(*trim_up_to, id, *expiry, *expire_at_ms),
+            } => self.lease(*trim, id, *expiry, *expire_at_ms),
             Effect::Pop {
-                trim_up_to,
+                trim,
                 count,
                 expire_at_ms,
-            } => self.pop(*trim_up_to, *count, *expire_at_ms),
+            } => self.pop(*trim, *count, *expire_at_ms),
         }
     }
 }

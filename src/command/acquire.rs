@@ -18,7 +18,7 @@ use crate::store::{Limit, OpenStore};
 /// Largest `limit`: every lease is one sorted-set entry, as for the sliding log.
 pub const MAX_LIMIT: f64 = 100_000.0;
 /// Longest lease in seconds.
-pub const MAX_LEASE_SECONDS: f64 = 1e7;
+pub const MAX_LEASE_SECONDS: f64 = concurrency::MAX_LEASE_US / 1e6;
 
 pub const NAME: &CStr = c"RL.ACQUIRE";
 pub static STATS: CommandStats = CommandStats::new();

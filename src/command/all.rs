@@ -17,6 +17,7 @@ use crate::command::limiters;
 use crate::command::{BuildLimit, Entry, PerCall, Runner};
 use crate::observe::stats::CommandStats;
 use crate::store::Limit;
+use crate::store::zset::MAX_ENTRIES_PER_CALL;
 
 pub const NAME: &CStr = c"RL.ALL";
 pub static STATS: CommandStats = CommandStats::new();
@@ -76,6 +77,21 @@ pub fn unknown_among<'a>(
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const LEASE_UNUSED: ErrorReply = ErrorReply(c"ERR LEASE is given only with a CONCURRENCY limit");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
+/// More sliding-log entries than one call adds or removes (`store::zset::MAX_ENTRIES_PER_CALL`).
+pub const TOO_MANY_ENTRIES: ErrorReply = ErrorReply(
+    c"ERR one call adds or removes at most 1000 sliding-log entries: the cost times the SLIDINGLOG limits is above it",
+);
+
+/// The sliding-log entries of a call's limits, within the bound of one call.
+pub fn check_entries(limits: &[Box<dyn Limit>], too_many: ErrorReply) -> Result<(), ErrorReply> {
+    let entries = limits
+        .iter()
+        .fold(0i64, |sum, l| sum.saturating_add(l.entries()));
+    if entries > MAX_ENTRIES_PER_CALL {
+        return Err(too_many);
+    }
+    Ok(())
+}
 
 /// The limiters `RL.ALL` combines, with how to build one limit of each.
 pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, BuildLimit)> {
@@ -207,6 +223,7 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
         return Err(LEASE_UNUSED);
     }
     check_keys(keys, limits.len())?;
+    check_entries(&limits, TOO_MANY_ENTRIES)?;
     Ok(Call { keys, limits })
 }
 

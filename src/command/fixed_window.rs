@@ -2,11 +2,12 @@
 
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::codec::error::ErrorReply;
-use crate::codec::stored::{amount, timestamp};
+use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, fixed_window};
 use crate::observe::stats::CommandStats;
+use crate::store::kind::Kind;
 use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
@@ -29,6 +30,9 @@ pub const CORRUPT_COUNT: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'count' is not a valid number");
 pub const CORRUPT_START: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'start' is not a valid timestamp");
+pub const START_AHEAD: ErrorReply = ErrorReply(
+    c"ERR corrupt rate limiter state: field 'start' is ahead of the server's clock by more than 60 seconds",
+);
 
 pub static COUNT: FieldName = FieldName::new(c"count");
 pub static START: FieldName = FieldName::new(c"start");
@@ -54,6 +58,7 @@ impl FieldsLimiter<2> for FixedWindow {
     type Params = fixed_window::Params;
     type State = fixed_window::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const KIND: Kind = Kind::FixedWindow;
     const FIELDS: [&'static FieldName; 2] = [&COUNT, &START];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
@@ -75,9 +80,14 @@ impl FieldsLimiter<2> for FixedWindow {
     }
 
     #[inline(always)]
-    fn decode([count, start]: [Option<&[u8]>; 2]) -> Result<fixed_window::State, ErrorReply> {
+    fn decode(
+        [count, start]: [Option<&[u8]>; 2],
+        _: &Args,
+        now_us: i64,
+    ) -> Result<fixed_window::State, ErrorReply> {
         let count = amount(count).ok_or(CORRUPT_COUNT)?;
-        let start_us = timestamp(start).ok_or(CORRUPT_START)?;
+        let start_us =
+            within_skew(timestamp(start).ok_or(CORRUPT_START)?, now_us).ok_or(START_AHEAD)?;
         Ok(fixed_window::State { count, start_us })
     }
 
@@ -164,7 +174,9 @@ mod tests {
 
     #[test]
     fn stored_fields() {
-        let d = |c: Option<&[u8]>, s: Option<&[u8]>| FixedWindow::decode([c, s]);
+        let a = FixedWindow::parse(&[b"10", b"60"]).unwrap();
+        let now = 1_800_000_000_000_000;
+        let d = |c: Option<&[u8]>, s: Option<&[u8]>| FixedWindow::decode([c, s], &a, now);
         assert_eq!(
             d(Some(b"3"), Some(b"17")),
             Ok(fixed_window::State {
@@ -176,5 +188,14 @@ mod tests {
         assert_eq!(d(Some(b"-1"), Some(b"1")), Err(CORRUPT_COUNT));
         assert_eq!(d(Some(b"1"), Some(b"1.5")), Err(CORRUPT_START));
         assert_eq!(d(Some(b"1"), None), Err(CORRUPT_START));
+        // A start up to a minute ahead (a clock that was ahead) is kept; further, no call wrote.
+        let start = |s: &[u8]| d(Some(b"1"), Some(s)).map(|s| s.start_us);
+        assert_eq!(start(b"1800000060000000"), Ok(1.80000006e15));
+        assert_eq!(start(b"1800000060000001"), Err(START_AHEAD));
+        assert_eq!(d(Some(b"2e15"), Some(b"1")).map(|s| s.count), Ok(2e15));
+        assert_eq!(
+            d(Some(b"2.0000000000000002e15"), Some(b"1")),
+            Err(CORRUPT_COUNT)
+        );
     }
 }

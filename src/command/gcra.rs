@@ -7,10 +7,12 @@
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
+use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, gcra};
 use crate::observe::stats::CommandStats;
+use crate::store::kind::{Kind, foreign};
 use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
@@ -72,6 +74,20 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
     stats: &STATS,
 };
 
+/// A stored theoretical arrival time as a call with these parameters reads it at `now_us`: as it
+/// is up to a full burst past a full one ahead of now (`2 * tolerance`, the most a settlement
+/// charges) and the clock skew, and as that much ahead when further (parameters lowered since
+/// it was written: the limit is then one full burst in debt). Integer microseconds below 2^53.
+pub fn within_reach(tat: f64, a: &Args, now_us: i64) -> f64 {
+    let now = now_us as f64;
+    let reach = 2.0 * a.params.tolerance as f64;
+    if tat > now + reach + SKEW_US {
+        now + reach
+    } else {
+        tat
+    }
+}
+
 /// A double already checked to be a whole number inside i64.
 pub(crate) fn whole(x: f64) -> i64 {
     x as i64
@@ -96,6 +112,7 @@ impl FieldsLimiter<1> for Gcra {
     type Params = gcra::Params;
     type State = i128;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const KIND: Kind = Kind::Gcra;
     const FIELDS: [&'static FieldName; 1] = [&TAT];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
@@ -129,13 +146,16 @@ impl FieldsLimiter<1> for Gcra {
     }
 
     #[inline(always)]
-    fn decode([tat]: [Option<&[u8]>; 1]) -> Result<i128, ErrorReply> {
+    fn decode([tat]: [Option<&[u8]>; 1], a: &Args, now_us: i64) -> Result<i128, ErrorReply> {
         let v = tat.and_then(parse_integer).ok_or(CORRUPT_TAT)?;
-        if v >= 0.0 && v <= MAX_TAT_US {
-            Ok(i128::from(whole(v)))
-        } else {
-            Err(CORRUPT_TAT)
+        if v > MAX_TAT_US && now_us > 0 && v >= 500.0 * now_us as f64 {
+            // Nanoseconds of about now: CL.THROTTLE's (redis-cell's) value, which has no tag.
+            return Err(foreign(Kind::Throttle, Kind::Gcra));
         }
+        if !(v >= 0.0 && v <= MAX_TAT_US) {
+            return Err(CORRUPT_TAT);
+        }
+        Ok(i128::from(whole(within_reach(v, a, now_us))))
     }
 
     fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (Reply, Option<FieldsWrite<1>>) {
@@ -260,13 +280,24 @@ mod tests {
 
     #[test]
     fn stored_field() {
-        let d = |t: Option<&[u8]>| Gcra::decode([t]);
+        // Tolerance 5 s (4 + 1 calls, one a second).
+        let a = parse(&["4", "1", "1"]).unwrap();
+        let now = 1_800_000_000_000_000;
+        let d = |t: Option<&[u8]>| Gcra::decode([t], &a, now);
         assert_eq!(d(Some(b"1700000000000001")), Ok(1_700_000_000_000_001));
-        assert_eq!(d(Some(b"8000000000000000")), Ok(8_000_000_000_000_000));
+        // Up to twice the tolerance and the skew ahead as it is; further, as twice the tolerance
+        // ahead (parameters lowered since).
+        assert_eq!(d(Some(b"1800000070000000")), Ok(1_800_000_070_000_000));
+        assert_eq!(d(Some(b"1800000070000001")), Ok(1_800_000_010_000_000));
+        assert_eq!(d(Some(b"8000000000000000")), Ok(1_800_000_010_000_000));
         for bad in [&b"8000000000000001"[..], b"-1", b"1.5", b"abc", b"", b"1e3"] {
             assert_eq!(d(Some(bad)), Err(CORRUPT_TAT), "{bad:?}");
         }
         assert_eq!(d(None), Err(CORRUPT_TAT));
+        assert_eq!(
+            d(Some(b"1800000000000000000")),
+            Err(foreign(Kind::Throttle, Kind::Gcra))
+        );
     }
 
     #[test]

@@ -2,11 +2,12 @@
 
 use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
-use crate::codec::stored::{amount, timestamp};
+use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, leaky_bucket};
 use crate::observe::stats::CommandStats;
+use crate::store::kind::Kind;
 use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
@@ -37,6 +38,9 @@ pub const CORRUPT_LEVEL: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'level' is not a valid number");
 pub const CORRUPT_TS: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'ts' is not a valid timestamp");
+pub const TS_AHEAD: ErrorReply = ErrorReply(
+    c"ERR corrupt rate limiter state: field 'ts' is ahead of the server's clock by more than 60 seconds",
+);
 
 pub static LEVEL: FieldName = FieldName::new(c"level");
 pub static TS: FieldName = FieldName::new(c"ts");
@@ -62,6 +66,7 @@ impl FieldsLimiter<2> for LeakyBucket {
     type Params = leaky_bucket::Params;
     type State = leaky_bucket::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const KIND: Kind = Kind::LeakyBucket;
     const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
@@ -76,9 +81,13 @@ impl FieldsLimiter<2> for LeakyBucket {
     }
 
     #[inline(always)]
-    fn decode([level, ts]: [Option<&[u8]>; 2]) -> Result<leaky_bucket::State, ErrorReply> {
+    fn decode(
+        [level, ts]: [Option<&[u8]>; 2],
+        _: &Args,
+        now_us: i64,
+    ) -> Result<leaky_bucket::State, ErrorReply> {
         let level = amount(level).ok_or(CORRUPT_LEVEL)?;
-        let ts_us = timestamp(ts).ok_or(CORRUPT_TS)?;
+        let ts_us = within_skew(timestamp(ts).ok_or(CORRUPT_TS)?, now_us).ok_or(TS_AHEAD)?;
         Ok(leaky_bucket::State { level, ts_us })
     }
 
@@ -163,7 +172,9 @@ mod tests {
 
     #[test]
     fn stored_fields() {
-        let d = |l: Option<&[u8]>, t: Option<&[u8]>| LeakyBucket::decode([l, t]);
+        let a = LeakyBucket::parse(&[b"10", b"1"]).unwrap();
+        let now = 1_800_000_000_000_000;
+        let d = |l: Option<&[u8]>, t: Option<&[u8]>| LeakyBucket::decode([l, t], &a, now);
         assert_eq!(
             d(Some(b"2.5"), Some(b"17")),
             Ok(leaky_bucket::State {
@@ -175,5 +186,8 @@ mod tests {
         assert_eq!(d(Some(b"inf"), Some(b"1")), Err(CORRUPT_LEVEL));
         assert_eq!(d(Some(b"1"), Some(b"-1")), Err(CORRUPT_TS));
         assert_eq!(d(Some(b"1"), None), Err(CORRUPT_TS));
+        let ts = |t: &[u8]| d(Some(b"1"), Some(t)).map(|s| s.ts_us);
+        assert_eq!(ts(b"1800000060000000"), Ok(1.80000006e15));
+        assert_eq!(ts(b"1800000060000001"), Err(TS_AHEAD));
     }
 }

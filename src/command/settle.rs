@@ -11,7 +11,7 @@ use std::ffi::CStr;
 
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
-use crate::command::all::{self, check_keys, each_limit, split_keys};
+use crate::command::all::{self, check_entries, check_keys, each_limit, split_keys};
 use crate::command::descriptor::ArgKind::{self, Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, repeated};
 use crate::command::limiters;
@@ -52,6 +52,10 @@ const MIN_ARGS: usize = 7;
 /// Largest `|n|`, as for a cost.
 const MAX_DELTA: f64 = crate::codec::args::MAX_INTEGER_ARG;
 
+/// More sliding-log entries than one call adds or removes (`store::zset::MAX_ENTRIES_PER_CALL`).
+pub const TOO_MANY_ENTRIES: ErrorReply = ErrorReply(
+    c"ERR one call adds or removes at most 1000 sliding-log entries: |DELTA| times the SLIDINGLOG limits is above it",
+);
 const NO_DELTA: ErrorReply = ErrorReply(c"ERR the call must end with DELTA n");
 const DELTA_NOT_INTEGER: ErrorReply = ErrorReply(c"ERR DELTA must be an integer");
 const DELTA_OUT_OF_RANGE: ErrorReply =
@@ -90,6 +94,7 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<all::Call<'a>, ErrorReply> {
     let limits: Vec<Box<dyn Limit>> =
         each_limit(words, ARITY, find, |_, build, params| build(params, delta))?;
     check_keys(keys, limits.len())?;
+    check_entries(&limits, TOO_MANY_ENTRIES)?;
     Ok(all::Call { keys, limits })
 }
 

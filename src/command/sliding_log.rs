@@ -3,7 +3,7 @@
 
 use std::ffi::CStr;
 
-use crate::codec::args::{COST, IntegerArg};
+use crate::codec::args::IntegerArg;
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_decimal;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
@@ -11,7 +11,7 @@ use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::command::{Entry, PerCall, Runner};
 use crate::core::{Operation, Reply, lua_integer, sliding_log};
 use crate::observe::stats::CommandStats;
-use crate::store::zset::{self, LogLimit, LogSettle, SlidingLogRequest};
+use crate::store::zset::{self, LogLimit, LogSettle, MAX_ENTRIES_PER_CALL, SlidingLogRequest};
 use crate::store::{Limit, OpenStore, Request};
 
 /// Largest `limit`: every admitted unit is one sorted-set entry of about 120 bytes (see the
@@ -60,6 +60,18 @@ const LIMIT: IntegerArg = IntegerArg {
     min: 1.0,
     max: MAX_LIMIT,
 };
+/// A sliding log's cost: one entry per unit, at most `MAX_ENTRIES_PER_CALL` per call.
+const COST: IntegerArg = IntegerArg {
+    not_integer: ErrorReply(c"ERR cost must be an integer"),
+    out_of_range: ErrorReply(
+        c"ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)",
+    ),
+    min: 0.0,
+    max: MAX_ENTRIES_PER_CALL as f64,
+};
+/// A settlement of more units than a call adds or removes.
+pub const DELTA_TOO_LARGE: ErrorReply =
+    ErrorReply(c"ERR DELTA must be between -1000 and 1000 for a sliding log (one entry per unit)");
 const WINDOW_NOT_NUMBER: ErrorReply = ErrorReply(c"ERR window_sec must be a number");
 const WINDOW_OUT_OF_RANGE: ErrorReply =
     ErrorReply(c"ERR window_sec must be greater than 0 and at most 10000000000");
@@ -117,10 +129,11 @@ pub fn build_limit(params: &[&[u8]], call: &PerCall<'_>) -> Result<Box<dyn Limit
 
 /// `RL.SETTLE`'s sliding-log limit.
 pub fn build_settle(params: &[&[u8]], delta: f64) -> Result<Box<dyn Limit>, ErrorReply> {
-    Ok(Box::new(LogSettle::new(
-        limit_request(params, b"0")?,
-        delta,
-    )))
+    let request = limit_request(params, b"0")?;
+    if delta.abs() > MAX_ENTRIES_PER_CALL as f64 {
+        return Err(DELTA_TOO_LARGE);
+    }
+    Ok(Box::new(LogSettle::new(request, delta)))
 }
 
 #[cfg(test)]
@@ -186,11 +199,15 @@ mod tests {
         );
         assert_eq!(
             parse_str(&["10", "1", "1000000000000001"]),
-            Err("ERR cost must be between 0 and 1000000000000000")
+            Err("ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)")
         );
         assert_eq!(
-            parse_str(&["10", "1", "1000000000000000"]).map(|a| a.op),
-            Ok(Operation::Consume(1e15))
+            parse_str(&["10", "1", "1001"]),
+            Err("ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)")
+        );
+        assert_eq!(
+            parse_str(&["10", "1", "1000"]).map(|a| a.op),
+            Ok(Operation::Consume(1000.0))
         );
     }
 }

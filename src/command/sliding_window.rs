@@ -3,11 +3,12 @@
 
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::codec::error::ErrorReply;
-use crate::codec::stored::{amount, timestamp};
+use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, sliding_window};
 use crate::observe::stats::CommandStats;
+use crate::store::kind::Kind;
 use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
@@ -28,6 +29,9 @@ const WINDOW: WindowArg = WindowArg {
 
 pub const CORRUPT_START: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'start' is not a valid timestamp");
+pub const START_AHEAD: ErrorReply = ErrorReply(
+    c"ERR corrupt rate limiter state: field 'start' is ahead of the server's clock by more than 60 seconds",
+);
 pub const CORRUPT_CUR: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'cur' is not a valid number");
 pub const CORRUPT_PREV: ErrorReply =
@@ -36,12 +40,6 @@ pub const CORRUPT_PREV: ErrorReply =
 pub static START: FieldName = FieldName::new(c"start");
 pub static CUR: FieldName = FieldName::new(c"cur");
 pub static PREV: FieldName = FieldName::new(c"prev");
-
-/// A stored count: no admitted total can exceed the largest limit, and larger values would
-/// overflow the retry arithmetic.
-fn count(raw: Option<&[u8]>) -> Option<f64> {
-    amount(raw).filter(|v| *v <= MAX_INTEGER_ARG)
-}
 
 pub struct SlidingWindow;
 
@@ -70,6 +68,7 @@ impl FieldsLimiter<3> for SlidingWindow {
     type Params = sliding_window::Params;
     type State = sliding_window::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const KIND: Kind = Kind::SlidingWindow;
     const FIELDS: [&'static FieldName; 3] = [&START, &CUR, &PREV];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
@@ -91,10 +90,15 @@ impl FieldsLimiter<3> for SlidingWindow {
     }
 
     #[inline(always)]
-    fn decode([start, cur, prev]: [Option<&[u8]>; 3]) -> Result<sliding_window::State, ErrorReply> {
-        let start_us = timestamp(start).ok_or(CORRUPT_START)?;
-        let cur = count(cur).ok_or(CORRUPT_CUR)?;
-        let prev = count(prev).ok_or(CORRUPT_PREV)?;
+    fn decode(
+        [start, cur, prev]: [Option<&[u8]>; 3],
+        _: &Args,
+        now_us: i64,
+    ) -> Result<sliding_window::State, ErrorReply> {
+        let start_us =
+            within_skew(timestamp(start).ok_or(CORRUPT_START)?, now_us).ok_or(START_AHEAD)?;
+        let cur = amount(cur).ok_or(CORRUPT_CUR)?;
+        let prev = amount(prev).ok_or(CORRUPT_PREV)?;
         Ok(sliding_window::State {
             start_us,
             cur,
@@ -185,8 +189,11 @@ mod tests {
 
     #[test]
     fn stored_fields() {
-        let d =
-            |s: Option<&[u8]>, c: Option<&[u8]>, p: Option<&[u8]>| SlidingWindow::decode([s, c, p]);
+        let a = SlidingWindow::parse(&[b"10", b"60"]).unwrap();
+        let now = 1_800_000_000_000_000;
+        let d = |s: Option<&[u8]>, c: Option<&[u8]>, p: Option<&[u8]>| {
+            SlidingWindow::decode([s, c, p], &a, now)
+        };
         assert_eq!(
             d(Some(b"17"), Some(b"3"), Some(b"4.5")),
             Ok(sliding_window::State {
@@ -202,12 +209,25 @@ mod tests {
         assert_eq!(d(Some(b"1"), Some(b"1"), Some(b"nan")), Err(CORRUPT_PREV));
         assert_eq!(d(Some(b"1"), Some(b"1"), None), Err(CORRUPT_PREV));
         assert_eq!(
+            d(Some(b"1800000060000000"), Some(b"1"), Some(b"1")).map(|s| s.start_us),
+            Ok(1.80000006e15)
+        );
+        assert_eq!(
+            d(Some(b"1800000060000001"), Some(b"1"), Some(b"1")),
+            Err(START_AHEAD)
+        );
+        assert_eq!(
+            d(Some(b"1"), Some(b"2e15"), Some(b"2e15")).map(|s| s.cur),
+            Ok(2e15)
+        );
+        assert_eq!(d(Some(b"1"), Some(b"2.1e15"), Some(b"1")), Err(CORRUPT_CUR));
+        assert_eq!(
             d(Some(b"1"), Some(b"1000000000000000"), Some(b"1e15")).map(|s| s.prev),
             Ok(1e15)
         );
         assert_eq!(d(Some(b"1"), Some(b"1e300"), Some(b"1")), Err(CORRUPT_CUR));
         assert_eq!(
-            d(Some(b"1"), Some(b"1"), Some(b"1000000000000001")),
+            d(Some(b"1"), Some(b"1"), Some(b"2000000000000001")),
             Err(CORRUPT_PREV)
         );
     }

@@ -13,12 +13,14 @@ use std::ffi::CStr;
 use crate::codec::args::{IntegerArg, MAX_INTEGER_ARG};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_i64};
+use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional};
 use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
 use crate::command::{Entry, Runner};
 use crate::core::gcra;
 use crate::observe::stats::CommandStats;
+use crate::store::kind::{Kind, foreign, split_tag};
 use crate::store::{Effect, Slot, Store};
 
 pub const NAME: &CStr = c"CL.THROTTLE";
@@ -212,6 +214,30 @@ pub fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (ThrottleReply, Opt
     (reply, write)
 }
 
+/// A stored value as a call with these parameters reads it at `now_us`: another limiter's state
+/// is an error (a tagged value, or `RL.GCRA`'s microseconds from before values had tags: a value
+/// between half and twice now's microseconds, which as nanoseconds would lie within weeks of
+/// 1970); an arrival time further ahead than a full burst
+/// past a full one and the clock skew is read as that much ahead (parameters lowered since).
+pub fn read(raw: &[u8], args: &Args, now_us: i64) -> Result<i128, ErrorReply> {
+    if let Some((holder, _)) = split_tag(raw) {
+        return Err(foreign(holder, Kind::Throttle));
+    }
+    let tat = decode(raw)?;
+    let now = i128::from(now_us);
+    // Microseconds of about now (from half to twice it): as nanoseconds, weeks after 1970.
+    if now > 0 && 2 * tat >= now && tat < 2 * now {
+        return Err(foreign(Kind::Gcra, Kind::Throttle));
+    }
+    let reach = 2 * i128::from(args.params.tolerance);
+    let skew = SKEW_US as i128 * 1000;
+    Ok(if tat > now * 1000 + reach + skew {
+        now * 1000 + reach
+    } else {
+        tat
+    })
+}
+
 /// Load -> decide -> store for one call whose arguments are already parsed.
 pub fn apply<S: Store + ?Sized>(
     store: &mut S,
@@ -222,7 +248,7 @@ pub fn apply<S: Store + ?Sized>(
         Slot::Empty => None,
         // redis-cell's keys are strings; no earlier layout was a hash.
         Slot::WrongType | Slot::Hash | Slot::Zset => return Err(WRONGTYPE),
-        Slot::Value(raw) => Some(decode(raw)?),
+        Slot::Value(raw) => Some(read(raw, args, now_us)?),
     };
     let (reply, write) = decide(args, now_us, prior);
     if let Some((tat, expire_at_ms)) = write {
@@ -239,6 +265,7 @@ pub fn apply<S: Store + ?Sized>(
                 late.as_bytes()
             }
         };
+        store.writable()?;
         store.apply(&Effect::Set {
             value: text,
             expire_at_ms,

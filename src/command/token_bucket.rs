@@ -2,11 +2,12 @@
 
 use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
-use crate::codec::stored::{balance, timestamp};
+use crate::codec::stored::{balance, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::core::{Operation, Reply, token_bucket};
 use crate::observe::stats::CommandStats;
+use crate::store::kind::Kind;
 use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
@@ -37,6 +38,9 @@ pub const CORRUPT_TOKENS: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'tokens' is not a valid number");
 pub const CORRUPT_TS: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: field 'ts' is not a valid timestamp");
+pub const TS_AHEAD: ErrorReply = ErrorReply(
+    c"ERR corrupt rate limiter state: field 'ts' is ahead of the server's clock by more than 60 seconds",
+);
 
 pub static TOKENS: FieldName = FieldName::new(c"tokens");
 pub static TS: FieldName = FieldName::new(c"ts");
@@ -67,6 +71,7 @@ impl FieldsLimiter<2> for TokenBucket {
     type Params = token_bucket::Params;
     type State = token_bucket::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const KIND: Kind = Kind::TokenBucket;
     const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
@@ -81,9 +86,13 @@ impl FieldsLimiter<2> for TokenBucket {
     }
 
     #[inline(always)]
-    fn decode([tokens, ts]: [Option<&[u8]>; 2]) -> Result<token_bucket::State, ErrorReply> {
+    fn decode(
+        [tokens, ts]: [Option<&[u8]>; 2],
+        _: &Args,
+        now_us: i64,
+    ) -> Result<token_bucket::State, ErrorReply> {
         let tokens = balance(tokens).ok_or(CORRUPT_TOKENS)?;
-        let ts_us = timestamp(ts).ok_or(CORRUPT_TS)?;
+        let ts_us = within_skew(timestamp(ts).ok_or(CORRUPT_TS)?, now_us).ok_or(TS_AHEAD)?;
         Ok(token_bucket::State { tokens, ts_us })
     }
 
@@ -174,7 +183,9 @@ mod tests {
 
     #[test]
     fn stored_fields() {
-        let d = |t: Option<&[u8]>, s: Option<&[u8]>| TokenBucket::decode([t, s]);
+        let a = TokenBucket::parse(&[b"10", b"1"]).unwrap();
+        let now = 1_800_000_000_000_000;
+        let d = |t: Option<&[u8]>, s: Option<&[u8]>| TokenBucket::decode([t, s], &a, now);
         assert_eq!(
             d(Some(b"4.5"), Some(b"17")),
             Ok(token_bucket::State {
@@ -188,5 +199,13 @@ mod tests {
         assert_eq!(d(Some(b"-inf"), Some(b"1")), Err(CORRUPT_TOKENS));
         assert_eq!(d(Some(b"1"), Some(b"1.5")), Err(CORRUPT_TS));
         assert_eq!(d(Some(b"1"), None), Err(CORRUPT_TS));
+        // No call writes a debt deeper than the largest capacity.
+        assert_eq!(d(Some(b"-1e15"), Some(b"1")).map(|s| s.tokens), Ok(-1e15));
+        assert_eq!(d(Some(b"-1e308"), Some(b"1")), Err(CORRUPT_TOKENS));
+        let ts = |t: &[u8]| d(Some(b"1"), Some(t)).map(|s| s.ts_us);
+        assert_eq!(ts(b"1800000000000000"), Ok(1.8e15));
+        assert_eq!(ts(b"1800000060000000"), Ok(1.80000006e15));
+        assert_eq!(ts(b"1800000060000001"), Err(TS_AHEAD));
+        assert_eq!(ts(b"1800003600000000"), Err(TS_AHEAD));
     }
 }

@@ -15,7 +15,10 @@
 //! every comparison and every rounded-up millisecond below is exact in doubles, as in the Lua
 //! twin.
 
-use super::{Operation, Reply};
+use super::{Operation, Reply, trim_count};
+
+/// The longest lease, in microseconds (10^7 seconds, about 116 days).
+pub const MAX_LEASE_US: f64 = 1e13;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -91,9 +94,8 @@ pub fn view<L: Leases>(now_us: i64, leases: &L) -> Result<View, L::Error> {
 /// What an admitted acquire stores.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Write {
-    /// Remove every lease expiring up to and including this time (the expired ones); `None`
-    /// when there are none.
-    pub trim_up_to_us: Option<f64>,
+    /// Remove this many of the oldest leases first: expired ones, at most `trim_count` of them.
+    pub trim: i64,
     /// The call's lease, with this expiry (added, or moved when renewed).
     pub expiry_us: f64,
     /// Absolute expiry of the key in Unix milliseconds: when its last lease expires.
@@ -156,7 +158,7 @@ pub fn decide<L: Leases>(
     };
     let reset_after_ms = latest_after.map_or(0, |l| ms_until(l, now));
     let write = admits.then(|| Write {
-        trim_up_to_us: (view.len > view.live).then_some(now),
+        trim: trim_count(view.len - view.live, 1),
         expiry_us: expiry,
         expire_at_ms: expire_at_ms(latest_after.unwrap_or(expiry)),
     });
@@ -175,10 +177,10 @@ pub fn decide<L: Leases>(
 /// What a release that freed a live lease stores.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReleaseWrite {
-    /// As for `Write`: the expired leases go too.
-    pub trim_up_to_us: Option<f64>,
+    /// As for `Write`: expired leases go too.
+    pub trim: i64,
     /// The key's new absolute expiry in Unix milliseconds; `None` when no live lease is left
-    /// (the key is then gone).
+    /// (the key keeps its expiry, or is gone when nothing is left).
     pub expire_at_ms: Option<i64>,
 }
 
@@ -189,7 +191,7 @@ pub fn release(now_us: i64, view: &View) -> (bool, Option<ReleaseWrite>) {
         return (false, None);
     }
     let write = ReleaseWrite {
-        trim_up_to_us: (view.len > view.live).then_some(now),
+        trim: trim_count(view.len - view.live, 0),
         expire_at_ms: view.latest_other.filter(|&o| o > now).map(expire_at_ms),
     };
     (true, Some(write))
@@ -261,7 +263,7 @@ mod tests {
         assert_eq!(
             out.write,
             Some(Write {
-                trim_up_to_us: None,
+                trim: 0,
                 expiry_us: 1_010_000_000.0,
                 expire_at_ms: 1_010_000,
             })
@@ -282,7 +284,7 @@ mod tests {
         let v = view(later, &set).unwrap();
         let out = decide(&P, Operation::Consume(1.0), later, &v, &set).unwrap();
         assert_eq!(out.reply.to_array(), [1, 0, 0, 10_000, 2]);
-        assert_eq!(out.write.unwrap().trim_up_to_us, Some(later as f64));
+        assert_eq!(out.write.unwrap().trim, 1);
         let before = NOW + 1_499;
         let v = view(before, &set).unwrap();
         let out = decide(&P, Operation::Consume(1.0), before, &v, &set).unwrap();
@@ -303,7 +305,7 @@ mod tests {
         let set = Set::new("b", vec![(now - 1.0, "b"), (now + 5.0, "a")]);
         let out = acquire(&set, Operation::Consume(1.0));
         assert_eq!(out.reply.to_array(), [1, 0, 0, 10_000, 2]);
-        assert_eq!(out.write.unwrap().trim_up_to_us, Some(now));
+        assert_eq!(out.write.unwrap().trim, 1);
     }
 
     #[test]
@@ -345,7 +347,7 @@ mod tests {
             (
                 true,
                 Some(ReleaseWrite {
-                    trim_up_to_us: Some(now),
+                    trim: 1,
                     expire_at_ms: Some(1_000_001),
                 })
             )
@@ -357,7 +359,7 @@ mod tests {
             (
                 true,
                 Some(ReleaseWrite {
-                    trim_up_to_us: Some(now),
+                    trim: 1,
                     expire_at_ms: None,
                 })
             )

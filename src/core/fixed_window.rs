@@ -47,18 +47,25 @@ fn write(params: &Params, count: f64, start: f64) -> Write {
 
 /// `delta` units refunded (negative) or charged (positive) without an admission check, in the
 /// current window: a refund never takes the count below 0 and does nothing once the window has
-/// ended; a charge with no window open opens one now. `None` when nothing changes.
+/// ended; a charge with no window open opens one now, and never takes the count above twice the
+/// limit. `None` when nothing changes.
 pub fn settle(params: &Params, delta: f64, now_us: i64, prior: Option<State>) -> Option<Write> {
     let now = now_us as f64;
     let open = prior.filter(|s| now - s.start_us < params.window_ms * 1000.0);
+    // A charge fills a window up to twice its limit, as the leaky bucket's level: a debt of one
+    // more full window at most.
+    let most = 2.0 * params.limit;
     match open {
         _ if delta == 0.0 => None,
         None if delta < 0.0 => None,
-        None => Some(write(params, delta, now)),
+        None => Some(write(params, if delta > most { most } else { delta }, now)),
         Some(s) => {
             let mut count = s.count + delta;
             if count < 0.0 {
                 count = 0.0;
+            }
+            if count > most {
+                count = most;
             }
             Some(write(params, count, s.start_us))
         }

@@ -95,14 +95,17 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     if consumes {
         level += cost;
     }
+    // Milliseconds until draining starts: 0, or as long as a stored time lies ahead of now (a
+    // master whose clock ran ahead wrote it), so that every wait replied is exact.
+    let ahead_ms = (t - now) / 1000.0;
     let retry_after_ms = if allowed {
         0.0
     } else if cost > capacity {
         -1.0
     } else {
-        ((level + cost - capacity) * 1000.0 / rate).ceil()
+        (ahead_ms + (level + cost - capacity) * 1000.0 / rate).ceil()
     };
-    let reset_after_ms = (level * 1000.0 / rate).ceil();
+    let reset_after_ms = (ahead_ms + level * 1000.0 / rate).ceil();
     // A level above capacity leaves nothing, not less.
     let mut remaining = (capacity - level).floor();
     if remaining < 0.0 {
@@ -203,7 +206,8 @@ mod tests {
                 ts_us: T0 as f64
             }
         );
-        assert_eq!(out.reply.to_array(), [1, 1, 0, 1800, 10]);
+        // The bucket starts draining at the later time, 5 s from now: it is empty 6.8 s on.
+        assert_eq!(out.reply.to_array(), [1, 1, 0, 6800, 10]);
     }
 
     #[test]

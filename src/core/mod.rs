@@ -60,6 +60,23 @@ impl Reply {
     }
 }
 
+/// The fewest old entries (out of the window, or expired leases) a write to a sorted set removes
+/// when there are that many: a write removes at least as many as it adds, so a set of this
+/// module never holds more than its limit of entries plus what it held before, and never more
+/// than this many are removed by one call (a set left with many old entries, by a clock jump or
+/// an earlier release, shrinks by this many per write).
+pub const TRIM_AT_LEAST: i64 = 128;
+
+/// How many old entries a write that adds `added` removes, of the `old` there are.
+pub fn trim_count(old: i64, added: i64) -> i64 {
+    let most = if added > TRIM_AT_LEAST {
+        added
+    } else {
+        TRIM_AT_LEAST
+    };
+    if old < most { old.max(0) } else { most }
+}
+
 /// A number the core computed, as Redis returns a Lua number: truncated toward zero.
 /// All values reaching here are bounded well inside i64 by argument validation.
 pub(crate) fn lua_integer(x: f64) -> i64 {

@@ -13,7 +13,7 @@
 //! so every comparison and every rounded-up millisecond below is exact in doubles, as in the Lua
 //! twin.
 
-use super::{Operation, Reply, lua_integer};
+use super::{Operation, Reply, lua_integer, trim_count};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -80,9 +80,9 @@ pub fn view<L: Log>(params: &Params, now_us: i64, log: &L) -> Result<View, L::Er
 /// What to store after an admitted call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Write {
-    /// Remove every entry with a score up to and including this time (they left the window);
-    /// `None` when none did.
-    pub trim_up_to_us: Option<f64>,
+    /// Remove this many of the oldest entries first: those that left the window, at most
+    /// `trim_count` of them.
+    pub trim: i64,
     /// Score of the new entries: the call time, never earlier than the newest stored entry.
     pub score_us: f64,
     /// The new members are `<score>:<first_index>` .. `<score>:<first_index + count - 1>`;
@@ -147,7 +147,7 @@ pub fn decide<L: Log>(
     };
 
     let write = admits.then(|| Write {
-        trim_up_to_us: (view.len > count).then_some(window_start(params, now_us)),
+        trim: trim_count(view.len - count, cost),
         score_us: t,
         first_index: view.tied,
         count: cost,
@@ -170,10 +170,11 @@ pub fn decide<L: Log>(
 pub enum Settlement {
     /// A charge: entries added as an admitted call adds them.
     Add(Write),
-    /// A refund: after the entries that left the window (up to `trim_up_to_us`), the newest
-    /// `count` leave; the key then expires at `expire_at_ms`, or is gone (`None`).
+    /// A refund: after the oldest `trim` entries (out of the window), the newest `count` leave;
+    /// the key then expires at `expire_at_ms`, or keeps its expiry (`None`: no entry is left in
+    /// the window; the key is gone when no entry is left at all).
     Drop {
-        trim_up_to_us: Option<f64>,
+        trim: i64,
         count: i64,
         expire_at_ms: Option<i64>,
     },
@@ -187,9 +188,9 @@ pub struct SettleOutcome {
 
 /// `delta` units refunded (negative) or charged (positive) without an admission check
 /// (`RL.SETTLE`): a refund removes the newest entries still in the window (at most as many as
-/// there are); a charge adds entries at the call time, at most `limit` of them (more would
-/// change no decision, only memory). The reply is the state after, as a peek reports it, with
-/// `allowed` 1 and no wait.
+/// there are); a charge adds entries at the call time until the window holds `limit` of them (a
+/// log has no debt: what is charged beyond its limit is not kept). The reply is the state after,
+/// as a peek reports it, with `allowed` 1 and no wait.
 pub fn settle<L: Log>(
     params: &Params,
     delta: i64,
@@ -200,16 +201,16 @@ pub fn settle<L: Log>(
     let now = now_us as f64;
     let limit = params.limit;
     let count = view.in_window;
-    let trim_up_to_us = (view.len > count).then_some(window_start(params, now_us));
+    let old = view.len - count;
     // After the settlement: the entries in the window, the newest one's score, and the write.
-    let (count_after, newest, write) = if delta > 0 {
+    let (count_after, newest, write) = if delta > 0 && count < limit {
         let t = match view.newest {
             Some(n) if n > now => n,
             _ => now,
         };
-        let added = delta.min(limit);
+        let added = delta.min(limit - count);
         let write = Write {
-            trim_up_to_us,
+            trim: trim_count(old, added),
             score_us: t,
             first_index: view.tied,
             count: added,
@@ -224,7 +225,7 @@ pub fn settle<L: Log>(
             None
         };
         let write = Settlement::Drop {
-            trim_up_to_us,
+            trim: trim_count(old, 0),
             count: dropped,
             expire_at_ms: next.map(|s| lua_integer((s / 1000.0).ceil() + params.window_ms)),
         };
@@ -296,9 +297,7 @@ mod tests {
             .map(|&(now, cost)| {
                 let (out, _) = call(&scores, &P, cost, now);
                 if let Some(w) = out.write {
-                    if let Some(up_to) = w.trim_up_to_us {
-                        scores.retain(|&s| s > up_to);
-                    }
+                    scores.drain(..usize::try_from(w.trim).unwrap());
                     for _ in 0..w.count {
                         scores.push(w.score_us);
                     }
@@ -388,7 +387,7 @@ mod tests {
         assert_eq!(
             out.write,
             Some(Write {
-                trim_up_to_us: Some((T0 - 10_000_000) as f64),
+                trim: 1,
                 score_us: T0 as f64,
                 first_index: 1,
                 count: 2,

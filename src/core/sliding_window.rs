@@ -70,7 +70,8 @@ fn write(params: &Params, start: f64, cur: f64, prev: f64) -> Write {
 }
 
 /// `delta` units refunded (negative) or charged (positive) without an admission check, on the
-/// current window's counter: a refund never takes it below 0. `None` when nothing changes:
+/// current window's counter: a refund never takes it below 0, a charge never above twice the
+/// limit. `None` when nothing changes:
 /// `delta` 0, or a refund to a fresh limiter.
 pub fn settle(params: &Params, delta: f64, now_us: i64, prior: Option<State>) -> Option<Write> {
     if delta == 0.0 || (delta < 0.0 && prior.is_none()) {
@@ -80,6 +81,10 @@ pub fn settle(params: &Params, delta: f64, now_us: i64, prior: Option<State>) ->
     cur += delta;
     if cur < 0.0 {
         cur = 0.0;
+    }
+    // At most twice the limit in the current window, as the leaky bucket's level.
+    if cur > 2.0 * params.limit {
+        cur = 2.0 * params.limit;
     }
     Some(write(params, start, cur, prev))
 }

@@ -99,14 +99,17 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     if consumes {
         tokens -= cost;
     }
+    // Milliseconds until refilling starts: 0, or as long as a stored time lies ahead of now (a
+    // master whose clock ran ahead wrote it), so that every wait replied is exact.
+    let ahead_ms = (t - now) / 1000.0;
     let retry_after_ms = if allowed {
         0.0
     } else if cost > capacity {
         -1.0
     } else {
-        ((cost - tokens) * 1000.0 / rate).ceil()
+        (ahead_ms + (cost - tokens) * 1000.0 / rate).ceil()
     };
-    let reset_after_ms = ((capacity - tokens) * 1000.0 / rate).ceil();
+    let reset_after_ms = (ahead_ms + (capacity - tokens) * 1000.0 / rate).ceil();
     // A debt leaves nothing, not less.
     let mut remaining = tokens.floor();
     if remaining < 0.0 {

@@ -28,8 +28,13 @@ pub fn apply_all(
     }
     let denied_by = replies.iter().position(|r| !r.allowed).map_or(0, |i| i + 1);
     if denied_by == 0 {
-        // A store refuses a write before changing anything (e.g. out of memory), and every store
-        // of one call refuses alike, so either all limits are written or none.
+        // Whether the call may write is decided once, before the first write (memory is one
+        // server's, whichever key asks): all limits are written or none.
+        if limits.iter().any(|l| l.writes())
+            && let Some(first) = stores.first()
+        {
+            first.writable()?;
+        }
         for (limit, store) in limits.iter().zip(stores.iter_mut()) {
             limit.commit(&mut **store)?;
         }

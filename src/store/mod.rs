@@ -16,6 +16,7 @@ use crate::codec::error::ErrorReply;
 use crate::core::{Operation, Reply};
 
 pub mod all;
+pub mod kind;
 pub mod string;
 pub mod zset;
 
@@ -54,8 +55,9 @@ pub enum Slot<'a> {
 /// `<score>:<first_index>` .. `<score>:<first_index + count - 1>`, all at `score`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Entries {
-    /// Remove the entries with a score up to and including this one first.
-    pub trim_up_to: Option<f64>,
+    /// Remove this many of the oldest entries first (those that left the window, at most a
+    /// bounded number per call).
+    pub trim: i64,
     pub score: f64,
     pub first_index: i64,
     pub count: i64,
@@ -67,23 +69,24 @@ pub struct Entries {
 pub enum Effect<'a> {
     /// The key becomes this string, whatever it held: `SET key value PXAT ms`.
     Set { value: &'a [u8], expire_at_ms: i64 },
-    /// Entries leave and join a sorted set: `ZREMRANGEBYSCORE key -inf trim` (when some left),
-    /// `ZADD key score member ...`, and `PEXPIREAT key ms` when the expiry moves.
+    /// Entries leave and join a sorted set: `ZREMRANGEBYRANK key 0 trim-1` (when `trim` is
+    /// above 0), `ZADD key score member ...`, and `PEXPIREAT key ms` when the expiry moves.
     Append { entries: Entries, expire_at_ms: i64 },
-    /// The newest `count` entries of a sorted set leave, after the entries up to `trim_up_to`:
-    /// `ZREMRANGEBYSCORE key -inf trim` (when some left), `ZREMRANGEBYRANK key -count -1`, and
-    /// `PEXPIREAT key ms` when the expiry moves; none when the set is left empty (it is gone).
+    /// The newest `count` entries of a sorted set leave, after the oldest `trim`:
+    /// `ZREMRANGEBYRANK key 0 trim-1` (when `trim` is above 0), `ZREMRANGEBYRANK key -count
+    /// -1`, and `PEXPIREAT key ms` when the expiry moves; none when `expire_at_ms` is `None`.
     Pop {
-        trim_up_to: Option<f64>,
+        trim: i64,
         count: i64,
         expire_at_ms: Option<i64>,
     },
-    /// One lease of a sorted set is added, moved or removed, after the expired ones leave:
-    /// `ZREMRANGEBYSCORE key -inf trim` (when some expired), `ZADD key expiry id` (or `ZREM key
-    /// id` when `expiry` is `None`), and `PEXPIREAT key ms` when the expiry moves. No expiry is
-    /// set when the set is left empty (the key is then gone).
+    /// One lease of a sorted set is added, moved or removed, after the oldest `trim` (expired)
+    /// leave: `ZREMRANGEBYRANK key 0 trim-1` (when `trim` is above 0), `ZADD key expiry id` (or
+    /// `ZREM key id` when `expiry` is `None`), and `PEXPIREAT key ms` when the expiry moves.
+    /// No expiry is set when `expire_at_ms` is `None` (the key keeps the one it has, or is gone
+    /// when left empty).
     Lease {
-        trim_up_to: Option<f64>,
+        trim: i64,
         id: &'a [u8],
         expiry: Option<f64>,
         expire_at_ms: Option<i64>,
@@ -111,8 +114,18 @@ pub trait Store {
     fn zset_from_last(&self, rank: i64, visit: &mut EntryVisitor<'_>) -> Result<bool, ErrorReply>;
     /// The score of a member of a sorted set (`None` when absent, or for any other key).
     fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply>;
-    /// Applies the effect and propagates exactly it; refuses (changing nothing) when the
-    /// server is out of memory.
+    /// Visits the oldest `count` entries of a sorted set in Redis order (fewer when it holds
+    /// fewer).
+    fn zset_first(&self, count: i64, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply>;
+    /// Fields of a hash (0 for any other key).
+    fn hash_len(&self) -> Result<i64, ErrorReply>;
+    /// Whether the key has an expiry.
+    fn has_expiry(&self) -> Result<bool, ErrorReply>;
+    /// Whether the call may write: refused (with Redis's own OOM error) when the server is out
+    /// of memory. A call asks once, before its first write, so that several writes of one call
+    /// are all made or none.
+    fn writable(&self) -> Result<(), ErrorReply>;
+    /// Applies the effect and propagates exactly it.
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply>;
 }
 
@@ -144,5 +157,12 @@ pub trait Limit {
     /// The reply this limit gives to a peek (used when another limit denied the call), from what
     /// `decide` read.
     fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply>;
+    /// Whether `commit` writes.
+    fn writes(&self) -> bool;
+    /// The sorted-set entries the call may add or remove for this limit (its cost or settlement
+    /// on a sliding log; 0 for a limiter of numbers), which a call bounds in total.
+    fn entries(&self) -> i64 {
+        0
+    }
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply>;
 }

@@ -12,6 +12,7 @@
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_g17};
 use crate::core::{Operation, Reply};
+use crate::store::kind::{self, FOREIGN_HASH, Kind};
 use crate::store::{Effect, FieldName, Limit, OpenStore, Request, Slot, Store};
 
 /// New state (in `FIELDS` order) and the key's absolute expiry in Unix milliseconds.
@@ -29,14 +30,25 @@ pub trait FieldsLimiter<const N: usize> {
     /// The reply to a call with too few or too many arguments.
     const ARITY_ERROR: ErrorReply;
 
+    /// The kind of state it writes: its tag is the first word of the stored value.
+    const KIND: Kind;
+
     /// Names of the numbers, in the order `decode` reads them and `FieldsWrite::values` stores
     /// them (and the field names of the earlier hash layout).
     const FIELDS: [&'static FieldName; N];
 
     /// Arguments after the key.
     fn parse(args: &[&[u8]]) -> Result<Request<Self::Params>, ErrorReply>;
-    /// The stored numbers of an existing key (absent ones are `None`).
-    fn decode(fields: [Option<&[u8]>; N]) -> Result<Self::State, ErrorReply>;
+    /// The stored numbers of an existing key (absent ones are `None`), as a call with these
+    /// parameters at `now_us` reads them: a number no call of this limiter could have written
+    /// (a time ahead of now by more than `codec::stored::SKEW_US`, a count or debt beyond any
+    /// limit's) is corrupt state; a time ahead by less, which a master's clock a little ahead of
+    /// this one may have written, is read as it is (the limiter carries on from it).
+    fn decode(
+        fields: [Option<&[u8]>; N],
+        request: &Request<Self::Params>,
+        now_us: i64,
+    ) -> Result<Self::State, ErrorReply>;
     fn decide(
         request: &Request<Self::Params>,
         now_us: i64,
@@ -66,20 +78,27 @@ pub fn split_fields<const N: usize>(value: &[u8]) -> [Option<&[u8]>; N] {
 /// The most numbers a stored value holds.
 pub const MAX_FIELDS: usize = 8;
 
-/// A stored value being built: `%.17g` numbers separated by single spaces.
+/// The longest tag.
+const MAX_TAG: usize = 8;
+
+/// A stored value being built: the tag, then `%.17g` numbers, separated by single spaces.
 pub struct Encoded {
-    buf: [u8; MAX_FIELDS * (G17_MAX_LEN + 1)],
+    buf: [u8; MAX_TAG + 1 + MAX_FIELDS * (G17_MAX_LEN + 1)],
     len: usize,
 }
 
 impl Encoded {
-    pub fn new(values: &[f64]) -> Encoded {
+    pub fn new(tag: &[u8], values: &[f64]) -> Encoded {
         let mut out = Encoded {
-            buf: [0; MAX_FIELDS * (G17_MAX_LEN + 1)],
+            buf: [0; MAX_TAG + 1 + MAX_FIELDS * (G17_MAX_LEN + 1)],
             len: 0,
         };
+        if let (Some(dest), false) = (out.buf.get_mut(..tag.len()), tag.is_empty()) {
+            dest.copy_from_slice(tag);
+            out.len = tag.len();
+        }
         for (i, v) in values.iter().take(MAX_FIELDS).enumerate() {
-            if i > 0
+            if (i > 0 || out.len > 0)
                 && let Some(b) = out.buf.get_mut(out.len)
             {
                 *b = b' ';
@@ -102,29 +121,44 @@ impl Encoded {
     }
 }
 
-/// Reads a limiter's state from either layout: `None` for an empty key.
+/// Reads a limiter's state from any layout it was written in: `None` for an empty key. A value
+/// tagged by another kind of limiter, or a hash with fields the limiter never wrote, is an
+/// error, and nothing is written.
 #[inline(always)]
 fn load<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &S,
+    request: &Request<L::Params>,
+    now_us: i64,
 ) -> Result<Option<L::State>, ErrorReply> {
     match store.read()? {
         Slot::Empty => Ok(None),
         Slot::WrongType | Slot::Zset => Err(WRONGTYPE),
-        Slot::Value(value) => L::decode(split_fields::<N>(value)).map(Some),
+        Slot::Value(value) => {
+            let numbers = match kind::split_tag(value) {
+                Some((k, rest)) if k == L::KIND => rest,
+                Some((holder, _)) => return Err(kind::foreign(holder, L::KIND)),
+                // Written before values had tags; tagged by the next write.
+                None => value,
+            };
+            L::decode(split_fields::<N>(numbers), request, now_us).map(Some)
+        }
         Slot::Hash => {
+            if store.hash_len()? > N as i64 {
+                return Err(FOREIGN_HASH);
+            }
             let mut held: [Option<Vec<u8>>; N] = [const { None }; N];
             store.legacy_fields(&L::FIELDS, &mut held)?;
-            L::decode(held.each_ref().map(|v| v.as_deref())).map(Some)
+            L::decode(held.each_ref().map(|v| v.as_deref()), request, now_us).map(Some)
         }
     }
 }
 
-fn store_write<S: Store + ?Sized, const N: usize>(
+fn store_write<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &mut S,
     write: &FieldsWrite<N>,
 ) -> Result<(), ErrorReply> {
     store.apply(&Effect::Set {
-        value: Encoded::new(&write.values).as_bytes(),
+        value: Encoded::new(kind::tag(L::KIND), &write.values).as_bytes(),
         expire_at_ms: write.expire_at_ms,
     })
 }
@@ -148,10 +182,11 @@ pub fn apply<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     request: &Request<L::Params>,
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
-    let prior = load::<L, S, N>(store)?;
+    let prior = load::<L, S, N>(store, request, now_us)?;
     let (reply, write) = L::decide(request, now_us, prior);
     if let Some(write) = write {
-        store_write(store, &write)?;
+        store.writable()?;
+        store_write::<L, S, N>(store, &write)?;
     }
     Ok(reply)
 }
@@ -184,7 +219,7 @@ impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
 
 impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
     fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
-        self.prior = load::<L, _, N>(store)?;
+        self.prior = load::<L, _, N>(store, &self.request, now_us)?;
         let (reply, write) = L::decide(&self.request, now_us, self.prior);
         self.write = write;
         Ok(reply)
@@ -198,9 +233,13 @@ impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
         Ok(L::decide(&peek, now_us, self.prior).0)
     }
 
+    fn writes(&self) -> bool {
+        self.write.is_some()
+    }
+
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
         match &self.write {
-            Some(write) => store_write(store, write),
+            Some(write) => store_write::<L, _, N>(store, write),
             None => Ok(()),
         }
     }
@@ -238,7 +277,7 @@ pub fn settled(peek: Reply) -> Reply {
 
 impl<L: FieldsLimiter<N>, const N: usize> Limit for SettleOf<L, N> {
     fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
-        let prior = load::<L, _, N>(store)?;
+        let prior = load::<L, _, N>(store, &self.request, now_us)?;
         let after = match L::settle(&self.request, self.delta, now_us, prior) {
             Some((state, write)) => {
                 self.write = Some(write);
@@ -251,19 +290,28 @@ impl<L: FieldsLimiter<N>, const N: usize> Limit for SettleOf<L, N> {
         Ok(reply)
     }
 
+    fn writes(&self) -> bool {
+        self.write.is_some()
+    }
+
     fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         // A settlement always admits, so no denial asks for a peek; the reply stands.
         match self.reply {
             Some(reply) => Ok(reply),
             None => Ok(settled(
-                L::decide(&self.request, now_us, load::<L, _, N>(store)?).0,
+                L::decide(
+                    &self.request,
+                    now_us,
+                    load::<L, _, N>(store, &self.request, now_us)?,
+                )
+                .0,
             )),
         }
     }
 
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
         match &self.write {
-            Some(write) => store_write(store, write),
+            Some(write) => store_write::<L, _, N>(store, write),
             None => Ok(()),
         }
     }
@@ -274,7 +322,7 @@ mod tests {
     use super::*;
 
     fn encoded(values: &[f64]) -> String {
-        String::from_utf8(Encoded::new(values).as_bytes().to_vec()).unwrap()
+        String::from_utf8(Encoded::new(b"", values).as_bytes().to_vec()).unwrap()
     }
 
     #[test]
@@ -291,6 +339,15 @@ mod tests {
             MAX_FIELDS * 25 - 1,
             "{}",
             encoded(&widest)
+        );
+        let tagged = Encoded::new(b"tb", &[4.5, 17.0]);
+        assert_eq!(tagged.as_bytes(), b"tb 4.5 17");
+        let longest = Encoded::new(&[b'a'; MAX_TAG], &widest);
+        assert_eq!(longest.as_bytes().len(), MAX_TAG + MAX_FIELDS * 25);
+        assert!(
+            crate::store::kind::KINDS
+                .iter()
+                .all(|k| k.1.is_none_or(|t| t.len() <= MAX_TAG))
         );
     }
 

@@ -2,17 +2,20 @@
 //! (one entry per admitted unit) and concurrency leases (one entry per lease id).
 //!
 //! read a few counts and entries (O(log n) each) -> decide -> one `Effect::Append` (a sliding
-//! log) or one `Effect::Lease` (concurrency leases). Every entry read is checked against what
-//! the module writes: anything else is corrupt state, reported and never repaired.
+//! log), `Effect::Pop` (its refund) or `Effect::Lease` (concurrency leases). Every entry read is
+//! checked against what the module writes, and so is every old entry a write removes, before
+//! anything is written: a set the module did not write (no expiry, members or scores it would
+//! not write, another kind's entries) is an error, never trimmed nor repaired.
 
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::parse_integer;
-use crate::codec::stored::MAX_TIMESTAMP_US;
-use crate::core::concurrency::{self, Leases, Seen};
+use crate::codec::stored::{MAX_TIMESTAMP_US, SKEW_US};
+use crate::core::concurrency::{self, Leases, MAX_LEASE_US, Seen};
 use crate::core::sliding_log::{
     self as sliding_log_core, Log, Outcome, SettleOutcome, Settlement, View, Write, decide, view,
 };
 use crate::core::{Operation, Reply};
+use crate::store::kind::{FOREIGN_ZSET, Kind, foreign};
 use crate::store::{Effect, Entries, Limit, Request, Slot, Store};
 
 /// A parsed `RL.SLIDINGLOG` call: the log's limit and window, and what the call asks (a cost of
@@ -31,6 +34,11 @@ pub struct AcquireRequest<'a> {
 /// Longest lease id in bytes.
 pub const MAX_ID_LEN: usize = 128;
 
+/// The most sliding-log entries one call adds or removes through its cost or settlement (the
+/// old entries a write trims come on top, as many again at most, or `TRIM_AT_LEAST`): each is a
+/// sorted-set write, so this bounds a call's time (under 10 ms here).
+pub const MAX_ENTRIES_PER_CALL: i64 = 1000;
+
 pub const CORRUPT_SCORE: ErrorReply =
     ErrorReply(c"ERR corrupt rate limiter state: sorted set score is not a valid timestamp");
 pub const CORRUPT_LOG_MEMBER: ErrorReply =
@@ -38,26 +46,42 @@ pub const CORRUPT_LOG_MEMBER: ErrorReply =
 pub const CORRUPT_LEASE_MEMBER: ErrorReply = ErrorReply(
     c"ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes",
 );
+/// An entry's time later than any call could have written it.
+pub const CORRUPT_AHEAD: ErrorReply = ErrorReply(
+    c"ERR corrupt rate limiter state: sorted set score is further ahead of the server's clock than any call writes",
+);
+
+/// A score as the module writes it: an integer in `[0, 2^53]`.
+fn check_score(score: f64) -> Result<(), ErrorReply> {
+    if score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc() {
+        Ok(())
+    } else {
+        Err(CORRUPT_SCORE)
+    }
+}
+
+/// Whether a member is `<digits>:<digits>` whose first part is `score`: a sliding log's entry.
+fn is_log_member(member: &[u8], score: f64) -> bool {
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    match member.iter().position(|&c| c == b':') {
+        Some(at) => match (member.get(..at), member.get(at + 1..)) {
+            (Some(time), Some(index)) => {
+                digits(time) && digits(index) && parse_integer(time) == Some(score)
+            }
+            _ => false,
+        },
+        None => false,
+    }
+}
 
 /// One stored log entry: an integer score in `[0, 2^53]` and the member `<digits>:<digits>`
 /// whose first part is that score.
 pub fn check_entry(member: &[u8], score: f64) -> Result<(), ErrorReply> {
-    if !(score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc()) {
-        return Err(CORRUPT_SCORE);
-    }
-    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
-    let at = member.iter().position(|&c| c == b':');
-    let (time, index) = match at {
-        Some(at) => (member.get(..at), member.get(at + 1..)),
-        None => (None, None),
-    };
-    match (time, index) {
-        (Some(time), Some(index))
-            if digits(time) && digits(index) && parse_integer(time) == Some(score) =>
-        {
-            Ok(())
-        }
-        _ => Err(CORRUPT_LOG_MEMBER),
+    check_score(score)?;
+    if is_log_member(member, score) {
+        Ok(())
+    } else {
+        Err(CORRUPT_LOG_MEMBER)
     }
 }
 
@@ -72,39 +96,100 @@ pub fn check_lease(member: &[u8], score: f64) -> Result<(), ErrorReply> {
 
 /// A stored expiry: an integer in `[0, 2^53]`.
 pub fn check_expiry(score: f64) -> Result<(), ErrorReply> {
-    if score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc() {
-        Ok(())
-    } else {
-        Err(CORRUPT_SCORE)
+    check_score(score)
+}
+
+/// An entry a sliding-log call reads at `now`: a log entry no later than the skew allows, else
+/// the error that says what the key holds (a member without ':' that a lease set could hold is a
+/// lease set's).
+fn read_log_entry(member: &[u8], score: f64, now: f64) -> Result<(), ErrorReply> {
+    match check_entry(member, score) {
+        // A member without ':' (a log's has one) that a lease set could hold.
+        Err(e)
+            if e == CORRUPT_LOG_MEMBER
+                && !member.contains(&b':')
+                && check_lease(member, score).is_ok() =>
+        {
+            Err(foreign(Kind::Leases, Kind::SlidingLog))
+        }
+        Err(e) => Err(e),
+        Ok(()) if score > now + SKEW_US => Err(CORRUPT_AHEAD),
+        Ok(()) => Ok(()),
     }
 }
 
-/// A stored sorted set seen as a sliding log: every entry it returns is checked.
-struct StoredLog<'a, S: Store + ?Sized>(&'a S);
+/// An entry a lease call reads at `now`: a lease expiring no later than the longest lease and
+/// the skew allow, else the error that says what the key holds.
+fn read_lease_entry(member: &[u8], score: f64, now: f64) -> Result<(), ErrorReply> {
+    check_lease(member, score)?;
+    if is_log_member(member, score) {
+        return Err(foreign(Kind::SlidingLog, Kind::Leases));
+    }
+    if score > now + MAX_LEASE_US + SKEW_US {
+        return Err(CORRUPT_AHEAD);
+    }
+    Ok(())
+}
+
+/// Checks the oldest `count` entries, which a write is about to remove, with `read`.
+fn check_oldest<S: Store + ?Sized>(
+    store: &S,
+    count: i64,
+    now: f64,
+    read: fn(&[u8], f64, f64) -> Result<(), ErrorReply>,
+) -> Result<(), ErrorReply> {
+    if count <= 0 {
+        return Ok(());
+    }
+    store.zset_first(count, &mut |member, score| read(member, score, now))
+}
+
+/// A sorted set this module may read: it has an expiry, as every set the module writes has.
+fn ours<S: Store + ?Sized>(store: &S) -> Result<(), ErrorReply> {
+    if store.has_expiry()? {
+        Ok(())
+    } else {
+        Err(FOREIGN_ZSET)
+    }
+}
+
+/// A stored sorted set seen as a sliding log at `now`: every entry it returns is checked.
+struct StoredLog<'a, S: Store + ?Sized> {
+    store: &'a S,
+    now: f64,
+}
 
 impl<S: Store + ?Sized> Log for StoredLog<'_, S> {
     type Error = ErrorReply;
 
     fn entries(&self) -> Result<i64, ErrorReply> {
-        self.0.zset_len()
+        self.store.zset_len()
     }
 
     fn count_above(&self, score: f64) -> Result<i64, ErrorReply> {
-        self.0.zset_count(score, false, f64::INFINITY)
+        self.store.zset_count(score, false, f64::INFINITY)
     }
 
     fn count_at(&self, score: f64) -> Result<i64, ErrorReply> {
-        self.0.zset_count(score, true, score)
+        self.store.zset_count(score, true, score)
     }
 
     fn score_from_newest(&self, rank: i64) -> Result<Option<f64>, ErrorReply> {
         let mut found = None;
-        self.0.zset_from_last(rank, &mut |member, score| {
-            check_entry(member, score)?;
+        let now = self.now;
+        self.store.zset_from_last(rank, &mut |member, score| {
+            read_log_entry(member, score, now)?;
             found = Some(score);
             Ok(())
         })?;
         Ok(found)
+    }
+}
+
+fn stored_log<S: Store + ?Sized>(store: &S, now_us: i64) -> StoredLog<'_, S> {
+    StoredLog {
+        store,
+        now: now_us as f64,
     }
 }
 
@@ -116,22 +201,30 @@ fn load<S: Store + ?Sized>(
 ) -> Result<View, ErrorReply> {
     match store.read()? {
         Slot::Empty => Ok(View::default()),
-        Slot::Zset => view(&request.params, now_us, &StoredLog(store)),
+        Slot::Zset => {
+            ours(store)?;
+            view(&request.params, now_us, &stored_log(store, now_us))
+        }
         Slot::Value(_) | Slot::Hash | Slot::WrongType => Err(WRONGTYPE),
     }
 }
 
-fn commit<S: Store + ?Sized>(store: &mut S, out: &Outcome) -> Result<(), ErrorReply> {
-    match &out.write {
-        Some(w) => append(store, w),
-        None => Ok(()),
+/// The write of a decided log call, once the entries it removes are checked.
+fn checked_write<S: Store + ?Sized>(
+    store: &S,
+    write: Option<Write>,
+    now_us: i64,
+) -> Result<Option<Write>, ErrorReply> {
+    if let Some(w) = &write {
+        check_oldest(store, w.trim, now_us as f64, read_log_entry)?;
     }
+    Ok(write)
 }
 
 fn append<S: Store + ?Sized>(store: &mut S, w: &Write) -> Result<(), ErrorReply> {
     store.apply(&Effect::Append {
         entries: Entries {
-            trim_up_to: w.trim_up_to_us,
+            trim: w.trim,
             score: w.score_us,
             first_index: w.first_index,
             count: w.count,
@@ -152,9 +245,12 @@ pub fn apply<S: Store + ?Sized>(
         request.op,
         now_us,
         &seen,
-        &StoredLog(&*store),
+        &stored_log(&*store, now_us),
     )?;
-    commit(store, &out)?;
+    if let Some(w) = checked_write(store, out.write, now_us)? {
+        store.writable()?;
+        append(store, &w)?;
+    }
     Ok(out.reply)
 }
 
@@ -178,13 +274,14 @@ impl LogLimit {
 impl Limit for LogLimit {
     fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         self.seen = load(store, &self.request, now_us)?;
-        let out = decide(
+        let mut out = decide(
             &self.request.params,
             self.request.op,
             now_us,
             &self.seen,
-            &StoredLog(store),
+            &stored_log(store, now_us),
         )?;
+        out.write = checked_write(store, out.write, now_us)?;
         self.out = Some(out);
         Ok(out.reply)
     }
@@ -196,14 +293,22 @@ impl Limit for LogLimit {
             Operation::Peek,
             now_us,
             &self.seen,
-            &StoredLog(store),
+            &stored_log(store, now_us),
         )?;
         Ok(out.reply)
     }
 
+    fn writes(&self) -> bool {
+        self.out.is_some_and(|o| o.write.is_some())
+    }
+
+    fn entries(&self) -> i64 {
+        crate::core::lua_integer(self.request.op.units())
+    }
+
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
-        match &self.out {
-            Some(out) => commit(store, out),
+        match self.out.and_then(|o| o.write) {
+            Some(w) => append(store, &w),
             None => Ok(()),
         }
     }
@@ -235,8 +340,14 @@ impl Limit for LogSettle {
             self.delta,
             now_us,
             &seen,
-            &StoredLog(store),
+            &stored_log(store, now_us),
         )?;
+        let trim = match out.write {
+            Some(Settlement::Add(w)) => w.trim,
+            Some(Settlement::Drop { trim, .. }) => trim,
+            None => 0,
+        };
+        check_oldest(store, trim, now_us as f64, read_log_entry)?;
         self.out = Some(out);
         Ok(out.reply)
     }
@@ -252,22 +363,30 @@ impl Limit for LogSettle {
                     0,
                     now_us,
                     &seen,
-                    &StoredLog(store),
+                    &stored_log(store, now_us),
                 )?
                 .reply)
             }
         }
     }
 
+    fn writes(&self) -> bool {
+        self.out.is_some_and(|o| o.write.is_some())
+    }
+
+    fn entries(&self) -> i64 {
+        self.delta.saturating_abs()
+    }
+
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
         match self.out.and_then(|o| o.write) {
             Some(Settlement::Add(w)) => append(store, &w),
             Some(Settlement::Drop {
-                trim_up_to_us,
+                trim,
                 count,
                 expire_at_ms,
             }) => store.apply(&Effect::Pop {
-                trim_up_to: trim_up_to_us,
+                trim,
                 count,
                 expire_at_ms,
             }),
@@ -276,10 +395,12 @@ impl Limit for LogSettle {
     }
 }
 
-/// A stored sorted set seen as the leases of one lease id: every entry it returns is checked.
+/// A stored sorted set seen as the leases of one lease id at `now`: every entry it returns is
+/// checked.
 struct StoredLeases<'a, S: Store + ?Sized> {
     store: &'a S,
     id: &'a [u8],
+    now: f64,
 }
 
 impl<S: Store + ?Sized> Leases for StoredLeases<'_, S> {
@@ -296,15 +417,16 @@ impl<S: Store + ?Sized> Leases for StoredLeases<'_, S> {
     fn own_expiry(&self) -> Result<Option<f64>, ErrorReply> {
         let score = self.store.zset_score(self.id)?;
         if let Some(s) = score {
-            check_expiry(s)?;
+            read_lease_entry(self.id, s, self.now)?;
         }
         Ok(score)
     }
 
     fn back_from_newest(&self, rank: i64) -> Result<Option<Seen>, ErrorReply> {
         let mut found = None;
+        let now = self.now;
         self.store.zset_from_last(rank, &mut |member, score| {
-            check_lease(member, score)?;
+            read_lease_entry(member, score, now)?;
             found = Some(Seen {
                 expiry: score,
                 own: member == self.id,
@@ -312,6 +434,18 @@ impl<S: Store + ?Sized> Leases for StoredLeases<'_, S> {
             Ok(())
         })?;
         Ok(found)
+    }
+}
+
+fn stored_leases<'a, S: Store + ?Sized>(
+    store: &'a S,
+    id: &'a [u8],
+    now_us: i64,
+) -> StoredLeases<'a, S> {
+    StoredLeases {
+        store,
+        id,
+        now: now_us as f64,
     }
 }
 
@@ -324,9 +458,24 @@ fn load_leases<S: Store + ?Sized>(
 ) -> Result<concurrency::View, ErrorReply> {
     match store.read()? {
         Slot::Empty => Ok(concurrency::View::default()),
-        Slot::Zset => concurrency::view(now_us, &StoredLeases { store, id }),
+        Slot::Zset => {
+            ours(store)?;
+            concurrency::view(now_us, &stored_leases(store, id, now_us))
+        }
         Slot::Value(_) | Slot::Hash | Slot::WrongType => Err(WRONGTYPE),
     }
+}
+
+/// The write of a decided acquire, once the leases it removes are checked.
+fn checked_lease<S: Store + ?Sized>(
+    store: &S,
+    out: concurrency::Outcome,
+    now_us: i64,
+) -> Result<concurrency::Outcome, ErrorReply> {
+    if let Some(w) = &out.write {
+        check_oldest(store, w.trim, now_us as f64, read_lease_entry)?;
+    }
+    Ok(out)
 }
 
 fn commit_lease<S: Store + ?Sized>(
@@ -336,7 +485,7 @@ fn commit_lease<S: Store + ?Sized>(
 ) -> Result<(), ErrorReply> {
     match out.write {
         Some(w) => store.apply(&Effect::Lease {
-            trim_up_to: w.trim_up_to_us,
+            trim: w.trim,
             id,
             expiry: Some(w.expiry_us),
             expire_at_ms: Some(w.expire_at_ms),
@@ -352,12 +501,13 @@ pub fn acquire<S: Store + ?Sized>(
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
     let seen = load_leases(store, request.id, now_us)?;
-    let leases = StoredLeases {
-        store: &*store,
-        id: request.id,
-    };
+    let leases = stored_leases(&*store, request.id, now_us);
     let out = concurrency::decide(&request.params, request.op, now_us, &seen, &leases)?;
-    commit_lease(store, request.id, &out)?;
+    let out = checked_lease(store, out, now_us)?;
+    if out.write.is_some() {
+        store.writable()?;
+        commit_lease(store, request.id, &out)?;
+    }
     Ok(out.reply)
 }
 
@@ -370,8 +520,10 @@ pub fn release<S: Store + ?Sized>(
     let seen = load_leases(store, id, now_us)?;
     let (released, write) = concurrency::release(now_us, &seen);
     if let Some(w) = write {
+        check_oldest(store, w.trim, now_us as f64, read_lease_entry)?;
+        store.writable()?;
         store.apply(&Effect::Lease {
-            trim_up_to: w.trim_up_to_us,
+            trim: w.trim,
             id,
             expiry: None,
             expire_at_ms: w.expire_at_ms,
@@ -405,23 +557,22 @@ impl LeaseLimit {
 impl Limit for LeaseLimit {
     fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         self.seen = load_leases(store, &self.id, now_us)?;
-        let leases = StoredLeases {
-            store,
-            id: &self.id,
-        };
+        let leases = stored_leases(store, &self.id, now_us);
         let out = concurrency::decide(&self.params, self.op, now_us, &self.seen, &leases)?;
+        let out = checked_lease(store, out, now_us)?;
         self.out = Some(out);
         Ok(out.reply)
     }
 
     fn peek(&self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         // Only a limit that admitted is asked, so a peek reads nothing more.
-        let leases = StoredLeases {
-            store,
-            id: &self.id,
-        };
+        let leases = stored_leases(store, &self.id, now_us);
         let out = concurrency::decide(&self.params, Operation::Peek, now_us, &self.seen, &leases)?;
         Ok(out.reply)
+    }
+
+    fn writes(&self) -> bool {
+        self.out.is_some_and(|o| o.write.is_some())
     }
 
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply> {
@@ -472,5 +623,33 @@ mod tests {
         }
         assert_eq!(check_lease(b"", 1.0), Err(CORRUPT_LEASE_MEMBER));
         assert_eq!(check_lease(&[b'a'; 129], 1.0), Err(CORRUPT_LEASE_MEMBER));
+    }
+
+    #[test]
+    fn entries_of_another_kind_or_too_far_ahead_are_refused() {
+        let now = 1.8e15;
+        assert_eq!(read_log_entry(b"1800000000000000:3", now, now), Ok(()));
+        assert_eq!(
+            read_log_entry(b"job-7", now, now),
+            Err(foreign(Kind::Leases, Kind::SlidingLog))
+        );
+        assert_eq!(read_log_entry(b"", now, now), Err(CORRUPT_LOG_MEMBER));
+        let ahead = now + SKEW_US;
+        assert_eq!(read_log_entry(b"1800000060000000:0", ahead, now), Ok(()));
+        assert_eq!(
+            read_log_entry(b"1800000060000001:0", ahead + 1.0, now),
+            Err(CORRUPT_AHEAD)
+        );
+        assert_eq!(read_lease_entry(b"job-7", now + 5e6, now), Ok(()));
+        assert_eq!(
+            read_lease_entry(b"1800000000000000:3", now, now),
+            Err(foreign(Kind::SlidingLog, Kind::Leases))
+        );
+        let latest = now + MAX_LEASE_US + SKEW_US;
+        assert_eq!(read_lease_entry(b"a", latest, now), Ok(()));
+        assert_eq!(
+            read_lease_entry(b"a", latest + 1.0, now),
+            Err(CORRUPT_AHEAD)
+        );
     }
 }

@@ -117,10 +117,10 @@ pub const CASES: &[Case] = &[
         one: &["1", "1000"],
         bad: &["100001", "1"],
         kind: "zset",
-        corrupt: &["ZADD", "{key}", "1", "x"],
-        corrupt_error: "ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'",
+        corrupt: &["ZADD", "{key}", "1.5", "1:0"],
+        corrupt_error: "ERR corrupt rate limiter state: sorted set score is not a valid timestamp",
         workload: (&["5", "0.5"], "2"),
-        effects: &["zadd", "zremrangebyscore", "pexpireat"],
+        effects: &["zadd", "zremrangebyrank", "pexpireat"],
         one_effect_per_write: None,
         peeks: true,
     },
@@ -133,7 +133,7 @@ pub const CASES: &[Case] = &[
         corrupt: &["ZADD", "{key}", "1.5", "job"],
         corrupt_error: "ERR corrupt rate limiter state: sorted set score is not a valid timestamp",
         workload: (&["3", "2", FRESH_ID], "1"),
-        effects: &["zadd", "zremrangebyscore", "pexpireat"],
+        effects: &["zadd", "zremrangebyrank", "pexpireat"],
         one_effect_per_write: None,
         peeks: false,
     },
@@ -225,6 +225,8 @@ impl Case {
         }
     }
 
+    /// Writes the case's corrupt state; a sorted set also gets an expiry, as every set of the
+    /// module has (one without is not the module's, a different error).
     pub fn corrupt(&self, c: &mut Connection, key: &str) {
         let argv: Vec<&str> = self
             .corrupt
@@ -232,5 +234,8 @@ impl Case {
             .map(|a| if *a == "{key}" { key } else { a })
             .collect();
         cmd(c, &argv).expect("corrupting a key");
+        if self.kind == "zset" {
+            cmd(c, &["PEXPIRE", key, "100000000"]).expect("an expiry");
+        }
     }
 }

@@ -94,6 +94,25 @@ impl Keyspace {
                 Reply::Bulk(self.now_us.rem_euclid(1_000_000).to_string().into_bytes()),
             ]),
             "EXISTS" => Reply::Int(i64::from(self.lookup(&arg(1)).is_some())),
+            "HLEN" => match self.lookup(&arg(1)).map(|e| &e.data) {
+                None => Reply::Int(0),
+                Some(Data::Hash(h)) => Reply::Int(h.len() as i64),
+                Some(_) => wrongtype(),
+            },
+            // -2 for no key, -1 for no expiry, else the milliseconds left.
+            "PTTL" => {
+                let now = self.now_ms();
+                match self.lookup(&arg(1)) {
+                    None => Reply::Int(-2),
+                    Some(Entry {
+                        expire_at_ms: None, ..
+                    }) => Reply::Int(-1),
+                    Some(Entry {
+                        expire_at_ms: Some(at),
+                        ..
+                    }) => Reply::Int(*at - now),
+                }
+            }
             "TYPE" => Reply::Status(
                 match self.lookup(&arg(1)).map(|e| &e.data) {
                     None => "none",
@@ -449,15 +468,17 @@ pub struct SharedKey<'a> {
     space: &'a RefCell<Keyspace>,
     key: Vec<u8>,
     opened: Option<Data>,
+    opened_expiry: Option<i64>,
 }
 
 impl<'a> SharedKey<'a> {
     pub fn open(space: &'a RefCell<Keyspace>, key: &[u8]) -> SharedKey<'a> {
-        let opened = space.borrow_mut().lookup(key).map(|e| e.data.clone());
+        let opened = space.borrow_mut().lookup(key).cloned();
         SharedKey {
             space,
             key: key.to_vec(),
-            opened,
+            opened_expiry: opened.as_ref().and_then(|e| e.expire_at_ms),
+            opened: opened.map(|e| e.data),
         }
     }
 }
@@ -495,6 +516,31 @@ impl Store for SharedKey<'_> {
 
     fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply> {
         Ok(score_of(zset_of(self.opened.as_ref()), member))
+    }
+
+    fn zset_first(&self, count: i64, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
+        for (score, member) in zset_of(self.opened.as_ref())
+            .iter()
+            .take(usize::try_from(count).unwrap_or(0))
+        {
+            visit(member, *score)?;
+        }
+        Ok(())
+    }
+
+    fn hash_len(&self) -> Result<i64, ErrorReply> {
+        Ok(match self.opened.as_ref() {
+            Some(Data::Hash(h)) => h.len() as i64,
+            _ => 0,
+        })
+    }
+
+    fn has_expiry(&self) -> Result<bool, ErrorReply> {
+        Ok(self.opened_expiry.is_some())
+    }
+
+    fn writable(&self) -> Result<(), ErrorReply> {
+        Ok(())
     }
 
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
@@ -593,6 +639,29 @@ impl LuaTwin {
 }
 
 impl MemoryKey<'_> {
+    fn live_expiry(&self) -> Option<i64> {
+        self.live()
+            .and_then(|_| self.space.keys.get(&self.key))
+            .and_then(|e| e.expire_at_ms)
+    }
+
+    /// `ZREMRANGEBYRANK key 0 count-1`: the oldest `count` entries leave (when above 0).
+    fn trim_oldest(&mut self, count: i64) -> Result<(), ErrorReply> {
+        if count <= 0 {
+            return Ok(());
+        }
+        let argv = vec![
+            b"ZREMRANGEBYRANK".to_vec(),
+            self.key.clone(),
+            b"0".to_vec(),
+            (count - 1).to_string().into_bytes(),
+        ];
+        match self.space.command(&argv) {
+            Reply::Error(_) => Err(WRONGTYPE),
+            _ => Ok(()),
+        }
+    }
+
     fn live(&self) -> Option<&Data> {
         let now = self.space.now_ms();
         match self.space.keys.get(&self.key) {
@@ -604,15 +673,7 @@ impl MemoryKey<'_> {
     /// Trims, then adds the entries with `ZADD` (as the replicated commands do), then sets the
     /// expiry.
     fn append(&mut self, e: &Entries, expire_at_ms: i64) -> Result<(), ErrorReply> {
-        if let (Some(up_to), Some(Data::Zset(z))) = (
-            e.trim_up_to,
-            self.space.keys.get_mut(&self.key).map(|e| &mut e.data),
-        ) {
-            z.retain(|(s, _)| *s > up_to);
-            if z.is_empty() {
-                self.space.keys.remove(&self.key);
-            }
-        }
+        self.trim_oldest(e.trim)?;
         let mut name = Vec::new();
         let mut argv = vec![b"ZADD".to_vec(), self.key.clone()];
         for i in e.first_index..e.first_index + e.count {
@@ -635,7 +696,7 @@ impl MemoryKey<'_> {
     /// commands do).
     fn lease(
         &mut self,
-        trim_up_to: Option<f64>,
+        trim: i64,
         id: &[u8],
         expiry: Option<f64>,
         expire_at_ms: Option<i64>,
@@ -644,15 +705,7 @@ impl MemoryKey<'_> {
             Reply::Error(_) => Err(WRONGTYPE),
             _ => Ok(()),
         };
-        if let Some(up_to) = trim_up_to {
-            let argv = vec![
-                b"ZREMRANGEBYSCORE".to_vec(),
-                self.key.clone(),
-                b"-inf".to_vec(),
-                g17_string(up_to).into_bytes(),
-            ];
-            run(self.space, argv)?;
-        }
+        self.trim_oldest(trim)?;
         let argv = match expiry {
             Some(e) => vec![
                 b"ZADD".to_vec(),
@@ -700,6 +753,31 @@ impl Store for MemoryKey<'_> {
         Ok(score_of(zset_of(self.live()), member))
     }
 
+    fn zset_first(&self, count: i64, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
+        for (score, member) in zset_of(self.live())
+            .iter()
+            .take(usize::try_from(count).unwrap_or(0))
+        {
+            visit(member, *score)?;
+        }
+        Ok(())
+    }
+
+    fn hash_len(&self) -> Result<i64, ErrorReply> {
+        Ok(match self.live() {
+            Some(Data::Hash(h)) => h.len() as i64,
+            _ => 0,
+        })
+    }
+
+    fn has_expiry(&self) -> Result<bool, ErrorReply> {
+        Ok(self.live_expiry().is_some())
+    }
+
+    fn writable(&self) -> Result<(), ErrorReply> {
+        Ok(())
+    }
+
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
         match effect {
             Effect::Set {
@@ -720,35 +798,25 @@ impl Store for MemoryKey<'_> {
                 expire_at_ms,
             } => self.append(entries, *expire_at_ms),
             Effect::Lease {
-                trim_up_to,
+                trim,
                 id,
                 expiry,
                 expire_at_ms,
-            } => self.lease(*trim_up_to, id, *expiry, *expire_at_ms),
+            } => self.lease(*trim, id, *expiry, *expire_at_ms),
             Effect::Pop {
-                trim_up_to,
+                trim,
                 count,
                 expire_at_ms,
             } => {
-                let mut argvs = Vec::new();
-                if let Some(up_to) = trim_up_to {
-                    argvs.push(vec![
-                        b"ZREMRANGEBYSCORE".to_vec(),
-                        self.key.clone(),
-                        b"-inf".to_vec(),
-                        g17_string(*up_to).into_bytes(),
-                    ]);
-                }
-                argvs.push(vec![
+                self.trim_oldest(*trim)?;
+                let argv = vec![
                     b"ZREMRANGEBYRANK".to_vec(),
                     self.key.clone(),
                     (-count).to_string().into_bytes(),
                     b"-1".to_vec(),
-                ]);
-                for argv in argvs {
-                    if let Reply::Error(_) = self.space.command(&argv) {
-                        return Err(WRONGTYPE);
-                    }
+                ];
+                if let Reply::Error(_) = self.space.command(&argv) {
+                    return Err(WRONGTYPE);
                 }
                 if let (Some(at), Some(entry)) = (expire_at_ms, self.space.keys.get_mut(&self.key))
                 {

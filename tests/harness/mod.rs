@@ -613,3 +613,11 @@ pub fn assert_corrupt_hashes_reported(
         assert_eq!(pexpiretime(c, &key), -1, "and given no expiry");
     }
 }
+
+/// The test clock's time, in microseconds.
+pub fn clock_now(c: &mut Connection) -> i64 {
+    redis::cmd("RL.TESTCLOCK")
+        .arg("GET")
+        .query(c)
+        .expect("RL.TESTCLOCK GET")
+}

@@ -18,33 +18,89 @@ pub enum Corruption {
     ToLegacyHash,
     /// Replaces the key with a sorted set (a type no limiter of strings reads).
     MakeZset,
+    /// Sets a field to the call's time plus this many microseconds (a clock ahead, by less or
+    /// more than the skew a limiter accepts).
+    SetFieldAhead(&'static str, i64),
+    /// Replaces a string's tag (the first word) with this one, or removes it (`""`: the layout
+    /// from before tags).
+    Retag(&'static str),
+    /// Adds a field no limiter writes to a hash of the earlier layout.
+    ExtraHashField,
 }
 
-/// A string of numbers after `SetField` or `DeleteField` (`None` for the other corruptions).
-pub fn corrupted_value(value: &str, c: &Corruption, fields: &[&str]) -> Option<String> {
+/// Whether a word is a tag (lower-case letters), as the first word of a stored value.
+fn is_tag(word: &str) -> bool {
+    !word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase())
+}
+
+/// A string of numbers after `SetField`, `DeleteField` or `Retag` (`None` for the other
+/// corruptions); a tag stays where it is, and fields count after it. `now_us` is the time of the
+/// call that follows (for `SetFieldAhead`).
+pub fn corrupted_value(
+    value: &str,
+    c: &Corruption,
+    fields: &[&str],
+    now_us: i64,
+) -> Option<String> {
     let mut parts: Vec<String> = value.split(' ').map(str::to_string).collect();
-    let index = |name: &str| fields.iter().position(|f| *f == name).unwrap_or(0) % parts.len();
+    let tagged = parts.len() > 1 && is_tag(&parts[0]);
+    let skip = usize::from(tagged);
+    let index = |name: &str, len: usize| {
+        skip + fields.iter().position(|f| *f == name).unwrap_or(0) % (len - skip).max(1)
+    };
     match c {
         Corruption::SetField(f, v) => {
-            let i = index(f);
+            let i = index(f, parts.len()).min(parts.len() - 1);
             parts[i] = v.clone();
         }
+        Corruption::SetFieldAhead(f, offset) => {
+            let i = index(f, parts.len()).min(parts.len() - 1);
+            parts[i] = (now_us + offset).to_string();
+        }
         Corruption::DeleteField(f) => {
-            let i = index(f);
+            let i = index(f, parts.len()).min(parts.len() - 1);
             parts.remove(i);
+        }
+        Corruption::Retag(tag) => {
+            if tagged {
+                parts.remove(0);
+            }
+            if !tag.is_empty() {
+                parts.insert(0, tag.to_string());
+            }
         }
         _ => return None,
     }
     Some(parts.join(" "))
 }
 
-/// The (field, value) pairs of the earlier layout for a string of numbers.
+/// The (field, value) pairs of the earlier layout for a string of numbers (its tag left out).
 pub fn legacy_pairs(value: &str, fields: &[&str]) -> Vec<(String, String)> {
+    let mut parts: Vec<&str> = value.split(' ').collect();
+    if parts.len() > 1 && is_tag(parts[0]) {
+        parts.remove(0);
+    }
     fields
         .iter()
-        .zip(value.split(' '))
+        .zip(parts)
         .map(|(f, v)| (f.to_string(), v.to_string()))
         .collect()
+}
+
+/// Offsets from now, in microseconds, for a time written ahead: within the skew a limiter
+/// accepts (60 s), at its edge, and beyond.
+pub fn ahead_offset() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        2 => prop::sample::select(vec![
+            -1i64, 0, 1, 30_000_000, 59_999_999, 60_000_000, 60_000_001, 3_600_000_000,
+        ]),
+        1 => 0..120_000_000i64,
+    ]
+}
+
+/// Tags a value may carry: every kind's, and none.
+pub fn tag() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec!["", "tb", "lb", "fw", "sw", "gcra", "tbx", "zz"])
 }
 
 #[derive(Debug, Clone)]
@@ -122,7 +178,8 @@ pub fn field_garbage() -> impl Strategy<Value = String> {
     prop_oneof![
         3 => prop::sample::select(vec![
             "abc", "", "-1", "1e999", "nan", "5", "0", "-0", "1.5", "1e300", "9007199254740993",
-            "9007199254740994", "1700000000000000", "2e15", " 3", "0x1p3",
+            "9007199254740994", "1700000000000000", "2e15", " 3", "0x1p3", "-1e15", "-1e308",
+            "2.0000000000000002e15", "1700000000000000000", "-1000000000000001",
         ])
         .prop_map(String::from),
         1 => (0u64..2_000_000_000_000_000).prop_map(|n| n.to_string()),
@@ -134,11 +191,14 @@ pub fn corruption(fields: &'static [&'static str]) -> impl Strategy<Value = Corr
     let field = prop::sample::select(fields.to_vec());
     prop_oneof![
         4 => (field.clone(), field_garbage()).prop_map(|(f, v)| Corruption::SetField(f, v)),
-        1 => field.prop_map(Corruption::DeleteField),
+        1 => field.clone().prop_map(Corruption::DeleteField),
         2 => Just(Corruption::DeleteKey),
         1 => Just(Corruption::MakeString),
         3 => Just(Corruption::ToLegacyHash),
         1 => Just(Corruption::MakeZset),
+        3 => (field, ahead_offset()).prop_map(|(f, o)| Corruption::SetFieldAhead(f, o)),
+        3 => tag().prop_map(Corruption::Retag),
+        1 => Just(Corruption::ExtraHashField),
     ]
 }
 
@@ -377,19 +437,27 @@ pub fn ns_garbage() -> impl Strategy<Value = String> {
         2 => prop::sample::select(vec![
             "0", "00017", "", "abc", "-1", "+5", "1.5", "1e18", " 1", "9199999999999999999",
             "9200000000000000000", "18446744073709551616", "1700000000000000000",
-            "000000000001700000000000000000",
+            "000000000001700000000000000000", "gcra 1700000000000000", "tb 5 1700000000000000",
+            "gcra", "1700000000000000", "3399999999999999", "3400000000000000",
+            "3400000000000001",
         ])
         .prop_map(String::from),
     ]
 }
 
 /// Something done to a string-backed limiter's key: `SetField` sets the value (no expiry),
-/// `MakeString` replaces it with a hash (the wrong type for it), the rest delete it.
+/// `SetFieldAhead` sets it to a time ahead of now (in nanoseconds), `MakeString` replaces it
+/// with a hash (the wrong type for it), the rest delete it.
 pub fn string_corruption() -> impl Strategy<Value = Corruption> {
     prop_oneof![
         4 => ns_garbage().prop_map(|v| Corruption::SetField("value", v)),
         2 => Just(Corruption::DeleteKey),
         1 => Just(Corruption::MakeString),
+        2 => prop_oneof![
+            ahead_offset(),
+            1_000_000_000i64..3_000_000_000_000,
+        ]
+        .prop_map(|o| Corruption::SetFieldAhead("value", o)),
     ]
 }
 
@@ -459,6 +527,12 @@ pub enum LogCorruption {
     PopNewest,
     DeleteKey,
     MakeString,
+    /// `PERSIST key`: a set without an expiry, which no limiter writes.
+    Persist,
+    /// This many entries that left the window long ago (`<t>:<i>` at scores before the call's
+    /// window, as a log that nothing trimmed for a while holds); on a lease set, long expired
+    /// leases.
+    AddOld(u32),
 }
 
 #[derive(Debug, Clone)]
@@ -492,14 +566,24 @@ pub fn log_corruption() -> impl Strategy<Value = LogCorruption> {
         "9007199254740993:0",
         "1700000000000000:0",
         "1700000000000000:x",
+        "job-7",
     ]);
+    let offset = prop_oneof![
+        6 => -20_000_000i64..2_000_000,
+        1 => ahead_offset(),
+        1 => prop::sample::select(vec![
+            10_000_060_000_000i64, 10_000_060_000_001, 10_000_000_000_000,
+        ]),
+    ];
     prop_oneof![
         3 => (score, member).prop_map(|(s, m)| LogCorruption::AddRaw(s, m)),
-        6 => (-20_000_000i64..2_000_000, 0u32..4).prop_map(|(o, i)| LogCorruption::AddAt(o, i)),
+        6 => (offset, 0u32..4).prop_map(|(o, i)| LogCorruption::AddAt(o, i)),
         2 => Just(LogCorruption::PopOldest),
         2 => Just(LogCorruption::PopNewest),
         4 => Just(LogCorruption::DeleteKey),
         1 => Just(LogCorruption::MakeString),
+        1 => Just(LogCorruption::Persist),
+        2 => prop_oneof![1u32..10, 120u32..300].prop_map(LogCorruption::AddOld),
     ]
 }
 
@@ -542,22 +626,28 @@ pub fn sliding_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value 
     })
 }
 
-/// `RL.SLIDINGLOG` on logs of up to 100,000 entries: a first call that adds 90,000 or more, then
-/// calls that add tens of thousands at one instant, small calls and peeks between them, and now
-/// and then a corruption.
+/// `RL.SLIDINGLOG` on logs of up to 100,000 entries: opening calls that fill 97,000 or more at
+/// one instant, 1,000 (the most one call adds) at a time, then up to the limit and past it,
+/// then calls of up to 1,000, small calls
+/// and peeks between them, time steps that take thousands of entries out of the window (so that
+/// writes trim as many as they add), and now and then a corruption.
 pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<LogStep>> {
     let limit = prop::sample::select(vec!["100000", "99990"]);
-    let window = prop::sample::select(vec!["3600", "20", "5"]);
-    (limit, window, 90_000u64..=100_000).prop_flat_map(move |(limit, window, first)| {
+    let window = prop::sample::select(vec!["3600", "600", "20"]);
+    (limit, window, 97_000u64..=100_000).prop_flat_map(move |(limit, window, first)| {
         let cost = prop_oneof![
-            2 => 10_000u64..=50_000,
-            4 => 0u64..4,
-            1 => 90_000u64..=100_000,
+            3 => 500u64..=1_000,
+            2 => 0u64..4,
+            1 => Just(1_000u64),
             1 => 50u64..200,
+        ];
+        let step_in_time = prop_oneof![
+            6 => time_step(),
+            1 => 1_000_000..30_000_000i64,
         ];
         let args = move |cost: u64| vec![limit.to_string(), window.to_string(), cost.to_string()];
         let step = (
-            time_step(),
+            step_in_time,
             cost,
             prop::option::weighted(0.05, log_corruption()),
         )
@@ -566,13 +656,21 @@ pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = 
                 args: args(cost),
                 corrupt,
             });
-        let opening = LogStep {
+        // Filled to `first`, then to the limit and one call past it: denied, whatever the limit.
+        let mut opening: Vec<LogStep> = (0..first.div_ceil(1_000))
+            .map(|i| LogStep {
+                dt_us: 0,
+                args: args((first - i * 1_000).min(1_000)),
+                corrupt: None,
+            })
+            .collect();
+        opening.extend((0..(100_000 - first).div_ceil(1_000) + 1).map(|_| LogStep {
             dt_us: 0,
-            args: args(first),
+            args: args(1_000),
             corrupt: None,
-        };
+        }));
         prop::collection::vec(step, len.clone()).prop_map(move |rest| {
-            let mut steps = vec![opening.clone()];
+            let mut steps = opening.clone();
             steps.extend(rest);
             steps
         })
