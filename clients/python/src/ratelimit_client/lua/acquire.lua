@@ -15,6 +15,22 @@ local MAX_INTEGER_ARG = 1e15
 local MAX_RATE_ARG = 1e15
 local MAX_FILL_SECONDS = 1e10
 local MAX_TIMESTAMP_US = 9007199254740992
+-- How far ahead of this server's clock a stored time may be and still be read (a master whose
+-- clock ran ahead of this one's wrote it); further ahead, no call wrote it (src/codec/stored.rs).
+local SKEW_US = 60000000
+-- The most a count reaches: a settlement charges a window up to twice the largest limit.
+local MAX_COUNT = 2e15
+-- The fewest old entries a sorted-set write removes when there are that many (src/core/mod.rs).
+local TRIM_AT_LEAST = 128
+-- The kinds of state with a tag, the first word of the value, and the command that writes each
+-- (src/store/kind.rs).
+local KINDS = {tb = 'RL.TOKENBUCKET', lb = 'RL.LEAKYBUCKET', fw = 'RL.FIXEDWINDOW',
+               sw = 'RL.SLIDINGWINDOW', gcra = 'RL.GCRA'}
+
+-- The error a call answers on a key that another kind of limiter wrote.
+local function foreign(holder, caller)
+  return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
+end
 
 local function is_integer(s)
   return string.match(s, '^[+-]?%d+$') ~= nil
@@ -53,17 +69,18 @@ local function cost_arg(s)
     'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
 end
 
--- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+-- Stored numbers: a non-negative decimal up to MAX_COUNT, an integer timestamp in [0, 2^53].
 local function stored_amount(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v >= 0 and v < math.huge then return v end
+  if v and v >= 0 and v <= MAX_COUNT then return v end
   return nil
 end
 
--- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+-- A token bucket's tokens: a decimal of either sign within the largest capacity (negative for a
+-- debt, RL.SETTLE).
 local function stored_balance(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v > -math.huge and v < math.huge then return v end
+  if v and v >= -MAX_INTEGER_ARG and v <= MAX_INTEGER_ARG then return v end
   return nil
 end
 
@@ -73,20 +90,49 @@ local function stored_timestamp(s)
   return nil
 end
 
+-- A stored time of a limiter that never stores one ahead of its clock, as a call at `now` reads
+-- it: as it is up to SKEW_US ahead (the limiter carries on from it), nil (corrupt) further ahead.
+local function within_skew(t, now)
+  if t > now + SKEW_US then return nil end
+  return t
+end
+
+-- How many old entries a sorted-set write that adds `added` removes, of the `old` there are.
+local function trim_count(old, added)
+  local most = TRIM_AT_LEAST
+  if added > most then most = added end
+  if old < most then
+    if old < 0 then return 0 end
+    return old
+  end
+  return most
+end
+
 -- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
--- state is one string, its numbers separated by single spaces and split at the first n - 1 of
--- them (the last part keeps the rest). A hash with one field per number, the layout of release
--- 0.1, is read too; the next write replaces it with the string.
+-- of another type (Redis's own WRONGTYPE) or of another kind of limiter, else the list of values
+-- (false where absent). The state is one string: the limiter's tag, then its numbers, separated
+-- by single spaces and split at the first n - 1 of them (the last part keeps the rest); a value
+-- without a tag was written before tags, and is read as the caller's. A hash with one field per
+-- number, the layout of release 0.1, is read too (one with other fields is not); the next write
+-- replaces it with the string.
 local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
-local function load_fields(key, ...)
+local function load_fields(key, tag, ...)
   local n = select('#', ...)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' then
     if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    if redis.call('HLEN', key) > n then
+      return nil, redis.error_reply('WRONGTYPE the key holds a hash with fields no rate limiter writes')
+    end
     return redis.call('HMGET', key, ...)
   end
   if not v then return false end
+  local word, rest = string.match(v, '^(%l+) (.*)$')
+  if not word then word, rest = string.match(v, '^(%l+)$'), '' end
+  if word and KINDS[word] then
+    if word ~= tag then return nil, foreign(KINDS[word], KINDS[tag]) end
+    v = rest
+  end
   local whole = {string.match(v, FIELDS_SPLIT[n])}
   if #whole == n then return whole end
   -- Fewer parts than numbers: the ones there, then false.
@@ -102,12 +148,13 @@ local function load_fields(key, ...)
   return fields
 end
 
--- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
--- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
--- every server passes on as its digits.
+-- Stores the tag and the numbers as that one string, each number as '%.17g' (C's formatting,
+-- the same on every server), with an absolute expiry in milliseconds: a single SET. The expiry is
+-- an integer, which every server passes on as its digits.
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
-local function store_fields(key, expire_at, ...)
-  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+local function store_fields(key, expire_at, tag, ...)
+  redis.call('SET', key, tag .. ' ' .. string.format(FIELDS_FORMAT[select('#', ...)], ...),
+    'PXAT', expire_at)
 end
 
 -- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
@@ -166,19 +213,44 @@ function concurrency.parse(argv)
   return {limit = limit, lease_ms = lease_ms, lease_us = lease_ms * 1000, id = id, cost = cost}
 end
 
--- The entry `rank` places before the newest (0 is the newest), checked: an integer expiry in
--- [0, 2^53] and an id of 1 to 128 bytes. False past the oldest, or nil and an error.
-local function concurrency_entry(key, rank, id)
-  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
-  if #entry == 0 then return false end
-  local expiry = stored_timestamp(entry[2])
+-- A lease as a call at `now` reads it: its expiry, or nil and an error reply. An integer expiry
+-- in [0, 2^53], an id of 1 to 128 bytes that is not a sliding log's member ("<score>:<n>" at its
+-- own score), and an expiry no further ahead of now than the longest lease and the clock skew.
+local function concurrency_check(member, score, now)
+  local expiry = stored_timestamp(score)
   if not expiry then
     return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
   end
-  if #entry[1] < 1 or #entry[1] > concurrency.MAX_ID_LEN then
+  if #member < 1 or #member > concurrency.MAX_ID_LEN then
     return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes')
   end
+  local t = string.match(member, '^(%d+):%d+$')
+  if t and tonumber(t) == expiry then return nil, foreign('RL.SLIDINGLOG', 'RL.ACQUIRE') end
+  if expiry > now + concurrency.MAX_LEASE_SECONDS * 1000000 + SKEW_US then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set score is further ahead of the server's clock than any call writes")
+  end
+  return expiry
+end
+
+-- The entry `rank` places before the newest (0 is the newest), checked. False past the oldest,
+-- or nil and an error.
+local function concurrency_entry(key, rank, id, now)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local expiry, err = concurrency_check(entry[1], entry[2], now)
+  if not expiry then return nil, err end
   return {expiry = expiry, own = entry[1] == id}
+end
+
+-- The oldest `n` leases, which a write is about to remove, checked: nil, or an error reply.
+local function concurrency_check_oldest(key, n, now)
+  if n <= 0 then return nil end
+  local entries = redis.call('ZRANGE', key, '0', string.format('%.0f', n - 1), 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local expiry, err = concurrency_check(entries[i], entries[i + 1], now)
+    if not expiry then return err end
+  end
+  return nil
 end
 
 -- What a call needs to know of the leases, each in O(log n), in the order of
@@ -189,12 +261,16 @@ function concurrency.load(key, a, now)
   local len = redis.pcall('ZCARD', key)
   if type(len) == 'table' then return nil, len end
   if len == 0 then return false end
-  local newest, err = concurrency_entry(key, 0, a.id)
+  -- Every set the module writes has an expiry.
+  if redis.call('PTTL', key) == -1 then
+    return nil, redis.error_reply('WRONGTYPE the key holds a sorted set without an expiry, which no rate limiter writes')
+  end
+  local newest, err = concurrency_entry(key, 0, a.id, now)
   if newest == nil then return nil, err end
   local latest_other
   if newest and newest.own then
     local before
-    before, err = concurrency_entry(key, 1, a.id)
+    before, err = concurrency_entry(key, 1, a.id, now)
     if before == nil then return nil, err end
     if before then latest_other = before.expiry end
   elseif newest then
@@ -203,10 +279,8 @@ function concurrency.load(key, a, now)
   local live = redis.call('ZCOUNT', key, string.format('(%.17g', now), '+inf')
   local own = redis.call('ZSCORE', key, a.id)
   if own then
-    own = stored_timestamp(own)
-    if not own then
-      return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
-    end
+    own, err = concurrency_check(a.id, own, now)
+    if not own then return nil, err end
   end
   return {len = len, live = live, own = own, latest_other = latest_other,
           latest = newest and newest.expiry}
@@ -235,7 +309,7 @@ function concurrency.decide(a, view, now, key)
   local retry_after = 0
   if not allowed then
     -- A slot is free once the lease `limit - 1` places before the newest has expired.
-    local entry, err = concurrency_entry(key, limit - 1, a.id)
+    local entry, err = concurrency_entry(key, limit - 1, a.id, now)
     if entry == nil then return nil, err end
     if entry then retry_after = concurrency_ms_until(entry.expiry, now) else retry_after = -1 end
   end
@@ -248,24 +322,29 @@ function concurrency.decide(a, view, now, key)
   if latest_after then reset_after = concurrency_ms_until(latest_after, now) end
   local write
   if admits then
-    local trim
-    if view.len > view.live then trim = now end
+    local trim = trim_count(view.len - view.live, 1)
+    local err = concurrency_check_oldest(key, trim, now)
+    if err then return nil, err end
     write = {trim = trim, id = a.id, expiry = expiry, expire_at = math.ceil(latest_after / 1000)}
   end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
 end
 
 function concurrency.store(key, w)
-  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', w.trim)) end
+  if w.trim > 0 then redis.call('ZREMRANGEBYRANK', key, '0', string.format('%.0f', w.trim - 1)) end
   redis.call('ZADD', key, string.format('%.17g', w.expiry), w.id)
   redis.call('PEXPIREAT', key, string.format('%.17g', w.expire_at))
 end
 
--- Frees the call's lease if it is live (the expired ones go too): 1, else 0 and no write.
+-- Frees the call's lease if it is live (expired ones go too): 1, else 0 and no write; or nil
+-- and an error reply when a lease it would remove is corrupt.
 function concurrency.release(key, view, now, id)
   if not (view and view.own and view.own > now) then return 0 end
-  if view.len > view.live then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
+  local trim = trim_count(view.len - view.live, 0)
+  local err = concurrency_check_oldest(key, trim, now)
+  if err then return nil, err end
+  if trim > 0 then
+    redis.call('ZREMRANGEBYRANK', key, '0', string.format('%.0f', trim - 1))
   end
   redis.call('ZREM', key, id)
   if view.latest_other and view.latest_other > now then

@@ -18,6 +18,22 @@ local MAX_INTEGER_ARG = 1e15
 local MAX_RATE_ARG = 1e15
 local MAX_FILL_SECONDS = 1e10
 local MAX_TIMESTAMP_US = 9007199254740992
+-- How far ahead of this server's clock a stored time may be and still be read (a master whose
+-- clock ran ahead of this one's wrote it); further ahead, no call wrote it (src/codec/stored.rs).
+local SKEW_US = 60000000
+-- The most a count reaches: a settlement charges a window up to twice the largest limit.
+local MAX_COUNT = 2e15
+-- The fewest old entries a sorted-set write removes when there are that many (src/core/mod.rs).
+local TRIM_AT_LEAST = 128
+-- The kinds of state with a tag, the first word of the value, and the command that writes each
+-- (src/store/kind.rs).
+local KINDS = {tb = 'RL.TOKENBUCKET', lb = 'RL.LEAKYBUCKET', fw = 'RL.FIXEDWINDOW',
+               sw = 'RL.SLIDINGWINDOW', gcra = 'RL.GCRA'}
+
+-- The error a call answers on a key that another kind of limiter wrote.
+local function foreign(holder, caller)
+  return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
+end
 
 local function is_integer(s)
   return string.match(s, '^[+-]?%d+$') ~= nil
@@ -56,17 +72,18 @@ local function cost_arg(s)
     'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
 end
 
--- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+-- Stored numbers: a non-negative decimal up to MAX_COUNT, an integer timestamp in [0, 2^53].
 local function stored_amount(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v >= 0 and v < math.huge then return v end
+  if v and v >= 0 and v <= MAX_COUNT then return v end
   return nil
 end
 
--- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+-- A token bucket's tokens: a decimal of either sign within the largest capacity (negative for a
+-- debt, RL.SETTLE).
 local function stored_balance(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v > -math.huge and v < math.huge then return v end
+  if v and v >= -MAX_INTEGER_ARG and v <= MAX_INTEGER_ARG then return v end
   return nil
 end
 
@@ -76,20 +93,49 @@ local function stored_timestamp(s)
   return nil
 end
 
+-- A stored time of a limiter that never stores one ahead of its clock, as a call at `now` reads
+-- it: as it is up to SKEW_US ahead (the limiter carries on from it), nil (corrupt) further ahead.
+local function within_skew(t, now)
+  if t > now + SKEW_US then return nil end
+  return t
+end
+
+-- How many old entries a sorted-set write that adds `added` removes, of the `old` there are.
+local function trim_count(old, added)
+  local most = TRIM_AT_LEAST
+  if added > most then most = added end
+  if old < most then
+    if old < 0 then return 0 end
+    return old
+  end
+  return most
+end
+
 -- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
--- state is one string, its numbers separated by single spaces and split at the first n - 1 of
--- them (the last part keeps the rest). A hash with one field per number, the layout of release
--- 0.1, is read too; the next write replaces it with the string.
+-- of another type (Redis's own WRONGTYPE) or of another kind of limiter, else the list of values
+-- (false where absent). The state is one string: the limiter's tag, then its numbers, separated
+-- by single spaces and split at the first n - 1 of them (the last part keeps the rest); a value
+-- without a tag was written before tags, and is read as the caller's. A hash with one field per
+-- number, the layout of release 0.1, is read too (one with other fields is not); the next write
+-- replaces it with the string.
 local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
-local function load_fields(key, ...)
+local function load_fields(key, tag, ...)
   local n = select('#', ...)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' then
     if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    if redis.call('HLEN', key) > n then
+      return nil, redis.error_reply('WRONGTYPE the key holds a hash with fields no rate limiter writes')
+    end
     return redis.call('HMGET', key, ...)
   end
   if not v then return false end
+  local word, rest = string.match(v, '^(%l+) (.*)$')
+  if not word then word, rest = string.match(v, '^(%l+)$'), '' end
+  if word and KINDS[word] then
+    if word ~= tag then return nil, foreign(KINDS[word], KINDS[tag]) end
+    v = rest
+  end
   local whole = {string.match(v, FIELDS_SPLIT[n])}
   if #whole == n then return whole end
   -- Fewer parts than numbers: the ones there, then false.
@@ -105,12 +151,13 @@ local function load_fields(key, ...)
   return fields
 end
 
--- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
--- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
--- every server passes on as its digits.
+-- Stores the tag and the numbers as that one string, each number as '%.17g' (C's formatting,
+-- the same on every server), with an absolute expiry in milliseconds: a single SET. The expiry is
+-- an integer, which every server passes on as its digits.
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
-local function store_fields(key, expire_at, ...)
-  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+local function store_fields(key, expire_at, tag, ...)
+  redis.call('SET', key, tag .. ' ' .. string.format(FIELDS_FORMAT[select('#', ...)], ...),
+    'PXAT', expire_at)
 end
 
 -- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
@@ -157,15 +204,22 @@ function gcra.parse(argv)
   return {interval = interval, limit = limit, tolerance = tolerance, cost = cost}
 end
 
--- false for a new key, the state, or nil and an error reply.
-function gcra.load(key)
-  local fields, err = load_fields(key, 'tat')
+-- false for a new key, the state as a call with these parameters at `now` reads it, or nil and
+-- an error reply. A time further ahead than a full burst past a full one (2 * tolerance, the most
+-- a settlement charges) and the clock skew is read as that much ahead (parameters lowered since).
+function gcra.load(key, a, now)
+  local fields, err = load_fields(key, 'gcra', 'tat')
   if not fields then return fields, err end
   local s = fields[1]
   local tat = s and is_integer(s) and tonumber(s)
+  if tat and tat > 8e15 and now > 0 and tat >= 500 * now then
+    -- Nanoseconds of about now: CL.THROTTLE's (redis-cell's) value, which has no tag.
+    return nil, foreign('CL.THROTTLE', 'RL.GCRA')
+  end
   if not (tat and tat >= 0 and tat <= 8e15) then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tat' is not a valid timestamp")
   end
+  if tat > now + 2 * a.tolerance + SKEW_US then tat = now + 2 * a.tolerance end
   return {tat = tat}
 end
 
@@ -217,7 +271,7 @@ function gcra.decide(a, state, now)
 end
 
 function gcra.store(key, w)
-  store_fields(key, w.expire_at, w.tat)
+  store_fields(key, w.expire_at, 'gcra', w.tat)
 end
 -- @end
 
@@ -225,8 +279,9 @@ end
 if #KEYS ~= 1 then return redis.error_reply(gcra.ARITY) end
 local args, err = gcra.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = gcra.load(KEYS[1])
+local now = now_us()
+local state, load_err = gcra.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = gcra.decide(args, state, now_us())
+local reply, write = gcra.decide(args, state, now)
 if write then gcra.store(KEYS[1], write) end
 return reply

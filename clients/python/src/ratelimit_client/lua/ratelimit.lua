@@ -9,6 +9,22 @@ local MAX_INTEGER_ARG = 1e15
 local MAX_RATE_ARG = 1e15
 local MAX_FILL_SECONDS = 1e10
 local MAX_TIMESTAMP_US = 9007199254740992
+-- How far ahead of this server's clock a stored time may be and still be read (a master whose
+-- clock ran ahead of this one's wrote it); further ahead, no call wrote it (src/codec/stored.rs).
+local SKEW_US = 60000000
+-- The most a count reaches: a settlement charges a window up to twice the largest limit.
+local MAX_COUNT = 2e15
+-- The fewest old entries a sorted-set write removes when there are that many (src/core/mod.rs).
+local TRIM_AT_LEAST = 128
+-- The kinds of state with a tag, the first word of the value, and the command that writes each
+-- (src/store/kind.rs).
+local KINDS = {tb = 'RL.TOKENBUCKET', lb = 'RL.LEAKYBUCKET', fw = 'RL.FIXEDWINDOW',
+               sw = 'RL.SLIDINGWINDOW', gcra = 'RL.GCRA'}
+
+-- The error a call answers on a key that another kind of limiter wrote.
+local function foreign(holder, caller)
+  return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
+end
 
 local function is_integer(s)
   return string.match(s, '^[+-]?%d+$') ~= nil
@@ -47,17 +63,18 @@ local function cost_arg(s)
     'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
 end
 
--- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+-- Stored numbers: a non-negative decimal up to MAX_COUNT, an integer timestamp in [0, 2^53].
 local function stored_amount(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v >= 0 and v < math.huge then return v end
+  if v and v >= 0 and v <= MAX_COUNT then return v end
   return nil
 end
 
--- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+-- A token bucket's tokens: a decimal of either sign within the largest capacity (negative for a
+-- debt, RL.SETTLE).
 local function stored_balance(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v > -math.huge and v < math.huge then return v end
+  if v and v >= -MAX_INTEGER_ARG and v <= MAX_INTEGER_ARG then return v end
   return nil
 end
 
@@ -67,20 +84,49 @@ local function stored_timestamp(s)
   return nil
 end
 
+-- A stored time of a limiter that never stores one ahead of its clock, as a call at `now` reads
+-- it: as it is up to SKEW_US ahead (the limiter carries on from it), nil (corrupt) further ahead.
+local function within_skew(t, now)
+  if t > now + SKEW_US then return nil end
+  return t
+end
+
+-- How many old entries a sorted-set write that adds `added` removes, of the `old` there are.
+local function trim_count(old, added)
+  local most = TRIM_AT_LEAST
+  if added > most then most = added end
+  if old < most then
+    if old < 0 then return 0 end
+    return old
+  end
+  return most
+end
+
 -- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
--- state is one string, its numbers separated by single spaces and split at the first n - 1 of
--- them (the last part keeps the rest). A hash with one field per number, the layout of release
--- 0.1, is read too; the next write replaces it with the string.
+-- of another type (Redis's own WRONGTYPE) or of another kind of limiter, else the list of values
+-- (false where absent). The state is one string: the limiter's tag, then its numbers, separated
+-- by single spaces and split at the first n - 1 of them (the last part keeps the rest); a value
+-- without a tag was written before tags, and is read as the caller's. A hash with one field per
+-- number, the layout of release 0.1, is read too (one with other fields is not); the next write
+-- replaces it with the string.
 local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
-local function load_fields(key, ...)
+local function load_fields(key, tag, ...)
   local n = select('#', ...)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' then
     if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    if redis.call('HLEN', key) > n then
+      return nil, redis.error_reply('WRONGTYPE the key holds a hash with fields no rate limiter writes')
+    end
     return redis.call('HMGET', key, ...)
   end
   if not v then return false end
+  local word, rest = string.match(v, '^(%l+) (.*)$')
+  if not word then word, rest = string.match(v, '^(%l+)$'), '' end
+  if word and KINDS[word] then
+    if word ~= tag then return nil, foreign(KINDS[word], KINDS[tag]) end
+    v = rest
+  end
   local whole = {string.match(v, FIELDS_SPLIT[n])}
   if #whole == n then return whole end
   -- Fewer parts than numbers: the ones there, then false.
@@ -96,12 +142,13 @@ local function load_fields(key, ...)
   return fields
 end
 
--- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
--- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
--- every server passes on as its digits.
+-- Stores the tag and the numbers as that one string, each number as '%.17g' (C's formatting,
+-- the same on every server), with an absolute expiry in milliseconds: a single SET. The expiry is
+-- an integer, which every server passes on as its digits.
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
-local function store_fields(key, expire_at, ...)
-  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+local function store_fields(key, expire_at, tag, ...)
+  redis.call('SET', key, tag .. ' ' .. string.format(FIELDS_FORMAT[select('#', ...)], ...),
+    'PXAT', expire_at)
 end
 
 -- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
@@ -160,19 +207,44 @@ function concurrency.parse(argv)
   return {limit = limit, lease_ms = lease_ms, lease_us = lease_ms * 1000, id = id, cost = cost}
 end
 
--- The entry `rank` places before the newest (0 is the newest), checked: an integer expiry in
--- [0, 2^53] and an id of 1 to 128 bytes. False past the oldest, or nil and an error.
-local function concurrency_entry(key, rank, id)
-  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
-  if #entry == 0 then return false end
-  local expiry = stored_timestamp(entry[2])
+-- A lease as a call at `now` reads it: its expiry, or nil and an error reply. An integer expiry
+-- in [0, 2^53], an id of 1 to 128 bytes that is not a sliding log's member ("<score>:<n>" at its
+-- own score), and an expiry no further ahead of now than the longest lease and the clock skew.
+local function concurrency_check(member, score, now)
+  local expiry = stored_timestamp(score)
   if not expiry then
     return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
   end
-  if #entry[1] < 1 or #entry[1] > concurrency.MAX_ID_LEN then
+  if #member < 1 or #member > concurrency.MAX_ID_LEN then
     return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set member is not a lease id of 1 to 128 bytes')
   end
+  local t = string.match(member, '^(%d+):%d+$')
+  if t and tonumber(t) == expiry then return nil, foreign('RL.SLIDINGLOG', 'RL.ACQUIRE') end
+  if expiry > now + concurrency.MAX_LEASE_SECONDS * 1000000 + SKEW_US then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set score is further ahead of the server's clock than any call writes")
+  end
+  return expiry
+end
+
+-- The entry `rank` places before the newest (0 is the newest), checked. False past the oldest,
+-- or nil and an error.
+local function concurrency_entry(key, rank, id, now)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  local expiry, err = concurrency_check(entry[1], entry[2], now)
+  if not expiry then return nil, err end
   return {expiry = expiry, own = entry[1] == id}
+end
+
+-- The oldest `n` leases, which a write is about to remove, checked: nil, or an error reply.
+local function concurrency_check_oldest(key, n, now)
+  if n <= 0 then return nil end
+  local entries = redis.call('ZRANGE', key, '0', string.format('%.0f', n - 1), 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local expiry, err = concurrency_check(entries[i], entries[i + 1], now)
+    if not expiry then return err end
+  end
+  return nil
 end
 
 -- What a call needs to know of the leases, each in O(log n), in the order of
@@ -183,12 +255,16 @@ function concurrency.load(key, a, now)
   local len = redis.pcall('ZCARD', key)
   if type(len) == 'table' then return nil, len end
   if len == 0 then return false end
-  local newest, err = concurrency_entry(key, 0, a.id)
+  -- Every set the module writes has an expiry.
+  if redis.call('PTTL', key) == -1 then
+    return nil, redis.error_reply('WRONGTYPE the key holds a sorted set without an expiry, which no rate limiter writes')
+  end
+  local newest, err = concurrency_entry(key, 0, a.id, now)
   if newest == nil then return nil, err end
   local latest_other
   if newest and newest.own then
     local before
-    before, err = concurrency_entry(key, 1, a.id)
+    before, err = concurrency_entry(key, 1, a.id, now)
     if before == nil then return nil, err end
     if before then latest_other = before.expiry end
   elseif newest then
@@ -197,10 +273,8 @@ function concurrency.load(key, a, now)
   local live = redis.call('ZCOUNT', key, string.format('(%.17g', now), '+inf')
   local own = redis.call('ZSCORE', key, a.id)
   if own then
-    own = stored_timestamp(own)
-    if not own then
-      return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
-    end
+    own, err = concurrency_check(a.id, own, now)
+    if not own then return nil, err end
   end
   return {len = len, live = live, own = own, latest_other = latest_other,
           latest = newest and newest.expiry}
@@ -229,7 +303,7 @@ function concurrency.decide(a, view, now, key)
   local retry_after = 0
   if not allowed then
     -- A slot is free once the lease `limit - 1` places before the newest has expired.
-    local entry, err = concurrency_entry(key, limit - 1, a.id)
+    local entry, err = concurrency_entry(key, limit - 1, a.id, now)
     if entry == nil then return nil, err end
     if entry then retry_after = concurrency_ms_until(entry.expiry, now) else retry_after = -1 end
   end
@@ -242,24 +316,29 @@ function concurrency.decide(a, view, now, key)
   if latest_after then reset_after = concurrency_ms_until(latest_after, now) end
   local write
   if admits then
-    local trim
-    if view.len > view.live then trim = now end
+    local trim = trim_count(view.len - view.live, 1)
+    local err = concurrency_check_oldest(key, trim, now)
+    if err then return nil, err end
     write = {trim = trim, id = a.id, expiry = expiry, expire_at = math.ceil(latest_after / 1000)}
   end
   return {allowed and 1 or 0, remaining, retry_after, reset_after, limit}, write
 end
 
 function concurrency.store(key, w)
-  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', w.trim)) end
+  if w.trim > 0 then redis.call('ZREMRANGEBYRANK', key, '0', string.format('%.0f', w.trim - 1)) end
   redis.call('ZADD', key, string.format('%.17g', w.expiry), w.id)
   redis.call('PEXPIREAT', key, string.format('%.17g', w.expire_at))
 end
 
--- Frees the call's lease if it is live (the expired ones go too): 1, else 0 and no write.
+-- Frees the call's lease if it is live (expired ones go too): 1, else 0 and no write; or nil
+-- and an error reply when a lease it would remove is corrupt.
 function concurrency.release(key, view, now, id)
   if not (view and view.own and view.own > now) then return 0 end
-  if view.len > view.live then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
+  local trim = trim_count(view.len - view.live, 0)
+  local err = concurrency_check_oldest(key, trim, now)
+  if err then return nil, err end
+  if trim > 0 then
+    redis.call('ZREMRANGEBYRANK', key, '0', string.format('%.0f', trim - 1))
   end
   redis.call('ZREM', key, id)
   if view.latest_other and view.latest_other > now then
@@ -301,8 +380,8 @@ function fixed_window.parse(argv)
 end
 
 -- false for a new key, the state, or nil and an error reply.
-function fixed_window.load(key)
-  local fields, err = load_fields(key, 'count', 'start')
+function fixed_window.load(key, _, now)
+  local fields, err = load_fields(key, 'fw', 'count', 'start')
   if not fields then return fields, err end
   local count = stored_amount(fields[1])
   if not count then
@@ -312,6 +391,10 @@ function fixed_window.load(key)
   if not start then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
   end
+  start = within_skew(start, now)
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is ahead of the server's clock by more than 60 seconds")
+  end
   return {count = count, start = start}
 end
 
@@ -320,16 +403,21 @@ end
 -- and what to store (nil when nothing changes).
 function fixed_window.settle(a, state, now, delta)
   local window_ms = a.window_ms
+  -- A charge fills a window up to twice its limit, as the leaky bucket's level.
+  local most = 2 * a.limit
   local w
   if delta == 0 then
     w = nil
   elseif not (state and now - state.start < window_ms * 1000) then
     if delta > 0 then
-      w = {count = delta, start = now, expire_at = math.ceil(now / 1000) + window_ms}
+      local count = delta
+      if count > most then count = most end
+      w = {count = count, start = now, expire_at = math.ceil(now / 1000) + window_ms}
     end
   else
     local count = state.count + delta
     if count < 0 then count = 0 end
+    if count > most then count = most end
     w = {count = count, start = state.start, expire_at = math.ceil(state.start / 1000) + window_ms}
   end
   return settled(fixed_window.decide(a, w or state, now)), w
@@ -373,7 +461,7 @@ function fixed_window.decide(a, state, now)
 end
 
 function fixed_window.store(key, w)
-  store_fields(key, w.expire_at, w.count, w.start)
+  store_fields(key, w.expire_at, 'fw', w.count, w.start)
 end
 -- @end
 
@@ -408,15 +496,22 @@ function gcra.parse(argv)
   return {interval = interval, limit = limit, tolerance = tolerance, cost = cost}
 end
 
--- false for a new key, the state, or nil and an error reply.
-function gcra.load(key)
-  local fields, err = load_fields(key, 'tat')
+-- false for a new key, the state as a call with these parameters at `now` reads it, or nil and
+-- an error reply. A time further ahead than a full burst past a full one (2 * tolerance, the most
+-- a settlement charges) and the clock skew is read as that much ahead (parameters lowered since).
+function gcra.load(key, a, now)
+  local fields, err = load_fields(key, 'gcra', 'tat')
   if not fields then return fields, err end
   local s = fields[1]
   local tat = s and is_integer(s) and tonumber(s)
+  if tat and tat > 8e15 and now > 0 and tat >= 500 * now then
+    -- Nanoseconds of about now: CL.THROTTLE's (redis-cell's) value, which has no tag.
+    return nil, foreign('CL.THROTTLE', 'RL.GCRA')
+  end
   if not (tat and tat >= 0 and tat <= 8e15) then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tat' is not a valid timestamp")
   end
+  if tat > now + 2 * a.tolerance + SKEW_US then tat = now + 2 * a.tolerance end
   return {tat = tat}
 end
 
@@ -468,7 +563,7 @@ function gcra.decide(a, state, now)
 end
 
 function gcra.store(key, w)
-  store_fields(key, w.expire_at, w.tat)
+  store_fields(key, w.expire_at, 'gcra', w.tat)
 end
 -- @end
 
@@ -495,8 +590,8 @@ function leaky_bucket.parse(argv)
 end
 
 -- false for a new bucket, the state, or nil and an error reply.
-function leaky_bucket.load(key)
-  local fields, err = load_fields(key, 'level', 'ts')
+function leaky_bucket.load(key, _, now)
+  local fields, err = load_fields(key, 'lb', 'level', 'ts')
   if not fields then return fields, err end
   local level = stored_amount(fields[1])
   if not level then
@@ -505,6 +600,10 @@ function leaky_bucket.load(key)
   local ts = stored_timestamp(fields[2])
   if not ts then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  ts = within_skew(ts, now)
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is ahead of the server's clock by more than 60 seconds")
   end
   return {level = level, ts = ts}
 end
@@ -551,15 +650,17 @@ function leaky_bucket.decide(a, state, now)
   local consumes = allowed and cost > 0
   if consumes then level = level + cost end
 
+  -- Milliseconds until draining starts: 0, or as long as a stored time lies ahead of now.
+  local ahead = (t - now) / 1000
   local retry_after
   if allowed then
     retry_after = 0
   elseif cost > capacity then
     retry_after = -1
   else
-    retry_after = math.ceil((level + cost - capacity) * 1000 / rate)
+    retry_after = math.ceil(ahead + (level + cost - capacity) * 1000 / rate)
   end
-  local reset_after = math.ceil(level * 1000 / rate)
+  local reset_after = math.ceil(ahead + level * 1000 / rate)
   -- A level above capacity leaves nothing, not less.
   local remaining = math.floor(capacity - level)
   if remaining < 0 then remaining = 0 end
@@ -570,7 +671,7 @@ function leaky_bucket.decide(a, state, now)
 end
 
 function leaky_bucket.store(key, w)
-  store_fields(key, w.expire_at, w.level, w.ts)
+  store_fields(key, w.expire_at, 'lb', w.level, w.ts)
 end
 -- @end
 
@@ -596,9 +697,9 @@ function token_bucket.parse(argv)
   return {capacity = capacity, rate = rate, cost = cost}
 end
 
--- false for a new bucket, the state, or nil and an error reply.
-function token_bucket.load(key)
-  local fields, err = load_fields(key, 'tokens', 'ts')
+-- false for a new bucket, the state as a call at `now` reads it, or nil and an error reply.
+function token_bucket.load(key, _, now)
+  local fields, err = load_fields(key, 'tb', 'tokens', 'ts')
   if not fields then return fields, err end
   local tokens = stored_balance(fields[1])
   if not tokens then
@@ -607,6 +708,10 @@ function token_bucket.load(key)
   local ts = stored_timestamp(fields[2])
   if not ts then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is not a valid timestamp")
+  end
+  ts = within_skew(ts, now)
+  if not ts then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'ts' is ahead of the server's clock by more than 60 seconds")
   end
   return {tokens = tokens, ts = ts}
 end
@@ -653,15 +758,17 @@ function token_bucket.decide(a, state, now)
   local consumes = allowed and cost > 0
   if consumes then tokens = tokens - cost end
 
+  -- Milliseconds until refilling starts: 0, or as long as a stored time lies ahead of now.
+  local ahead = (t - now) / 1000
   local retry_after
   if allowed then
     retry_after = 0
   elseif cost > capacity then
     retry_after = -1
   else
-    retry_after = math.ceil((cost - tokens) * 1000 / rate)
+    retry_after = math.ceil(ahead + (cost - tokens) * 1000 / rate)
   end
-  local reset_after = math.ceil((capacity - tokens) * 1000 / rate)
+  local reset_after = math.ceil(ahead + (capacity - tokens) * 1000 / rate)
   -- A debt leaves nothing, not less.
   local remaining = math.floor(tokens)
   if remaining < 0 then remaining = 0 end
@@ -672,7 +779,7 @@ function token_bucket.decide(a, state, now)
 end
 
 function token_bucket.store(key, w)
-  store_fields(key, w.expire_at, w.tokens, w.ts)
+  store_fields(key, w.expire_at, 'tb', w.tokens, w.ts)
 end
 -- @end
 
@@ -707,27 +814,23 @@ function sliding_window.parse(argv)
   return {limit = limit, window_ms = window_ms, cost = cost}
 end
 
--- A stored count: no admitted total can exceed the largest limit, and larger values would
--- overflow the retry arithmetic.
-function sliding_window.count(s)
-  local v = stored_amount(s)
-  if v and v <= MAX_INTEGER_ARG then return v end
-  return nil
-end
-
 -- false for a new key, the state, or nil and an error reply.
-function sliding_window.load(key)
-  local fields, err = load_fields(key, 'start', 'cur', 'prev')
+function sliding_window.load(key, _, now)
+  local fields, err = load_fields(key, 'sw', 'start', 'cur', 'prev')
   if not fields then return fields, err end
   local start = stored_timestamp(fields[1])
   if not start then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is not a valid timestamp")
   end
-  local cur = sliding_window.count(fields[2])
+  start = within_skew(start, now)
+  if not start then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: field 'start' is ahead of the server's clock by more than 60 seconds")
+  end
+  local cur = stored_amount(fields[2])
   if not cur then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'cur' is not a valid number")
   end
-  local prev = sliding_window.count(fields[3])
+  local prev = stored_amount(fields[3])
   if not prev then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'prev' is not a valid number")
   end
@@ -764,6 +867,8 @@ function sliding_window.settle(a, state, now, delta)
   local start, _, cur, prev = sliding_window.current(a, state, now)
   cur = cur + delta
   if cur < 0 then cur = 0 end
+  -- At most twice the limit in the current window, as the leaky bucket's level.
+  if cur > 2 * a.limit then cur = 2 * a.limit end
   local w = sliding_window.write(a, start, cur, prev)
   return settled(sliding_window.decide(a, w, now)), w
 end
@@ -815,7 +920,7 @@ function sliding_window.decide(a, state, now)
 end
 
 function sliding_window.store(key, w)
-  store_fields(key, w.expire_at, w.start, w.cur, w.prev)
+  store_fields(key, w.expire_at, 'sw', w.start, w.cur, w.prev)
 end
 -- @end
 
@@ -827,6 +932,8 @@ local sliding_log = {
   MAX_WINDOW_SECONDS = 1e10,
   -- Members per ZADD call: unpack() returns fewer than 8000 results (Lua's C stack limit).
   ZADD_BATCH = 2000,
+  -- The most entries one call adds or removes through its cost or settlement.
+  MAX_ENTRIES_PER_CALL = 1000,
 }
 
 function sliding_log.parse(argv)
@@ -843,25 +950,53 @@ function sliding_log.parse(argv)
   -- Millisecond resolution, rounded half up.
   local window_ms = math.floor(window_sec * 1000 + 0.5)
   if window_ms < 1 then return nil, 'ERR window_sec must be at least 1 millisecond' end
-  cost, err = cost_arg(argv[3])
-  if not cost then return nil, err end
+  cost = 1
+  if argv[3] then
+    cost, err = integer_arg(argv[3], 0, sliding_log.MAX_ENTRIES_PER_CALL, 'ERR cost must be an integer',
+      'ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)')
+    if not cost then return nil, err end
+  end
   return {limit = limit, window_ms = window_ms, window_us = window_ms * 1000, cost = cost}
 end
 
--- The score of the entry `rank` places before the newest (0 is the newest), checked: an integer
--- score in [0, 2^53] and the member "<score>:<n>". False past the oldest, or nil and an error.
-local function sliding_log_entry(key, rank)
-  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
-  if #entry == 0 then return false end
-  local score = stored_timestamp(entry[2])
+-- An entry as a call at `now` reads it: its score, or nil and an error reply. An integer score in
+-- [0, 2^53], the member "<score>:<n>" (a member without ':' that a lease set could hold is a
+-- lease set's), and a score no further ahead of now than the clock skew.
+local function sliding_log_check(member, score, now)
+  score = stored_timestamp(score)
   if not score then
     return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
   end
-  local t = string.match(entry[1], '^(%d+):%d+$')
+  local t = string.match(member, '^(%d+):%d+$')
   if not t or tonumber(t) ~= score then
+    if #member >= 1 and #member <= 128 and not string.find(member, ':', 1, true) then
+      return nil, foreign('RL.ACQUIRE', 'RL.SLIDINGLOG')
+    end
     return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'")
   end
+  if score > now + SKEW_US then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set score is further ahead of the server's clock than any call writes")
+  end
   return score
+end
+
+-- The score of the entry `rank` places before the newest (0 is the newest), checked. False past
+-- the oldest, or nil and an error.
+local function sliding_log_entry(key, rank, now)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  return sliding_log_check(entry[1], entry[2], now)
+end
+
+-- The oldest `n` entries, which a write is about to remove, checked: nil, or an error reply.
+local function sliding_log_check_oldest(key, n, now)
+  if n <= 0 then return nil end
+  local entries = redis.call('ZRANGE', key, '0', string.format('%.0f', n - 1), 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local score, err = sliding_log_check(entries[i], entries[i + 1], now)
+    if not score then return err end
+  end
+  return nil
 end
 
 -- What a call needs to know of the log, each in O(log n): its length, the newest entry (the one
@@ -871,7 +1006,11 @@ function sliding_log.load(key, a, now)
   local len = redis.pcall('ZCARD', key)
   if type(len) == 'table' then return nil, len end
   if len == 0 then return false end
-  local newest, err = sliding_log_entry(key, 0)
+  -- Every set the module writes has an expiry.
+  if redis.call('PTTL', key) == -1 then
+    return nil, redis.error_reply('WRONGTYPE the key holds a sorted set without an expiry, which no rate limiter writes')
+  end
+  local newest, err = sliding_log_entry(key, 0, now)
   if newest == nil then return nil, err end
   local count = redis.call('ZCOUNT', key, string.format('(%.17g', now - a.window_us), '+inf')
   local tied = 0
@@ -912,7 +1051,7 @@ function sliding_log.decide(a, view, now, key)
   else
     -- Enough room once the k-th oldest entry in the window has left it, k = count + cost -
     -- limit: that one is `limit - cost` places before the newest.
-    local score, err = sliding_log_entry(key, limit - cost)
+    local score, err = sliding_log_entry(key, limit - cost, now)
     if score == nil then return nil, err end
     if score then retry_after = sliding_log_leaves_after(a, score, now) else retry_after = -1 end
   end
@@ -925,8 +1064,9 @@ function sliding_log.decide(a, view, now, key)
 
   local write
   if admits then
-    local trim
-    if view.len > count then trim = now - a.window_us end
+    local trim = trim_count(view.len - count, cost)
+    local err = sliding_log_check_oldest(key, trim, now)
+    if err then return nil, err end
     write = {trim = trim, t = t, first = view.tied, count = cost,
              expire_at = math.ceil(t / 1000) + a.window_ms}
   end
@@ -934,23 +1074,22 @@ function sliding_log.decide(a, view, now, key)
 end
 
 -- RL.SETTLE: delta units refunded (negative: the newest entries still in the window leave, at
--- most as many as there are) or charged (positive: entries join at the call time, at most limit
--- of them) without an admission check. The reply, and what to store (nil when nothing changes);
--- or nil and an error reply when an entry it reads is corrupt.
+-- most as many as there are) or charged (positive: entries join at the call time until the window
+-- holds limit of them; a log has no debt) without an admission check. The reply, and what to
+-- store (nil when nothing changes); or nil and an error reply when an entry it reads is corrupt.
 function sliding_log.settle(a, view, now, delta, key)
   local limit = a.limit
   view = view or {len = 0, count = 0, tied = 0}
   local count = view.count
-  local trim
-  if view.len > count then trim = now - a.window_us end
+  local old = view.len - count
   local count_after, newest, write = count, nil, nil
   if count > 0 then newest = view.newest end
-  if delta > 0 then
+  if delta > 0 and count < limit then
     local t = now
     if view.newest and view.newest > now then t = view.newest end
     local added = delta
-    if added > limit then added = limit end
-    write = {trim = trim, t = t, first = view.tied, count = added,
+    if added > limit - count then added = limit - count end
+    write = {trim = trim_count(old, added), t = t, first = view.tied, count = added,
              expire_at = math.ceil(t / 1000) + a.window_ms}
     count_after, newest = count + added, t
   elseif delta < 0 and count > 0 then
@@ -959,13 +1098,17 @@ function sliding_log.settle(a, view, now, delta, key)
     local next = false
     if dropped < count then
       local err
-      next, err = sliding_log_entry(key, dropped)
+      next, err = sliding_log_entry(key, dropped, now)
       if next == nil then return nil, err end
     end
     local expire_at
     if next then expire_at = math.ceil(next / 1000) + a.window_ms end
-    write = {trim = trim, drop = dropped, expire_at = expire_at}
+    write = {trim = trim_count(old, 0), drop = dropped, expire_at = expire_at}
     count_after, newest = count - dropped, next or nil
+  end
+  if write then
+    local err = sliding_log_check_oldest(key, write.trim, now)
+    if err then return nil, err end
   end
   local reset_after = 0
   if newest and count_after > 0 then reset_after = sliding_log_leaves_after(a, newest, now) end
@@ -975,7 +1118,7 @@ function sliding_log.settle(a, view, now, delta, key)
 end
 
 function sliding_log.store(key, w)
-  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', w.trim)) end
+  if w.trim > 0 then redis.call('ZREMRANGEBYRANK', key, '0', string.format('%.0f', w.trim - 1)) end
   if w.drop then
     -- A refund: the newest entries leave.
     redis.call('ZREMRANGEBYRANK', key, string.format('%.0f', -w.drop), '-1')
@@ -1096,15 +1239,37 @@ function throttle.parse(argv)
   return {interval = t, limit = limit, tolerance = ns_times(t, limit), quantity = quantity}
 end
 
--- false for a new key, the stored time, or nil and an error reply.
-function throttle.load(key)
+-- false for a new key, the stored time as a call with these parameters at `now_us` reads it, or
+-- nil and an error reply: another limiter's state is an error (a tagged value, or RL.GCRA's
+-- microseconds from before values had tags, which as nanoseconds lie within weeks of 1970); a
+-- time further ahead than a full burst past a full one and the clock skew is read as that much
+-- ahead (parameters lowered since).
+function throttle.load(key, a, now_us)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then return nil, v end
   if not v then return false end
+  local word = string.match(v, '^(%l+) ') or string.match(v, '^(%l+)$')
+  if word and KINDS[word] then return nil, foreign(KINDS[word], 'CL.THROTTLE') end
   if string.match(v, '^%d+$') then
     local s, n = 0, tonumber(v)
     if #v > 9 then s, n = tonumber(string.sub(v, 1, -10)), tonumber(string.sub(v, -9)) end
-    if s < 9.2e9 then return {s, n} end
+    if s < 9.2e9 then
+      local tat = {s, n}
+      if now_us > 0 then
+        -- Microseconds of about now (from half to twice it). 2 * now_us is exact (even, below
+        -- 2^54), and so are the split parts of both bounds.
+        local twice = 2 * now_us
+        local ts = math.floor(twice / NS)
+        local ns = math.floor(now_us / NS)
+        if ns_less(tat, {ts, twice - ts * NS})
+            and not ns_less(ns_add(tat, tat), {ns, now_us - ns * NS}) then
+          return nil, foreign('RL.GCRA', 'CL.THROTTLE')
+        end
+      end
+      local reach = ns_add(ns_from_us(now_us), ns_add(a.tolerance, a.tolerance))
+      if ns_less(ns_add(reach, {SKEW_US / 1000000, 0}), tat) then tat = reach end
+      return tat
+    end
   end
   return nil, redis.error_reply('ERR corrupt rate limiter state: the value is not a timestamp in nanoseconds')
 end
@@ -1237,6 +1402,13 @@ for a = 1, n do
     if KEYS[a] == KEYS[b] then return redis.error_reply('ERR each limit needs its own key') end
   end
 end
+local entries = 0
+for _, limit in ipairs(limits) do
+  if limit.limiter == sliding_log then entries = entries + limit.args.cost end
+end
+if entries > sliding_log.MAX_ENTRIES_PER_CALL then
+  return redis.error_reply('ERR one call adds or removes at most 1000 sliding-log entries: the cost times the SLIDINGLOG limits is above it')
+end
 
 -- Limits are read and decided in order, at one instant: the first bad key's error is the reply.
 local now = now_us()
@@ -1273,9 +1445,10 @@ local function rl_fixedwindow_main(KEYS, ARGV)
 if #KEYS ~= 1 then return redis.error_reply(fixed_window.ARITY) end
 local args, err = fixed_window.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = fixed_window.load(KEYS[1])
+local now = now_us()
+local state, load_err = fixed_window.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = fixed_window.decide(args, state, now_us())
+local reply, write = fixed_window.decide(args, state, now)
 if write then fixed_window.store(KEYS[1], write) end
 return reply
 end
@@ -1285,9 +1458,10 @@ local function rl_gcra_main(KEYS, ARGV)
 if #KEYS ~= 1 then return redis.error_reply(gcra.ARITY) end
 local args, err = gcra.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = gcra.load(KEYS[1])
+local now = now_us()
+local state, load_err = gcra.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = gcra.decide(args, state, now_us())
+local reply, write = gcra.decide(args, state, now)
 if write then gcra.store(KEYS[1], write) end
 return reply
 end
@@ -1297,9 +1471,10 @@ local function rl_leakybucket_main(KEYS, ARGV)
 if #KEYS ~= 1 then return redis.error_reply(leaky_bucket.ARITY) end
 local args, err = leaky_bucket.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = leaky_bucket.load(KEYS[1])
+local now = now_us()
+local state, load_err = leaky_bucket.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = leaky_bucket.decide(args, state, now_us())
+local reply, write = leaky_bucket.decide(args, state, now)
 if write then leaky_bucket.store(KEYS[1], write) end
 return reply
 end
@@ -1314,7 +1489,9 @@ if not id then return redis.error_reply(err) end
 local now = now_us()
 local state, load_err = concurrency.load(KEYS[1], {id = id}, now)
 if state == nil then return load_err end
-return concurrency.release(KEYS[1], state, now, id)
+local released, release_err = concurrency.release(KEYS[1], state, now, id)
+if released == nil then return release_err end
+return released
 end
 
 -- RL.SETTLE, as `lua-reference/settle.lua`'s main.
@@ -1364,6 +1541,9 @@ while i <= #words do
   local args
   args, err = algorithm.limiter.parse(params)
   if not args then return redis.error_reply(err) end
+  if algorithm.limiter == sliding_log and math.abs(delta) > sliding_log.MAX_ENTRIES_PER_CALL then
+    return redis.error_reply('ERR DELTA must be between -1000 and 1000 for a sliding log (one entry per unit)')
+  end
   limits[#limits + 1] = {limiter = algorithm.limiter, args = args}
   i = i + 1 + algorithm.params
 end
@@ -1374,6 +1554,13 @@ for a = 1, n do
   for b = a + 1, n do
     if KEYS[a] == KEYS[b] then return redis.error_reply('ERR each limit needs its own key') end
   end
+end
+local entries = 0
+for _, limit in ipairs(limits) do
+  if limit.limiter == sliding_log then entries = entries + math.abs(delta) end
+end
+if entries > sliding_log.MAX_ENTRIES_PER_CALL then
+  return redis.error_reply('ERR one call adds or removes at most 1000 sliding-log entries: |DELTA| times the SLIDINGLOG limits is above it')
 end
 
 -- Limits are read and settled in order, at one instant: the first bad key's error is the reply.
@@ -1412,9 +1599,10 @@ local function rl_slidingwindow_main(KEYS, ARGV)
 if #KEYS ~= 1 then return redis.error_reply(sliding_window.ARITY) end
 local args, err = sliding_window.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = sliding_window.load(KEYS[1])
+local now = now_us()
+local state, load_err = sliding_window.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = sliding_window.decide(args, state, now_us())
+local reply, write = sliding_window.decide(args, state, now)
 if write then sliding_window.store(KEYS[1], write) end
 return reply
 end
@@ -1424,9 +1612,10 @@ local function cl_throttle_main(KEYS, ARGV)
 if #KEYS ~= 1 then return redis.error_reply(throttle.ARITY) end
 local args, err = throttle.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = throttle.load(KEYS[1])
+local now = now_us()
+local state, load_err = throttle.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = throttle.decide(args, state, now_us())
+local reply, write = throttle.decide(args, state, now)
 if write then throttle.store(KEYS[1], write) end
 return reply
 end
@@ -1436,9 +1625,10 @@ local function rl_tokenbucket_main(KEYS, ARGV)
 if #KEYS ~= 1 then return redis.error_reply(token_bucket.ARITY) end
 local args, err = token_bucket.parse(ARGV)
 if not args then return redis.error_reply(err) end
-local state, load_err = token_bucket.load(KEYS[1])
+local now = now_us()
+local state, load_err = token_bucket.load(KEYS[1], args, now)
 if state == nil then return load_err end
-local reply, write = token_bucket.decide(args, state, now_us())
+local reply, write = token_bucket.decide(args, state, now)
 if write then token_bucket.store(KEYS[1], write) end
 return reply
 end

@@ -17,6 +17,22 @@ local MAX_INTEGER_ARG = 1e15
 local MAX_RATE_ARG = 1e15
 local MAX_FILL_SECONDS = 1e10
 local MAX_TIMESTAMP_US = 9007199254740992
+-- How far ahead of this server's clock a stored time may be and still be read (a master whose
+-- clock ran ahead of this one's wrote it); further ahead, no call wrote it (src/codec/stored.rs).
+local SKEW_US = 60000000
+-- The most a count reaches: a settlement charges a window up to twice the largest limit.
+local MAX_COUNT = 2e15
+-- The fewest old entries a sorted-set write removes when there are that many (src/core/mod.rs).
+local TRIM_AT_LEAST = 128
+-- The kinds of state with a tag, the first word of the value, and the command that writes each
+-- (src/store/kind.rs).
+local KINDS = {tb = 'RL.TOKENBUCKET', lb = 'RL.LEAKYBUCKET', fw = 'RL.FIXEDWINDOW',
+               sw = 'RL.SLIDINGWINDOW', gcra = 'RL.GCRA'}
+
+-- The error a call answers on a key that another kind of limiter wrote.
+local function foreign(holder, caller)
+  return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
+end
 
 local function is_integer(s)
   return string.match(s, '^[+-]?%d+$') ~= nil
@@ -55,17 +71,18 @@ local function cost_arg(s)
     'ERR cost must be an integer', 'ERR cost must be between 0 and 1000000000000000')
 end
 
--- Stored numbers: a finite non-negative decimal, an integer timestamp in [0, 2^53].
+-- Stored numbers: a non-negative decimal up to MAX_COUNT, an integer timestamp in [0, 2^53].
 local function stored_amount(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v >= 0 and v < math.huge then return v end
+  if v and v >= 0 and v <= MAX_COUNT then return v end
   return nil
 end
 
--- A token bucket's tokens: a finite decimal of either sign (negative for a debt, RL.SETTLE).
+-- A token bucket's tokens: a decimal of either sign within the largest capacity (negative for a
+-- debt, RL.SETTLE).
 local function stored_balance(s)
   local v = s and is_decimal(s) and tonumber(s)
-  if v and v > -math.huge and v < math.huge then return v end
+  if v and v >= -MAX_INTEGER_ARG and v <= MAX_INTEGER_ARG then return v end
   return nil
 end
 
@@ -75,20 +92,49 @@ local function stored_timestamp(s)
   return nil
 end
 
+-- A stored time of a limiter that never stores one ahead of its clock, as a call at `now` reads
+-- it: as it is up to SKEW_US ahead (the limiter carries on from it), nil (corrupt) further ahead.
+local function within_skew(t, now)
+  if t > now + SKEW_US then return nil end
+  return t
+end
+
+-- How many old entries a sorted-set write that adds `added` removes, of the `old` there are.
+local function trim_count(old, added)
+  local most = TRIM_AT_LEAST
+  if added > most then most = added end
+  if old < most then
+    if old < 0 then return 0 end
+    return old
+  end
+  return most
+end
+
 -- The numbers of a limiter's state: false for a missing key, nil and an error reply for a key
--- of another type (Redis's own WRONGTYPE), else the list of values (false where absent). The
--- state is one string, its numbers separated by single spaces and split at the first n - 1 of
--- them (the last part keeps the rest). A hash with one field per number, the layout of release
--- 0.1, is read too; the next write replaces it with the string.
+-- of another type (Redis's own WRONGTYPE) or of another kind of limiter, else the list of values
+-- (false where absent). The state is one string: the limiter's tag, then its numbers, separated
+-- by single spaces and split at the first n - 1 of them (the last part keeps the rest); a value
+-- without a tag was written before tags, and is read as the caller's. A hash with one field per
+-- number, the layout of release 0.1, is read too (one with other fields is not); the next write
+-- replaces it with the string.
 local FIELDS_SPLIT = {'^(.*)$', '^([^ ]*) (.*)$', '^([^ ]*) ([^ ]*) (.*)$'}
-local function load_fields(key, ...)
+local function load_fields(key, tag, ...)
   local n = select('#', ...)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' then
     if redis.call('TYPE', key)['ok'] ~= 'hash' then return nil, v end
+    if redis.call('HLEN', key) > n then
+      return nil, redis.error_reply('WRONGTYPE the key holds a hash with fields no rate limiter writes')
+    end
     return redis.call('HMGET', key, ...)
   end
   if not v then return false end
+  local word, rest = string.match(v, '^(%l+) (.*)$')
+  if not word then word, rest = string.match(v, '^(%l+)$'), '' end
+  if word and KINDS[word] then
+    if word ~= tag then return nil, foreign(KINDS[word], KINDS[tag]) end
+    v = rest
+  end
   local whole = {string.match(v, FIELDS_SPLIT[n])}
   if #whole == n then return whole end
   -- Fewer parts than numbers: the ones there, then false.
@@ -104,12 +150,13 @@ local function load_fields(key, ...)
   return fields
 end
 
--- Stores the numbers as that one string, each as '%.17g' (C's formatting, the same on every
--- server), with an absolute expiry in milliseconds: a single SET. The expiry is an integer, which
--- every server passes on as its digits.
+-- Stores the tag and the numbers as that one string, each number as '%.17g' (C's formatting,
+-- the same on every server), with an absolute expiry in milliseconds: a single SET. The expiry is
+-- an integer, which every server passes on as its digits.
 local FIELDS_FORMAT = {'%.17g', '%.17g %.17g', '%.17g %.17g %.17g'}
-local function store_fields(key, expire_at, ...)
-  redis.call('SET', key, string.format(FIELDS_FORMAT[select('#', ...)], ...), 'PXAT', expire_at)
+local function store_fields(key, expire_at, tag, ...)
+  redis.call('SET', key, tag .. ' ' .. string.format(FIELDS_FORMAT[select('#', ...)], ...),
+    'PXAT', expire_at)
 end
 
 -- A settlement's reply (RL.SETTLE): the state after, as a peek reports it, admitted and with
@@ -133,6 +180,8 @@ local sliding_log = {
   MAX_WINDOW_SECONDS = 1e10,
   -- Members per ZADD call: unpack() returns fewer than 8000 results (Lua's C stack limit).
   ZADD_BATCH = 2000,
+  -- The most entries one call adds or removes through its cost or settlement.
+  MAX_ENTRIES_PER_CALL = 1000,
 }
 
 function sliding_log.parse(argv)
@@ -149,25 +198,53 @@ function sliding_log.parse(argv)
   -- Millisecond resolution, rounded half up.
   local window_ms = math.floor(window_sec * 1000 + 0.5)
   if window_ms < 1 then return nil, 'ERR window_sec must be at least 1 millisecond' end
-  cost, err = cost_arg(argv[3])
-  if not cost then return nil, err end
+  cost = 1
+  if argv[3] then
+    cost, err = integer_arg(argv[3], 0, sliding_log.MAX_ENTRIES_PER_CALL, 'ERR cost must be an integer',
+      'ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)')
+    if not cost then return nil, err end
+  end
   return {limit = limit, window_ms = window_ms, window_us = window_ms * 1000, cost = cost}
 end
 
--- The score of the entry `rank` places before the newest (0 is the newest), checked: an integer
--- score in [0, 2^53] and the member "<score>:<n>". False past the oldest, or nil and an error.
-local function sliding_log_entry(key, rank)
-  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
-  if #entry == 0 then return false end
-  local score = stored_timestamp(entry[2])
+-- An entry as a call at `now` reads it: its score, or nil and an error reply. An integer score in
+-- [0, 2^53], the member "<score>:<n>" (a member without ':' that a lease set could hold is a
+-- lease set's), and a score no further ahead of now than the clock skew.
+local function sliding_log_check(member, score, now)
+  score = stored_timestamp(score)
   if not score then
     return nil, redis.error_reply('ERR corrupt rate limiter state: sorted set score is not a valid timestamp')
   end
-  local t = string.match(entry[1], '^(%d+):%d+$')
+  local t = string.match(member, '^(%d+):%d+$')
   if not t or tonumber(t) ~= score then
+    if #member >= 1 and #member <= 128 and not string.find(member, ':', 1, true) then
+      return nil, foreign('RL.ACQUIRE', 'RL.SLIDINGLOG')
+    end
     return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set member is not '<score>:<n>'")
   end
+  if score > now + SKEW_US then
+    return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set score is further ahead of the server's clock than any call writes")
+  end
   return score
+end
+
+-- The score of the entry `rank` places before the newest (0 is the newest), checked. False past
+-- the oldest, or nil and an error.
+local function sliding_log_entry(key, rank, now)
+  local entry = redis.call('ZRANGE', key, rank, rank, 'REV', 'WITHSCORES')
+  if #entry == 0 then return false end
+  return sliding_log_check(entry[1], entry[2], now)
+end
+
+-- The oldest `n` entries, which a write is about to remove, checked: nil, or an error reply.
+local function sliding_log_check_oldest(key, n, now)
+  if n <= 0 then return nil end
+  local entries = redis.call('ZRANGE', key, '0', string.format('%.0f', n - 1), 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local score, err = sliding_log_check(entries[i], entries[i + 1], now)
+    if not score then return err end
+  end
+  return nil
 end
 
 -- What a call needs to know of the log, each in O(log n): its length, the newest entry (the one
@@ -177,7 +254,11 @@ function sliding_log.load(key, a, now)
   local len = redis.pcall('ZCARD', key)
   if type(len) == 'table' then return nil, len end
   if len == 0 then return false end
-  local newest, err = sliding_log_entry(key, 0)
+  -- Every set the module writes has an expiry.
+  if redis.call('PTTL', key) == -1 then
+    return nil, redis.error_reply('WRONGTYPE the key holds a sorted set without an expiry, which no rate limiter writes')
+  end
+  local newest, err = sliding_log_entry(key, 0, now)
   if newest == nil then return nil, err end
   local count = redis.call('ZCOUNT', key, string.format('(%.17g', now - a.window_us), '+inf')
   local tied = 0
@@ -218,7 +299,7 @@ function sliding_log.decide(a, view, now, key)
   else
     -- Enough room once the k-th oldest entry in the window has left it, k = count + cost -
     -- limit: that one is `limit - cost` places before the newest.
-    local score, err = sliding_log_entry(key, limit - cost)
+    local score, err = sliding_log_entry(key, limit - cost, now)
     if score == nil then return nil, err end
     if score then retry_after = sliding_log_leaves_after(a, score, now) else retry_after = -1 end
   end
@@ -231,8 +312,9 @@ function sliding_log.decide(a, view, now, key)
 
   local write
   if admits then
-    local trim
-    if view.len > count then trim = now - a.window_us end
+    local trim = trim_count(view.len - count, cost)
+    local err = sliding_log_check_oldest(key, trim, now)
+    if err then return nil, err end
     write = {trim = trim, t = t, first = view.tied, count = cost,
              expire_at = math.ceil(t / 1000) + a.window_ms}
   end
@@ -240,23 +322,22 @@ function sliding_log.decide(a, view, now, key)
 end
 
 -- RL.SETTLE: delta units refunded (negative: the newest entries still in the window leave, at
--- most as many as there are) or charged (positive: entries join at the call time, at most limit
--- of them) without an admission check. The reply, and what to store (nil when nothing changes);
--- or nil and an error reply when an entry it reads is corrupt.
+-- most as many as there are) or charged (positive: entries join at the call time until the window
+-- holds limit of them; a log has no debt) without an admission check. The reply, and what to
+-- store (nil when nothing changes); or nil and an error reply when an entry it reads is corrupt.
 function sliding_log.settle(a, view, now, delta, key)
   local limit = a.limit
   view = view or {len = 0, count = 0, tied = 0}
   local count = view.count
-  local trim
-  if view.len > count then trim = now - a.window_us end
+  local old = view.len - count
   local count_after, newest, write = count, nil, nil
   if count > 0 then newest = view.newest end
-  if delta > 0 then
+  if delta > 0 and count < limit then
     local t = now
     if view.newest and view.newest > now then t = view.newest end
     local added = delta
-    if added > limit then added = limit end
-    write = {trim = trim, t = t, first = view.tied, count = added,
+    if added > limit - count then added = limit - count end
+    write = {trim = trim_count(old, added), t = t, first = view.tied, count = added,
              expire_at = math.ceil(t / 1000) + a.window_ms}
     count_after, newest = count + added, t
   elseif delta < 0 and count > 0 then
@@ -265,13 +346,17 @@ function sliding_log.settle(a, view, now, delta, key)
     local next = false
     if dropped < count then
       local err
-      next, err = sliding_log_entry(key, dropped)
+      next, err = sliding_log_entry(key, dropped, now)
       if next == nil then return nil, err end
     end
     local expire_at
     if next then expire_at = math.ceil(next / 1000) + a.window_ms end
-    write = {trim = trim, drop = dropped, expire_at = expire_at}
+    write = {trim = trim_count(old, 0), drop = dropped, expire_at = expire_at}
     count_after, newest = count - dropped, next or nil
+  end
+  if write then
+    local err = sliding_log_check_oldest(key, write.trim, now)
+    if err then return nil, err end
   end
   local reset_after = 0
   if newest and count_after > 0 then reset_after = sliding_log_leaves_after(a, newest, now) end
@@ -281,7 +366,7 @@ function sliding_log.settle(a, view, now, delta, key)
 end
 
 function sliding_log.store(key, w)
-  if w.trim then redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', w.trim)) end
+  if w.trim > 0 then redis.call('ZREMRANGEBYRANK', key, '0', string.format('%.0f', w.trim - 1)) end
   if w.drop then
     -- A refund: the newest entries leave.
     redis.call('ZREMRANGEBYRANK', key, string.format('%.0f', -w.drop), '-1')
