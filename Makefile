@@ -118,7 +118,7 @@ soak: deps
 # and decision path, and the number formatting and parsing against C's printf and strtod. Stable
 # Rust: no sanitizer, panics and assertion failures are the findings.
 FUZZ_SECONDS ?= 300
-FUZZ_TARGETS := arguments decisions numbers sliding_log leases
+FUZZ_TARGETS := arguments decisions numbers sliding_log leases sequences
 
 fuzz-deps:
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
