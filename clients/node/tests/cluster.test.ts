@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import { Client, type Connection, LIBRARY, type Mode, RejectedError, concurrency, fixedWindow, gcra, keySlot, tokenBucket } from '../src/index.js';
-import { Cluster, cmd } from './harness.js';
+import { Cluster, PATIENT, cmd } from './harness.js';
 
 type Conn = { connection: Connection; close(): Promise<void> };
 
@@ -84,7 +84,7 @@ describe('a cluster with the module on every node', () => {
       const conn = await make();
       try {
         await exactlyItsCapacity(cluster, conn, 'module', name.replace(/ /g, '-'));
-        const c = await Client.open(conn.connection);
+        const c = await Client.open(conn.connection, PATIENT);
         assert.equal(c.mode, 'module', 'detected on a node');
       } finally {
         await conn.close();
@@ -117,7 +117,7 @@ describe('a cluster without the module', () => {
     for (const [name, make] of await libraries(cluster)) {
       const conn = await make();
       try {
-        const c = await Client.open(conn.connection);
+        const c = await Client.open(conn.connection, PATIENT);
         assert.equal(c.mode, 'function');
         await exactlyItsCapacity(cluster, conn, 'function', `f-${name.replace(/ /g, '-')}`);
       } finally {

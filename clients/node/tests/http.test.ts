@@ -21,7 +21,7 @@ import {
   tokenBucket,
 } from '../src/index.js';
 import { type App, Gates, send, startApp } from './apps.js';
-import { type Admin, Server, cmd, open, ready, sleep } from './harness.js';
+import { type Admin, PATIENT, Server, cmd, open, ready, sleep } from './harness.js';
 import express from 'express';
 import type { AddressInfo } from 'node:net';
 import { rateLimit } from '../src/index.js';
@@ -42,7 +42,7 @@ describe('the HTTP middleware beyond the table', () => {
     const o = open('node-redis', server.port);
     await ready(o);
     const registry = new Registry();
-    const c = new Client(o.connection);
+    const c = new Client(o.connection, PATIENT);
     const app = express();
     const quietLimiter = rateLimit(c, { key: { header: 'x-api-key' }, prometheus: false, limits: [{ plan: '*', class: '*', policies: [policy('q', fixedWindow(1, 60))] }] });
     app.get('/quiet', quietLimiter, (_req, res) => {
@@ -102,7 +102,7 @@ describe('the HTTP middleware beyond the table', () => {
   test('an actual cost set once the head has left is settled after the response', async () => {
     const o = open('ioredis', server.port);
     await ready(o);
-    const c = new Client(o.connection);
+    const c = new Client(o.connection, PATIENT);
     const app = express();
     app.use(rateLimit(c, { key: { header: 'x-api-key' }, estimates: { '*': 100 }, limits: [{ plan: '*', class: '*', policies: [policy('tokens', tokenBucket(1000, 0.001))] }] }));
     app.use((_req, res) => {
@@ -130,7 +130,7 @@ describe('the HTTP middleware beyond the table', () => {
   test('leaseKeepAliveMs keeps the slot of a request that outlasts its lease', async () => {
     const o = open('node-redis', server.port);
     await ready(o);
-    const c = new Client(o.connection);
+    const c = new Client(o.connection, PATIENT);
     const gates = new Gates();
     let app: App | undefined;
     try {

@@ -75,7 +75,7 @@ test('installed in a clean directory: imported, required and type-checked there'
 import { Client, tokenBucket, rateLimit, RateLimitStore } from 'ratelimit-client';
 const redis = createClient({ url: process.env.REDIS_URL, RESP: 2, disableOfflineQueue: true });
 await redis.connect();
-const client = new Client(redis);
+const client = new Client(redis, { timeoutMs: 2000 });
 const outs = [];
 for (let i = 0; i < 3; i++) outs.push(await client.check('esm', tokenBucket(2, 0.001)));
 console.log(JSON.stringify({ outs: outs.map((o) => [o.decision.allowed, o.decision.remaining, o.mode]), middleware: typeof rateLimit, store: typeof RateLimitStore }));
@@ -89,7 +89,7 @@ const { Client, fixedWindow } = require('ratelimit-client');
 (async () => {
   const redis = new Redis(process.env.REDIS_URL, { protocol: 2, enableReadyCheck: false, enableOfflineQueue: false, maxRetriesPerRequest: 0 });
   await new Promise((r) => redis.once('ready', r));
-  const client = await Client.open(redis, { mode: 'auto' });
+  const client = await Client.open(redis, { mode: 'auto', timeoutMs: 2000 });
   const o = await client.checkAll([['{c}:a', fixedWindow(1, 60)], ['{c}:b', fixedWindow(5, 60)]], 1);
   const again = await client.checkAll([['{c}:a', fixedWindow(1, 60)], ['{c}:b', fixedWindow(5, 60)]], 1);
   console.log(JSON.stringify([client.mode, o.allowed, again.allowed, again.deniedBy]));

@@ -38,7 +38,7 @@ for (const library of LIBRARIES) {
       const o = open(library, server.port);
       try {
         await ready(o);
-        const c = new Client(o.connection, { ...policy, mode: 'module', timeoutMs: 200, breaker: { failures: 1, cooldownMs: 100 } });
+        const c = new Client(o.connection, { ...policy, mode: 'module', timeoutMs: 1000, breaker: { failures: 1, cooldownMs: 100 } });
         const before = await c.check('k', bucket, 3);
         assert.deepEqual([before.degraded, before.mode, before.decision.remaining], [undefined, 'module', 7]);
         const held = (await c.acquire('s', slots)).lease!;
