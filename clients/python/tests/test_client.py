@@ -37,7 +37,7 @@ from ratelimit_client import (
 )
 from ratelimit_client._core import classify, new_lease_id
 from ratelimit_client.algorithms import LeakyBucket, SlidingWindow, num
-from servers import Server
+from servers import SLACK, Server
 
 
 def commandstats(s: Server) -> dict[str, int]:
@@ -77,7 +77,7 @@ def test_lease_ids_are_a_process_prefix_the_pid_and_a_counter() -> None:
 
 def test_the_mode_is_detected_once(server: Server, bare_server: Server) -> None:
     tb = TokenBucket(10, 5)
-    with Client.from_url(server.url) as c:
+    with Client.from_url(server.url, SLACK) as c:
         assert c.mode is None
         assert c.check("k", tb).mode is Mode.MODULE
         assert c.mode is Mode.MODULE
@@ -85,11 +85,11 @@ def test_the_mode_is_detected_once(server: Server, bare_server: Server) -> None:
     # Two detection commands, once, then only the module's command.
     stats = commandstats(server)
     assert (stats["command|info"], stats.get("function|list", 0), stats["rl.tokenbucket"]) == (1, 0, 2)
-    with Client.from_url(bare_server.url) as c:
+    with Client.from_url(bare_server.url, SLACK) as c:
         assert c.detect() is Mode.SCRIPT
         assert c.check("k", tb).mode is Mode.SCRIPT
     assert load_library(bare_server.connect()) == "ratelimit"
-    with Client.from_url(bare_server.url) as c:
+    with Client.from_url(bare_server.url, SLACK) as c:
         assert c.check("k", tb).mode is Mode.FUNCTION
         assert c.check("k", tb).decision.remaining == 7
     stats = commandstats(bare_server)
@@ -109,7 +109,7 @@ def test_the_asyncio_client_detects_alike(server: Server, bare_server: Server) -
     async def modes() -> list[Mode | None]:
         out = []
         for url in (server.url, bare_server.url, "redis://127.0.0.1:1"):
-            async with await AsyncClient.open(url) as c:
+            async with await AsyncClient.open(url, SLACK) as c:
                 out.append(c.mode)
         return out
 
@@ -120,14 +120,14 @@ def test_a_user_that_may_not_list_functions_gets_the_scripts(bare_server: Server
     admin = bare_server.connect()
     load_library(admin)
     admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-function")
-    with Client.from_url(bare_server.url, username="app", password="pw") as c:
+    with Client.from_url(bare_server.url, SLACK, username="app", password="pw") as c:
         o = c.check("k", TokenBucket(10, 5))
     assert (o.mode, o.decision.remaining) == (Mode.SCRIPT, 9)
 
 
 def test_scripts_are_sent_again_on_noscript(bare_server: Server) -> None:
     tb = TokenBucket(10, 5)
-    c = Client.from_url(bare_server.url, Options(mode=ModeChoice.SCRIPT))
+    c = Client.from_url(bare_server.url, Options(mode=ModeChoice.SCRIPT, timeout=2.0))
     assert c.check("k", tb).decision.remaining == 9  # EVALSHA, NOSCRIPT, EVAL
     assert c.check("k", tb).decision.remaining == 8  # EVALSHA
     bare_server.connect().execute_command("SCRIPT", "FLUSH")
@@ -138,7 +138,7 @@ def test_scripts_are_sent_again_on_noscript(bare_server: Server) -> None:
 
 
 def test_concurrency_limits_need_a_lease(server: Server) -> None:
-    c = Client.from_url(server.url)
+    c = Client.from_url(server.url, SLACK)
     slots = Concurrency(2, 30)
     with pytest.raises(Unsupported):
         c.check("k", slots, 1)
@@ -155,7 +155,7 @@ def test_concurrency_limits_need_a_lease(server: Server) -> None:
 
 def test_a_lease_is_given_back_at_the_end_of_a_with_block(clock_server: Server) -> None:
     server = clock_server
-    c = Client.from_url(server.url)
+    c = Client.from_url(server.url, SLACK)
     r = server.connect()
     slots = Concurrency(1, 30)
     with c.acquire("jobs", slots) as held:
@@ -183,7 +183,7 @@ def test_an_asyncio_lease_is_held_by_async_with(server: Server) -> None:
     r = server.connect()
 
     async def run() -> None:
-        async with AsyncClient.from_url(server.url) as c:
+        async with AsyncClient.from_url(server.url, SLACK) as c:
             slots = Concurrency(1, 30)
             async with c.acquire("jobs", slots) as held:
                 assert held.allowed and held.lease is not None
@@ -202,14 +202,14 @@ def test_an_asyncio_lease_is_held_by_async_with(server: Server) -> None:
 
 
 def test_keep_alive_holds_a_lease_past_its_expiry(server: Server) -> None:
-    c = Client.from_url(server.url)
-    slots = Concurrency(1, 0.3)
+    c = Client.from_url(server.url, SLACK)
+    slots = Concurrency(1, 0.6)
     held = c.acquire("k", slots)
     assert held.lease is not None
     held.lease.keep_alive(0.1)
     import time
 
-    time.sleep(0.8)
+    time.sleep(1.5)
     assert not c.acquire("k", slots).allowed, "renewed: still held"
     assert held.lease.last_renewal is not None and held.lease.last_renewal.decision.allowed
     assert held.lease.release() is True
@@ -274,7 +274,7 @@ def test_refusals_are_rejected_never_failed_open(server: Server) -> None:
     admin = server.connect()
     admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-rl.tokenbucket")
     tb = TokenBucket(10, 5)
-    opts = Options(breaker=ratelimit_client.BreakerConfig(failures=1))
+    opts = Options(timeout=2.0, breaker=ratelimit_client.BreakerConfig(failures=1))
     # NOPERM: the user may not run the command.
     c = Client.from_url(server.url, opts, username="app", password="pw")
     for _ in range(3):
@@ -316,7 +316,7 @@ def test_refusals_are_rejected_never_failed_open(server: Server) -> None:
 
 def test_readonly_is_rejected_and_the_client_reconnects(server: Server) -> None:
     with Server(extra=["--replicaof", "127.0.0.1", str(server.port)]) as replica:
-        c = Client.from_url(replica.url, Options(policy=FailClosed()), client_name="rl-readonly")
+        c = Client.from_url(replica.url, Options(policy=FailClosed(), timeout=2.0), client_name="rl-readonly")
         with pytest.raises(Rejected) as e:
             c.check("k", TokenBucket(10, 5))
         assert e.value.message == "READONLY You can't write against a read only replica."
@@ -333,7 +333,7 @@ def test_async_refusals_alike(server: Server) -> None:
     server.connect().execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-rl.all")
 
     async def run() -> tuple[str, Any]:
-        async with AsyncClient.from_url(server.url, username="app", password="pw") as c:
+        async with AsyncClient.from_url(server.url, SLACK, username="app", password="pw") as c:
             try:
                 await c.check_all([("{a}x", TokenBucket(1, 1)), ("{a}y", TokenBucket(1, 1))])
             except Rejected as e:
@@ -346,7 +346,7 @@ def test_async_refusals_alike(server: Server) -> None:
 
 
 def test_top_needs_the_module_and_a_connection(server: Server, bare_server: Server) -> None:
-    c = Client.from_url(server.url)
+    c = Client.from_url(server.url, SLACK)
     assert c.check("a", FixedWindow(1, 60)).decision.allowed
     assert not c.check("a", FixedWindow(1, 60)).decision.allowed
     [e] = c.top(10)
@@ -355,7 +355,7 @@ def test_top_needs_the_module_and_a_connection(server: Server, bare_server: Serv
     c.reset_top()
     assert c.top() == []
     with pytest.raises(Unsupported):
-        Client.from_url(bare_server.url).top()
+        Client.from_url(bare_server.url, SLACK).top()
     with pytest.raises(ratelimit_client.Unavailable):
         Client.from_url("redis://127.0.0.1:1").top()
 
@@ -377,7 +377,7 @@ def test_resp2_and_resp3_answer_alike(protocol: int, clock_server: Server) -> No
     answers = []
     for mode in (ModeChoice.MODULE, ModeChoice.FUNCTION, ModeChoice.SCRIPT):
         clock_server.connect().flushall()
-        c = Client.from_url(clock_server.url, Options(mode=mode), protocol=protocol)
+        c = Client.from_url(clock_server.url, Options(mode=mode, timeout=2.0), protocol=protocol)
         a = FixedWindow(2, 60)
         outcomes = [c.check("k", a).decision for _ in range(3)]
         multi = c.check_all([("{u}a", a), ("{u}b", TokenBucket(3, 1))], 1)

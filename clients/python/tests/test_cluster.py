@@ -25,7 +25,7 @@ from ratelimit_client import (
     Unsupported,
     load_library,
 )
-from servers import Cluster, Server, call
+from servers import SLACK, Cluster, Server, call
 
 START_US = 1_800_000_000_000_000
 MODES = {"module": ModeChoice.MODULE, "function": ModeChoice.FUNCTION, "script": ModeChoice.SCRIPT}
@@ -129,7 +129,7 @@ def expected() -> list[Any]:
 @pytest.mark.parametrize("mode", MODES)
 def test_sync_client_on_a_cluster(cluster: Cluster, mode: str) -> None:
     reset(cluster)
-    c = Client.from_url(cluster.nodes[0].url, Options(mode=MODES[mode]), cluster=True)
+    c = Client.from_url(cluster.nodes[0].url, Options(mode=MODES[mode], timeout=2.0), cluster=True)
     assert scenario_sync(c, cluster) == expected()
     with pytest.raises(Rejected) as e:
         c.check_all([("a", BUCKET), ("b", BUCKET)])
@@ -145,7 +145,8 @@ def test_asyncio_client_on_a_cluster(cluster: Cluster, mode: str) -> None:
 
     async def run() -> list[Any]:
         # open: the client learns the slots before the first call's deadline.
-        async with await AsyncClient.open(cluster.nodes[0].url, Options(mode=MODES[mode]), cluster=True) as c:
+        opts = Options(mode=MODES[mode], timeout=2.0)
+        async with await AsyncClient.open(cluster.nodes[0].url, opts, cluster=True) as c:
             out = await scenario_async(c, cluster)
             with pytest.raises(Rejected) as e:
                 await c.check_all([("a", BUCKET), ("b", BUCKET)])
@@ -157,21 +158,21 @@ def test_asyncio_client_on_a_cluster(cluster: Cluster, mode: str) -> None:
 
 def test_detection_on_clusters_with_and_without_the_module(cluster: Cluster) -> None:
     reset(cluster)
-    assert Client.from_url(cluster.nodes[0].url, cluster=True).detect() is Mode.MODULE
+    assert Client.from_url(cluster.nodes[0].url, SLACK, cluster=True).detect() is Mode.MODULE
     bare = Cluster(3, module=False)
     try:
         url = bare.nodes[0].url
-        c = Client.from_url(url, cluster=True)
+        c = Client.from_url(url, SLACK, cluster=True)
         assert [c.check(k, BUCKET).decision.remaining for k in ("a", "b", "c")] == [2, 2, 2]
         assert c.mode is Mode.SCRIPT
         for n in bare.nodes:
             load_library(n.connect())
-        c = Client.from_url(url, cluster=True)
+        c = Client.from_url(url, SLACK, cluster=True)
         assert [c.check(k, BUCKET).decision.remaining for k in ("a", "b", "c")] == [1, 1, 1]
         assert c.mode is Mode.FUNCTION
 
         async def detect() -> Mode | None:
-            async with await AsyncClient.open(url, cluster=True) as ac:
+            async with await AsyncClient.open(url, SLACK, cluster=True) as ac:
                 return ac.mode
 
         assert asyncio.run(detect()) is Mode.FUNCTION

@@ -24,18 +24,18 @@ WHEELHOUSE = PROJECT / ".wheelhouse"
 SCRIPT = r"""
 import asyncio, json, sys
 import ratelimit_client
-from ratelimit_client import AsyncClient, Client, Concurrency, TokenBucket
+from ratelimit_client import AsyncClient, Client, Concurrency, Options, TokenBucket
 from ratelimit_client import asgi, wsgi, decorators, middleware  # no framework needed to import
 
 def run(url):
-    c = Client.from_url(url)
+    c = Client.from_url(url, Options(timeout=2.0))
     out = [c.check("k", TokenBucket(3, 0.001)).decision.remaining for _ in range(4)]
     with c.acquire("slots", Concurrency(1, 30)) as held:
         out.append(held.allowed)
     return {"mode": c.mode.value, "remaining": out}
 
 async def run_async(url):
-    async with AsyncClient.from_url(url) as c:
+    async with AsyncClient.from_url(url, Options(timeout=2.0)) as c:
         return (await c.check("a", TokenBucket(3, 0.001))).decision.remaining
 
 module_url, bare_url = sys.argv[1:]

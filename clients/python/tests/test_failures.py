@@ -57,7 +57,7 @@ def close_enough(got: Decision, want: Decision) -> bool:
 
 
 def options(policy: str) -> Options:
-    return Options(policy=POLICIES[policy], timeout=0.5, breaker=BreakerConfig(failures=1, cooldown=0.2))
+    return Options(policy=POLICIES[policy], timeout=2.0, breaker=BreakerConfig(failures=1, cooldown=0.2))
 
 
 def wait_recovered(call: Callable[[], Any]) -> Any:
@@ -152,8 +152,8 @@ def test_a_hung_server_opens_the_breaker() -> None:
                 took.append(time.monotonic() - t)
                 assert o.degraded is Degraded.FAIL_OPEN
             # Three calls wait out the deadline; then the breaker answers at once.
-            assert all(0.09 <= x < 0.4 for x in took[:3]), took
-            assert took[3] < 0.02 and c.breaker_open(), took
+            assert all(0.09 <= x < 1.0 for x in took[:3]), took
+            assert took[3] < 0.05 and c.breaker_open(), took
         finally:
             s.thaw()
         time.sleep(0.5)
@@ -175,7 +175,7 @@ def test_the_asyncio_deadline_covers_the_whole_call() -> None:
         s.freeze()
         try:
             o, took = await timed(lambda: c.check("k", BUCKET))
-            assert o.degraded is Degraded.FAIL_CLOSED and 0.09 <= took < 0.3, took
+            assert o.degraded is Degraded.FAIL_CLOSED and 0.09 <= took < 1.0, took
             assert c.mode is None
         finally:
             s.thaw()

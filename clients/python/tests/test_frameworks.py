@@ -21,7 +21,7 @@ from ratelimit_client.asgi import RateLimitMiddleware as AsgiMiddleware
 from ratelimit_client.decorators import RateLimited, limit, parse_rate
 from ratelimit_client.middleware import Metrics, Policy, header, report_cost
 from ratelimit_client.wsgi import RateLimitMiddleware as WsgiMiddleware
-from servers import Server, call
+from servers import SLACK, Server, call
 
 pytestmark = pytest.mark.heavy
 
@@ -73,7 +73,7 @@ def test_rates_read_as_fixed_windows() -> None:
 def test_a_flask_view(clock: Server) -> None:
     from flask import Flask
 
-    client = Client.from_url(clock.url)
+    client = Client.from_url(clock.url, SLACK)
     app = Flask("decorated")
 
     @app.route("/login")
@@ -95,7 +95,7 @@ def test_a_django_view_settles_the_cost_it_reports(clock: Server) -> None:
     django_app()
     from django.http import HttpResponse
 
-    client = Client.from_url(clock.url)
+    client = Client.from_url(clock.url, SLACK)
     tokens = Policy("tokens", TokenBucket(100, 1))
 
     @limit(client, tokens, key=lambda request, path: request.headers["x-user"], cost=10, name="complete")
@@ -143,7 +143,7 @@ def test_fastapi_and_starlette_endpoints(clock: Server) -> None:
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    aclient = AsyncClient.from_url(clock.url)
+    aclient = AsyncClient.from_url(clock.url, SLACK)
     api = FastAPI()
 
     @api.get("/search")
@@ -181,7 +181,7 @@ def test_fastapi_and_starlette_endpoints(clock: Server) -> None:
 
 
 def test_plain_functions_raise(clock: Server) -> None:
-    client = Client.from_url(clock.url)
+    client = Client.from_url(clock.url, SLACK)
 
     @limit(client, "2/minute", key=lambda user: f"user:{user}")
     def send_sms(user: str) -> str:
@@ -192,7 +192,7 @@ def test_plain_functions_raise(clock: Server) -> None:
         send_sms("ann")
     assert (e.value.status, e.value.retry_after, e.value.body.decode()) == (429, 60, problem("2/minute", 60))
 
-    aclient = AsyncClient.from_url(clock.url)
+    aclient = AsyncClient.from_url(clock.url, SLACK)
 
     @limit(aclient, Policy("one", FixedWindow(1, 10)), key=lambda job: job)
     async def run_job(job: str) -> str:
@@ -216,17 +216,17 @@ def test_plain_functions_raise(clock: Server) -> None:
 
 
 def test_leases_kept_alive_and_given_back_after_a_failure(server: Server) -> None:
-    """On the real clock: a lease of 0.4 s renewed every 0.1 s outlives a slow request; a handler
+    """On the real clock: a lease of 0.6 s renewed every 0.1 s outlives a slow request; a handler
     that fails gives its slot back."""
     from flask import Flask
 
-    client = Client.from_url(server.url)
+    client = Client.from_url(server.url, SLACK)
     app = Flask("slow")
 
     @app.route("/<path:path>")
     def handler(path: str) -> str:
         if path == "slow":
-            time.sleep(1.0)
+            time.sleep(1.3)
         if path == "fail":
             raise RuntimeError("the handler failed")
         return "ok"
@@ -235,7 +235,7 @@ def test_leases_kept_alive_and_given_back_after_a_failure(server: Server) -> Non
         app.wsgi_app,
         client=client,
         key=header("x-api-key"),
-        limits={("*", "*"): [Policy("inflight", Concurrency(1, 0.4))]},
+        limits={("*", "*"): [Policy("inflight", Concurrency(1, 0.6))]},
         lease_keep_alive=0.1,
     )
     web = WerkzeugServer()
@@ -245,7 +245,7 @@ def test_leases_kept_alive_and_given_back_after_a_failure(server: Server) -> Non
 
         with ThreadPoolExecutor(1) as pool:
             slow = pool.submit(send_request, web.port, {"path": "/slow", "headers": {"x-api-key": "a"}})
-            time.sleep(0.7)  # past the lease's first expiry: renewed meanwhile
+            time.sleep(0.9)  # past the lease's first expiry: renewed meanwhile
             refused = send_request(web.port, {"path": "/ok", "headers": {"x-api-key": "a"}})
             assert slow.result(5)["status"] == 200
         assert refused["status"] == 429
@@ -267,7 +267,7 @@ def test_asgi_keep_alive_other_scopes_and_prometheus(server: Server) -> None:
     from starlette.routing import Route
 
     async def slow(request: Request) -> PlainTextResponse:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.3)
         return PlainTextResponse("ok")
 
     started: list[str] = []
@@ -280,13 +280,13 @@ def test_asgi_keep_alive_other_scopes_and_prometheus(server: Server) -> None:
     metrics = Metrics()
     registry = CollectorRegistry()
     metrics.register(registry)
-    aclient = AsyncClient.from_url(server.url)
+    aclient = AsyncClient.from_url(server.url, SLACK)
     app = Starlette(routes=[Route("/{p:path}", slow)], lifespan=lifespan)
     app.add_middleware(
         AsgiMiddleware,
         client=aclient,
         key=header("x-api-key"),
-        limits={("*", "*"): [Policy("inflight", Concurrency(1, 0.4))]},
+        limits={("*", "*"): [Policy("inflight", Concurrency(1, 0.6))]},
         lease_keep_alive=0.1,
         metrics=metrics,
     )
@@ -300,7 +300,7 @@ def test_asgi_keep_alive_other_scopes_and_prometheus(server: Server) -> None:
 
         with ThreadPoolExecutor(1) as pool:
             slow_one = pool.submit(send_request, web.port, {"path": "/", "headers": {"x-api-key": "a"}})
-            time.sleep(0.7)
+            time.sleep(0.9)
             refused = send_request(web.port, {"path": "/", "headers": {"x-api-key": "a"}})
             assert slow_one.result(5)["status"] == 200
         assert refused["status"] == 429
