@@ -317,3 +317,55 @@ def test_asgi_keep_alive_other_scopes_and_prometheus(server: Server) -> None:
         'ratelimit_decisions_total{limit="inflight",outcome="denied"} 1',
         'ratelimit_decisions_total{limit="inflight",outcome="degraded"} 0',
     ]
+
+
+def test_keys_limits_and_classes_from_functions(clock: Server) -> None:
+    from flask import Flask
+
+    client = Client.from_url(clock.url, SLACK)
+    app = Flask("functions")
+
+    @app.route("/<path:path>")
+    def handler(path: str) -> str:
+        return "ok"
+
+    def per_route(plan: str, route_class: str) -> list[Policy]:
+        return (
+            [Policy(f"{plan}-{route_class}", FixedWindow(1 if plan == "free" else 2, 60))]
+            if route_class == "api"
+            else []
+        )
+
+    app.wsgi_app = WsgiMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app,
+        client=client,
+        key=lambda info: f"user-{info.header('x-user')}" if info.header("x-user") else None,
+        plan=lambda info: info.header("x-plan") or "free",
+        route_class=lambda info: "api" if info.path.startswith("/api/") else "assets",
+        limits_fn=per_route,
+    )
+    web = WerkzeugServer()
+    web.dispatch.current = app
+    try:
+        statuses = [
+            send_request(web.port, {"path": p, "headers": h})["status"]
+            for p, h in [
+                ("/api/a", {"x-user": "ann"}),
+                ("/api/a", {"x-user": "ann"}),
+                ("/api/a", {"x-user": "bob", "x-plan": "pro"}),
+                ("/api/a", {"x-user": "bob", "x-plan": "pro"}),
+                ("/api/a", {"x-user": "bob", "x-plan": "pro"}),
+                ("/api/a", {}),
+                ("/assets/x", {"x-user": "ann"}),
+            ]
+        ]
+        untouched = send_request(web.port, {"path": "/assets/x"})
+    finally:
+        web.stop()
+    assert statuses == [200, 429, 200, 200, 429, 200, 200]
+    assert "ratelimit" not in untouched["headers"] and untouched["status"] == 200
+    assert sorted(clock.connect().keys("*")) == [
+        "rl:{anonymous}:api:free-api",
+        "rl:{user-ann}:api:free-api",
+        "rl:{user-bob}:api:pro-api",
+    ]
