@@ -369,6 +369,8 @@ def test_local_policy_answers_for_every_call_when_unreachable() -> None:
     assert r.reservation is not None and r.reservation.degraded is Degraded.LOCAL
     s = r.reservation.settle(2)
     assert (s.degraded, s.decisions[0].remaining) == (Degraded.LOCAL, 3)
+    with pytest.raises(Unsupported):
+        r.reservation.settle(2)
 
 
 @pytest.mark.parametrize("protocol", [2, 3])

@@ -486,6 +486,7 @@ class AsyncReservation:
         self._limits = list(limits)
         self._estimate = estimate
         self._charged = charged
+        self._settled = False
 
     @property
     def estimate(self) -> int:
@@ -500,6 +501,9 @@ class AsyncReservation:
         return self._charged
 
     async def settle(self, actual: int) -> Settlement:
+        if self._settled:
+            raise Unsupported("a reservation is settled once")
+        self._settled = True
         return await self._client._settle_charged(self._limits, actual - self._estimate, self._charged)
 
 

@@ -517,6 +517,7 @@ class Reservation:
         self._limits = list(limits)
         self._estimate = estimate
         self._charged = charged
+        self._settled = False
 
     @property
     def estimate(self) -> int:
@@ -536,7 +537,11 @@ class Reservation:
         """Settles with the true cost: ``actual - estimate`` refunded (below 0) or charged (above
         0, into debt if need be) on every limit, in one ``RL.SETTLE``; the state afterwards.
         A reservation of the ``Local`` policy is settled in its buckets (even once Redis is
-        back); one admitted by ``FailOpen`` sends nothing."""
+        back); one admitted by ``FailOpen`` sends nothing. A reservation is settled once
+        (:class:`Unsupported` the second time)."""
+        if self._settled:
+            raise Unsupported("a reservation is settled once")
+        self._settled = True
         return self._client._settle_charged(self._limits, actual - self._estimate, self._charged)
 
     def __repr__(self) -> str:
