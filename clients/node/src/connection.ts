@@ -50,8 +50,40 @@ function normalise(e: unknown): never {
   throw e;
 }
 
+/** A client library's connection events, as far as they are used here. */
+interface Events {
+  on?(event: 'error' | 'ready', listener: (e?: unknown) => void): unknown;
+}
+
+/**
+ * The refusal that keeps a connection from being made, if that is why: a client library whose
+ * handshake the server refused (`WRONGPASS`, `NOAUTH`, `NOPERM` at `HELLO` or `AUTH`) reports
+ * it only as an `'error'` event and then fails every command as unconnected; the client must
+ * throw that refusal, not answer with its failure policy as for a server that is down. The latest
+ * event decides: any other error (a refused connection) or `'ready'` clears it.
+ */
+function handshakeRefusal(client: Events): () => string | undefined {
+  let refusal: string | undefined;
+  client.on?.('error', (e) => {
+    refusal = isReplyError(e) && /^(WRONGPASS|NOAUTH|NOPERM)\b/.test(e.message) ? e.message : undefined;
+  });
+  client.on?.('ready', () => {
+    refusal = undefined;
+  });
+  return () => refusal;
+}
+
+/** A command's failure: a refused handshake when there is one and this is not a reply of Redis. */
+function failure(refused: () => string | undefined): (e: unknown) => never {
+  return (e) => {
+    const r = refused();
+    if (r !== undefined && !isReplyError(e)) throw new RedisReplyError(r);
+    return normalise(e);
+  };
+}
+
 /** node-redis's client (`createClient`), as far as it is used here. */
-export interface NodeRedisClientLike {
+export interface NodeRedisClientLike extends Events {
   sendCommand(args: string[], options?: { abortSignal?: AbortSignal }): Promise<unknown>;
 }
 
@@ -67,7 +99,7 @@ export interface NodeRedisClusterLike {
 }
 
 /** ioredis's `Redis` or `Cluster`, as far as it is used here. */
-export interface IORedisLike {
+export interface IORedisLike extends Events {
   call(command: string, ...args: string[]): Promise<unknown>;
   readonly isCluster: boolean;
   disconnect(reconnect?: boolean): void;
@@ -91,8 +123,9 @@ export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike
     };
   }
   const single = client as NodeRedisClientLike;
+  const refused = failure(handshakeRefusal(single));
   return {
-    send: (args, _key, signal) => single.sendCommand([...args], { abortSignal: signal }).catch(normalise),
+    send: (args, _key, signal) => single.sendCommand([...args], { abortSignal: signal }).catch(refused),
   };
 }
 
@@ -105,6 +138,7 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
   const Command = options.Command;
   const cluster = client.isCluster;
   const sender = client as unknown as { sendCommand(c: unknown): unknown };
+  const refused = cluster ? normalise : failure(handshakeRefusal(client));
   return {
     send(args, key) {
       if (cluster && Command && key !== undefined) {
@@ -113,11 +147,10 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
         sender.sendCommand(cmd);
         return cmd.promise.catch(normalise);
       }
-      return client.call(args[0]!, ...args.slice(1)).catch(normalise);
+      return client.call(args[0]!, ...args.slice(1)).catch(refused);
     },
-    reconnect() {
-      client.disconnect(true);
-    },
+    // A cluster follows its own redirections; a single connection is made again.
+    ...(cluster ? {} : { reconnect: () => client.disconnect(true) }),
   };
 }
 

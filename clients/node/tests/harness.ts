@@ -218,16 +218,14 @@ export interface Opened {
 
 /**
  * A connection of `library` to `port`, set up as docs/node.md recommends: commands fail at once
- * while the server is unreachable (no offline queue, nothing re-sent after a reconnect), the
- * client reconnects by itself, and RESP2 with no check at connection time, so that a server's
- * refusal (NOAUTH) reaches the client instead of keeping the connection from ever being ready.
- * It is not waited for: a server that is down is the failure policy's business.
+ * while the server is unreachable (no offline queue, nothing re-sent after a reconnect), and the
+ * client library reconnects by itself; its protocol is the library's default (RESP3). It is not
+ * waited for: a server that is down is the failure policy's business.
  */
 export function open(library: Library, port: number): Opened {
   if (library === 'node-redis') {
     const c = createClient({
       url: `redis://127.0.0.1:${port}`,
-      RESP: 2,
       disableOfflineQueue: true,
       socket: { reconnectStrategy: (n: number) => Math.min(20 * n, 200), connectTimeout: 1000 },
     });
@@ -242,8 +240,6 @@ export function open(library: Library, port: number): Opened {
     };
   }
   const c = new IORedis(port, '127.0.0.1', {
-    protocol: 2,
-    enableReadyCheck: false,
     enableOfflineQueue: false,
     maxRetriesPerRequest: 0,
     autoResendUnfulfilledCommands: false,

@@ -179,7 +179,7 @@ describe('refusals are thrown, never failed open; Redis unable to decide is', ()
   }
 
   for (const library of LIBRARIES) {
-    test(`${library}: NOAUTH (a server that wants a password, none given) is thrown`, async () => {
+    test(`${library}: NOAUTH (a server that wants a password, none given) is thrown in every mode`, async () => {
       const locked = await Server.start({ extra: ['--requirepass', 'secret'] });
       const a = open(library, locked.port);
       try {
@@ -204,24 +204,53 @@ describe('refusals are thrown, never failed open; Redis unable to decide is', ()
     });
   }
 
-  test('RESP3 (both libraries\' default): a refused handshake keeps the connection from being ready, the failure policy answers', async () => {
+  test('a handshake the server refuses (RESP3\'s HELLO without a password, a wrong password) is thrown; a server gone after it is Redis unable to decide', async () => {
     const locked = await Server.start({ extra: ['--requirepass', 'secret'] });
     const { Redis } = await import('ioredis');
     const { createClient } = await import('redis');
-    const io = new Redis(locked.port, '127.0.0.1', { enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => 50 });
-    io.on('error', () => undefined);
-    const nr = createClient({ url: locked.url, disableOfflineQueue: true, socket: { reconnectStrategy: 50 } });
-    nr.on('error', () => undefined);
-    nr.connect().catch(() => undefined);
+    // Each library's defaults (RESP3: HELLO at connection time), then RESP2 with a wrong password.
+    const io3 = new Redis(locked.port, '127.0.0.1', { enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => 50 });
+    const nr3 = createClient({ url: locked.url, disableOfflineQueue: true, socket: { reconnectStrategy: 50 } });
+    const ioWrong = new Redis(locked.port, '127.0.0.1', { password: 'wrong', protocol: 2, enableReadyCheck: false, enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => 50 });
+    const nrWrong = createClient({ url: `redis://:wrong@127.0.0.1:${locked.port}`, RESP: 2, disableOfflineQueue: true, socket: { reconnectStrategy: 50 } });
+    for (const c of [io3, nr3, ioWrong, nrWrong]) c.on('error', () => undefined);
+    for (const c of [nr3, nrWrong]) c.connect().catch(() => undefined);
+    const clients: Array<[string, Client, string]> = [
+      ['ioredis, RESP3', new Client(fromIORedis(io3), { ...PATIENT, mode: 'module' }), 'NOAUTH'],
+      ['node-redis, RESP3', new Client(fromNodeRedis(nr3), { ...PATIENT, mode: 'module' }), 'NOAUTH'],
+      ['ioredis, a wrong password', new Client(fromIORedis(ioWrong), { ...PATIENT, mode: 'script' }), 'WRONGPASS'],
+      ['node-redis, a wrong password', new Client(fromNodeRedis(nrWrong), { ...PATIENT, mode: 'function' }), 'WRONGPASS'],
+    ];
     try {
-      await sleep(200);
-      for (const conn of [fromIORedis(io), fromNodeRedis(nr)]) {
-        const o = await new Client(conn, { ...PATIENT, mode: 'module' }).check('k', bucket);
-        assert.deepEqual([o.degraded, o.mode], ['fail-open', undefined]);
+      for (const [name, c, code] of clients) {
+        // The first handshake may still be on its way: answered by the policy until it is refused.
+        const deadline = Date.now() + 5000;
+        for (;;) {
+          const e = await c.check('k', bucket).then(() => undefined, (err: unknown) => err);
+          if (e !== undefined) {
+            assert.ok(e instanceof RejectedError && e.code === code, `${name}: ${String(e)}`);
+            break;
+          }
+          assert.ok(Date.now() < deadline, `${name}: never refused`);
+          await sleep(10);
+        }
+        assert.equal(c.breakerOpen, false, name);
+      }
+      await locked.kill();
+      for (const [name, c] of clients) {
+        const deadline = Date.now() + 5000;
+        for (;;) {
+          const o = await c.check('k', bucket).catch(() => undefined);
+          if (o?.degraded === 'fail-open') break;
+          assert.ok(Date.now() < deadline, `${name}: a server that is gone is still reported as the refusal`);
+          await sleep(20);
+        }
       }
     } finally {
-      io.disconnect();
-      nr.destroy();
+      io3.disconnect();
+      ioWrong.disconnect();
+      nr3.destroy();
+      nrWrong.destroy();
       await locked.stop();
     }
   });
