@@ -44,7 +44,7 @@ fn limits() -> impl Strategy<Value = Vec<Limit>> {
     ];
     let log_limit = prop_oneof![
         Just("1".to_string()),
-        Just("100000".to_string()),
+        Just("10000".to_string()),
         (1u64..300).prop_map(|n| n.to_string()),
     ];
     let rate = prop_oneof![

@@ -44,10 +44,10 @@ fn settlements_never_grow_a_sliding_log_past_its_limit() {
                 "1",
                 "st:log",
                 "SLIDINGLOG",
-                "100000",
+                "10000",
                 "10000000000",
                 "DELTA",
-                "100000"
+                "10000"
             ]
         ),
         Err(
@@ -74,8 +74,8 @@ fn settlements_never_grow_a_sliding_log_past_its_limit() {
         assert_eq!(flat(&reply), [1, 0, 0, 10_000_000_000_000, 100]);
         assert_eq!(zcard(&mut c, "st:log"), 100);
     }
-    // The largest log: 100 charges of 1,000 fill it, the next ones add nothing.
-    for i in 1..=102 {
+    // The largest log: 10 charges of 1,000 fill it, the next ones add nothing.
+    for i in 1..=12 {
         cmd(
             &mut c,
             &[
@@ -83,24 +83,24 @@ fn settlements_never_grow_a_sliding_log_past_its_limit() {
                 "1",
                 "big",
                 "SLIDINGLOG",
-                "100000",
+                "10000",
                 "10000000000",
                 "DELTA",
                 "1000",
             ],
         )
         .unwrap();
-        assert_eq!(zcard(&mut c, "big"), (i * 1000).min(100_000));
+        assert_eq!(zcard(&mut c, "big"), (i * 1000).min(10_000));
     }
     // A second on, a call with a window of 1 ms counts with ZCOUNT and removes 128 of the
-    // entries that left its window, not all 100,000 (the time each call takes at the largest
+    // entries that left its window, not all 10,000 (the time each call takes at the largest
     // arguments is measured by `make bench`).
     harness::advance_clock(&mut c, 1_000_000);
     assert_eq!(
         ints(&cmd(&mut c, &["RL.SLIDINGLOG", "big", "1", "0.001", "1"])),
         [1, 0, 0, 1, 1]
     );
-    assert_eq!(zcard(&mut c, "big"), 100_000 - 128 + 1);
+    assert_eq!(zcard(&mut c, "big"), 10_000 - 128 + 1);
 }
 
 #[test]
@@ -224,7 +224,7 @@ fn several_limits_are_written_all_or_none_near_maxmemory() {
         "{p}a",
         "{p}b",
         "SLIDINGLOG",
-        "100000",
+        "10000",
         "600",
         "TOKENBUCKET",
         "1000000000",
@@ -238,10 +238,10 @@ fn several_limits_are_written_all_or_none_near_maxmemory() {
             1,
             0,
             1,
-            99_000,
+            9_000,
             0,
             600_000,
-            100_000,
+            10_000,
             1,
             999_999_000,
             0,
@@ -261,7 +261,7 @@ fn several_limits_are_written_all_or_none_near_maxmemory() {
         "{p}a",
         "{p}b",
         "SLIDINGLOG",
-        "100000",
+        "10000",
         "600",
         "TOKENBUCKET",
         "1000000000",
@@ -296,33 +296,36 @@ fn every_call_does_a_bounded_amount_of_work() {
     let s = Server::with_test_clock();
     let mut c = s.connect();
     set_clock(&mut c, T0);
-    // Sixteen sliding logs in one call may add 1,000 entries between them, no more.
-    let mut all: Vec<String> = vec!["RL.ALL".into(), "16".into()];
-    all.extend((0..16).map(|i| format!("{{w}}log{i}")));
-    for _ in 0..16 {
-        all.extend(["SLIDINGLOG", "100000", "10000000000"].map(String::from));
-    }
-    let with_cost = |cost: &str| {
-        let mut a = all.clone();
-        a.extend(["COST".to_string(), cost.to_string()]);
-        a
+    // One call combines at most 4 sorted-set limits, which may add 1,000 entries between them.
+    let logs = |n: usize, cost: &str| {
+        let mut all: Vec<String> = vec!["RL.ALL".into(), n.to_string()];
+        all.extend((0..n).map(|i| format!("{{w}}log{i}")));
+        for _ in 0..n {
+            all.extend(["SLIDINGLOG", "10000", "10000000000"].map(String::from));
+        }
+        all.extend(["COST".to_string(), cost.to_string()]);
+        all
     };
-    let too_many = with_cost("100");
-    let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    let call = |c: &mut Connection, args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cmd(c, &args)
+    };
     assert_eq!(
-        cmd(&mut c, &too_many),
+        call(&mut c, logs(5, "1")),
+        Err("ERR a call combines at most 4 SLIDINGLOG and CONCURRENCY limits".into())
+    );
+    assert_eq!(
+        call(&mut c, logs(4, "251")),
         Err("ERR one call adds or removes at most 1000 sliding-log entries: the cost times the SLIDINGLOG limits is above it".into())
     );
-    let most = with_cost("62");
-    let most: Vec<&str> = most.iter().map(String::as_str).collect();
-    for _ in 0..20 {
-        assert_eq!(flat(&cmd(&mut c, &most))[0], 1);
+    for _ in 0..10 {
+        assert_eq!(flat(&call(&mut c, logs(4, "250")))[0], 1);
     }
-    assert_eq!(zcard(&mut c, "{w}log15"), 20 * 62);
+    assert_eq!(zcard(&mut c, "{w}log3"), 10 * 250);
 
-    // A lease set of 86,000 expired leases: an acquire removes 128 of them, not all.
+    // A lease set of 8,600 expired leases: an acquire removes 128 of them, not all.
     let mut zadd = vec!["ZADD".to_string(), "leases".to_string()];
-    for i in 0..86_000 {
+    for i in 0..8_600 {
         zadd.extend([(T0 - 1_000_000 - i).to_string(), format!("old-{i}")]);
     }
     let zadd: Vec<&str> = zadd.iter().map(String::as_str).collect();
@@ -332,7 +335,7 @@ fn every_call_does_a_bounded_amount_of_work() {
         ints(&cmd(&mut c, &["RL.ACQUIRE", "leases", "10", "60", "job"])),
         [1, 9, 0, 60_000, 10]
     );
-    assert_eq!(zcard(&mut c, "leases"), 86_000 - 128 + 1);
+    assert_eq!(zcard(&mut c, "leases"), 8_600 - 128 + 1);
 }
 
 #[test]

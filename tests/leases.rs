@@ -153,7 +153,7 @@ fn bad_arguments_wrong_types_and_corrupt_leases_are_errors_that_change_nothing()
             (&["k", "x", "10", "a"], "ERR limit must be an integer"),
             (
                 &["k", "0", "10", "a"],
-                "ERR limit must be between 1 and 100000",
+                "ERR limit must be between 1 and 10000",
             ),
             (&["k", "2", "ten", "a"], "ERR lease_sec must be a number"),
             (

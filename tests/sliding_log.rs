@@ -201,12 +201,12 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
         (&["k", "10", "5", "1", "1"], arity),
         (&["k", "ten", "5"], "ERR limit must be an integer"),
         (&["k", "1.5", "5"], "ERR limit must be an integer"),
-        (&["k", "0", "5"], "ERR limit must be between 1 and 100000"),
+        (&["k", "0", "5"], "ERR limit must be between 1 and 10000"),
         (
-            &["k", "100001", "5"],
-            "ERR limit must be between 1 and 100000",
+            &["k", "10001", "5"],
+            "ERR limit must be between 1 and 10000",
         ),
-        (&["k", "-3", "5"], "ERR limit must be between 1 and 100000"),
+        (&["k", "-3", "5"], "ERR limit must be between 1 and 10000"),
         (&["k", "10", "nan"], "ERR window_sec must be a number"),
         (&["k", "10", "inf"], "ERR window_sec must be a number"),
         (&["k", "10", ""], "ERR window_sec must be a number"),
@@ -223,7 +223,7 @@ fn bad_arguments_get_clear_errors_and_change_nothing() {
             "ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)",
         ),
         (
-            &["k", "100000", "5", "1001"],
+            &["k", "10000", "5", "1001"],
             "ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)",
         ),
         (&["k", "10", "5", "1.0"], "ERR cost must be an integer"),
@@ -381,34 +381,34 @@ fn the_largest_limit_fits_in_one_call_on_both_paths() {
         .arg(lua_script("sliding_log.lua"))
         .query(&mut c)
         .unwrap();
-    // One call adds at most 1,000 entries: the largest log fills in 100 calls at one instant.
+    // One call adds at most 1,000 entries: the largest log fills in 10 calls at one instant.
     let too_many = "ERR cost must be between 0 and 1000 for a sliding log (one entry per unit)";
     assert_eq!(
-        cmd(&mut c, &[SL, "big:m", "100000", "60", "100000"]),
+        cmd(&mut c, &[SL, "big:m", "10000", "60", "10000"]),
         Err(too_many.into())
     );
     assert_eq!(
         cmd(
             &mut c,
-            &["EVALSHA", &sha, "1", "big:l", "100000", "60", "100000"]
+            &["EVALSHA", &sha, "1", "big:l", "10000", "60", "10000"]
         ),
         Err(too_many.into())
     );
-    for i in 1..=100 {
-        let a = cmd(&mut c, &[SL, "big:m", "100000", "60", "1000"]);
+    for i in 1..=10 {
+        let a = cmd(&mut c, &[SL, "big:m", "10000", "60", "1000"]);
         let b = cmd(
             &mut c,
-            &["EVALSHA", &sha, "1", "big:l", "100000", "60", "1000"],
+            &["EVALSHA", &sha, "1", "big:l", "10000", "60", "1000"],
         );
-        assert_eq!(ints(&a), [1, 100_000 - i * 1000, 0, 60_000, 100_000]);
+        assert_eq!(ints(&a), [1, 10_000 - i * 1000, 0, 60_000, 10_000]);
         assert_eq!(a, b);
     }
     assert_eq!(zset_bytes(&mut c, "big:m"), zset_bytes(&mut c, "big:l"));
-    let denied = cmd(&mut c, &[SL, "big:m", "100000", "60"]);
-    assert_eq!(ints(&denied), [0, 0, 60_000, 60_000, 100_000]);
+    let denied = cmd(&mut c, &[SL, "big:m", "10000", "60"]);
+    assert_eq!(ints(&denied), [0, 0, 60_000, 60_000, 10_000]);
     assert_eq!(
         denied,
-        cmd(&mut c, &["EVALSHA", &sha, "1", "big:l", "100000", "60"])
+        cmd(&mut c, &["EVALSHA", &sha, "1", "big:l", "10000", "60"])
     );
 }
 

@@ -12,11 +12,11 @@ use crate::command::descriptor::{Descriptor, Keys, arg, per_call};
 use crate::command::{Entry, PerCall, Runner};
 use crate::core::{Operation, Reply, concurrency, lua_integer};
 use crate::observe::stats::CommandStats;
-use crate::store::zset::{self, AcquireRequest, LeaseLimit, MAX_ID_LEN};
+use crate::store::zset::{self, AcquireRequest, LeaseLimit, MAX_ID_LEN, MAX_SET_LIMIT};
 use crate::store::{Limit, OpenStore};
 
 /// Largest `limit`: every lease is one sorted-set entry, as for the sliding log.
-pub const MAX_LIMIT: f64 = 100_000.0;
+pub const MAX_LIMIT: f64 = MAX_SET_LIMIT;
 /// Longest lease in seconds.
 pub const MAX_LEASE_SECONDS: f64 = concurrency::MAX_LEASE_US / 1e6;
 
@@ -55,7 +55,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
-    out_of_range: ErrorReply(c"ERR limit must be between 1 and 100000"),
+    out_of_range: ErrorReply(c"ERR limit must be between 1 and 10000"),
     min: 1.0,
     max: MAX_LIMIT,
 };
@@ -147,7 +147,7 @@ mod tests {
             Ok((10, 1500.0, b"job-1".to_vec()))
         );
         assert_eq!(parse_str(&["1", "0.0005", "x"]).map(|a| a.1), Ok(1.0));
-        assert_eq!(parse_str(&["100000", "1e7", "x"]).map(|a| a.1), Ok(1e10));
+        assert_eq!(parse_str(&["10000", "1e7", "x"]).map(|a| a.1), Ok(1e10));
         let arity = "ERR wrong number of arguments for 'rl.acquire' command";
         assert_eq!(parse_str(&["10", "1"]), Err(arity));
         assert_eq!(parse_str(&["10", "1", "a", "b"]), Err(arity));
@@ -155,10 +155,10 @@ mod tests {
             parse_str(&["x", "1", "a"]),
             Err("ERR limit must be an integer")
         );
-        for bad in ["0", "100001", "-1"] {
+        for bad in ["0", "10001", "-1"] {
             assert_eq!(
                 parse_str(&[bad, "1", "a"]),
-                Err("ERR limit must be between 1 and 100000"),
+                Err("ERR limit must be between 1 and 10000"),
                 "{bad}"
             );
         }

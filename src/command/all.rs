@@ -17,7 +17,7 @@ use crate::command::limiters;
 use crate::command::{BuildLimit, Entry, PerCall, Runner};
 use crate::observe::stats::CommandStats;
 use crate::store::Limit;
-use crate::store::zset::MAX_ENTRIES_PER_CALL;
+use crate::store::zset::{MAX_ENTRIES_PER_CALL, MAX_SET_LIMITS_PER_CALL};
 
 pub const NAME: &CStr = c"RL.ALL";
 pub static STATS: CommandStats = CommandStats::new();
@@ -82,8 +82,15 @@ pub const TOO_MANY_ENTRIES: ErrorReply = ErrorReply(
     c"ERR one call adds or removes at most 1000 sliding-log entries: the cost times the SLIDINGLOG limits is above it",
 );
 
-/// The sliding-log entries of a call's limits, within the bound of one call.
+/// More sorted-set limits than one call combines (`store::zset::MAX_SET_LIMITS_PER_CALL`).
+pub const TOO_MANY_SETS: ErrorReply =
+    ErrorReply(c"ERR a call combines at most 4 SLIDINGLOG and CONCURRENCY limits");
+
+/// The sorted-set limits of a call and their sliding-log entries, within the bounds of one call.
 pub fn check_entries(limits: &[Box<dyn Limit>], too_many: ErrorReply) -> Result<(), ErrorReply> {
+    if limits.iter().filter(|l| l.sorted_set()).count() > MAX_SET_LIMITS_PER_CALL {
+        return Err(TOO_MANY_SETS);
+    }
     let entries = limits
         .iter()
         .fold(0i64, |sum, l| sum.saturating_add(l.entries()));

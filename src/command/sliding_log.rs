@@ -11,12 +11,14 @@ use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
 use crate::command::{Entry, PerCall, Runner};
 use crate::core::{Operation, Reply, lua_integer, sliding_log};
 use crate::observe::stats::CommandStats;
-use crate::store::zset::{self, LogLimit, LogSettle, MAX_ENTRIES_PER_CALL, SlidingLogRequest};
+use crate::store::zset::{
+    self, LogLimit, LogSettle, MAX_ENTRIES_PER_CALL, MAX_SET_LIMIT, SlidingLogRequest,
+};
 use crate::store::{Limit, OpenStore, Request};
 
-/// Largest `limit`: every admitted unit is one sorted-set entry of about 120 bytes (see the
-/// README), so a full key of this limit holds about 12 MB, and one call adds at most this many.
-pub const MAX_LIMIT: f64 = 100_000.0;
+/// Largest `limit`: every admitted unit is one sorted-set entry of about 120 bytes, so a full
+/// key of this limit holds about 1.2 MB (see `store::zset::MAX_SET_LIMIT`).
+pub const MAX_LIMIT: f64 = MAX_SET_LIMIT;
 /// Longest window in seconds.
 pub const MAX_WINDOW_SECONDS: f64 = 1e10;
 
@@ -56,7 +58,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
 };
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
-    out_of_range: ErrorReply(c"ERR limit must be between 1 and 100000"),
+    out_of_range: ErrorReply(c"ERR limit must be between 1 and 10000"),
     min: 1.0,
     max: MAX_LIMIT,
 };
@@ -171,15 +173,15 @@ mod tests {
         );
         assert_eq!(
             parse_str(&["0", "1"]),
-            Err("ERR limit must be between 1 and 100000")
+            Err("ERR limit must be between 1 and 10000")
         );
         assert_eq!(
-            parse_str(&["100001", "1"]),
-            Err("ERR limit must be between 1 and 100000")
+            parse_str(&["10001", "1"]),
+            Err("ERR limit must be between 1 and 10000")
         );
         assert_eq!(
-            parse_str(&["100000", "1"]).map(|a| a.params.limit),
-            Ok(100_000)
+            parse_str(&["10000", "1"]).map(|a| a.params.limit),
+            Ok(10_000)
         );
         assert_eq!(
             parse_str(&["10", "nan"]),

@@ -164,5 +164,10 @@ pub trait Limit {
     fn entries(&self) -> i64 {
         0
     }
+    /// Whether its state is a sorted set (a sliding log, a lease set), of which a call combines
+    /// a bounded number.
+    fn sorted_set(&self) -> bool {
+        false
+    }
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply>;
 }

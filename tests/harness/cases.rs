@@ -115,7 +115,7 @@ pub const CASES: &[Case] = &[
         command: "RL.SLIDINGLOG",
         ten: &["10", "1000"],
         one: &["1", "1000"],
-        bad: &["100001", "1"],
+        bad: &["10001", "1"],
         kind: "zset",
         corrupt: &["ZADD", "{key}", "1.5", "1:0"],
         corrupt_error: "ERR corrupt rate limiter state: sorted set score is not a valid timestamp",

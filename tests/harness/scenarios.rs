@@ -594,7 +594,7 @@ pub fn sliding_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value 
         16 => (1u64..30).prop_map(|n| n.to_string()),
         4 => count_text(),
         1 => (400u64..800).prop_map(|n| n.to_string()),
-        1 => prop::sample::select(vec!["100000", "100001"]).prop_map(String::from),
+        1 => prop::sample::select(vec!["10000", "10001"]).prop_map(String::from),
     ];
     (limit, window_text()).prop_flat_map(move |(limit, window)| {
         let (l, w) = (limit.clone(), window.clone());
@@ -626,15 +626,15 @@ pub fn sliding_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value 
     })
 }
 
-/// `RL.SLIDINGLOG` on logs of up to 100,000 entries: opening calls that fill 97,000 or more at
+/// `RL.SLIDINGLOG` on logs of up to 10,000 entries (the largest limit): opening calls that fill 9,700 or more at
 /// one instant, 1,000 (the most one call adds) at a time, then up to the limit and past it,
 /// then calls of up to 1,000, small calls
 /// and peeks between them, time steps that take thousands of entries out of the window (so that
 /// writes trim as many as they add), and now and then a corruption.
 pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<LogStep>> {
-    let limit = prop::sample::select(vec!["100000", "99990"]);
+    let limit = prop::sample::select(vec!["10000", "9990"]);
     let window = prop::sample::select(vec!["3600", "600", "20"]);
-    (limit, window, 97_000u64..=100_000).prop_flat_map(move |(limit, window, first)| {
+    (limit, window, 9_700u64..=10_000).prop_flat_map(move |(limit, window, first)| {
         let cost = prop_oneof![
             3 => 500u64..=1_000,
             2 => 0u64..4,
@@ -664,7 +664,7 @@ pub fn large_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = 
                 corrupt: None,
             })
             .collect();
-        opening.extend((0..(100_000 - first).div_ceil(1_000) + 1).map(|_| LogStep {
+        opening.extend((0..(10_000 - first).div_ceil(1_000) + 1).map(|_| LogStep {
             dt_us: 0,
             args: args(1_000),
             corrupt: None,
@@ -708,7 +708,7 @@ pub fn lease_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<
     let limit = prop_oneof![
         12 => (1u64..6).prop_map(|n| n.to_string()),
         2 => count_text(),
-        1 => prop::sample::select(vec!["100000", "100001", "0"]).prop_map(String::from),
+        1 => prop::sample::select(vec!["10000", "10001", "0"]).prop_map(String::from),
     ];
     (limit, lease_text()).prop_flat_map(move |(limit, lease)| {
         let id = prop_oneof![
