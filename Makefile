@@ -135,7 +135,9 @@ lint: deps
 	$(CARGO) clippy --all-targets --features containers -- -D warnings
 
 # Micro-benchmarks of the pure core (criterion), then the server benchmark (module vs Lua twin vs
-# HSET, about 9 minutes here). `make bench BENCH_ARGS=--quick` for a short run. With
+# HSET, about 9 minutes here), then each command's worst case (the slowest of 100 calls at its
+# largest arguments, on every server of the matrix). `make bench BENCH_ARGS=--quick` for a short
+# run. With
 # REDIS_CELL_MODULE=/path/to/libredis_cell.so (built separately) it also compares CL.THROTTLE with
 # redis-cell's, on a second redis-server.
 BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
@@ -144,7 +146,7 @@ REDIS_CELL_MODULE ?=
 
 # The floor module (benches/floor_module.c) is compiled against the redismodule.h that the
 # redis-module crate ships, found through cargo metadata.
-bench: deps
+bench: deps servers
 	$(CARGO) build --release
 	include=$$($(CARGO) metadata --format-version 1 | python3 -c 'import json, os, sys; \
 		print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] \
@@ -156,6 +158,8 @@ bench: deps
 		--floor-module $(BENCH_TARGET)/floor_module.so \
 		--criterion-dir $(BENCH_TARGET)/criterion \
 		$(if $(REDIS_CELL_MODULE),--redis-cell $(REDIS_CELL_MODULE)) $(BENCH_ARGS)
+	python3 benches/worst_case.py --module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
+		$(foreach s,$(MATRIX),--server $(s)=$(SERVERS_DIR)/$(s)/server)
 
 # A release tarball in target/dist: the module with its SHA-256, the Lua twins, a redis.conf
 # snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).
