@@ -751,8 +751,9 @@ end
 -- @limiter sliding_log
 local sliding_log = {
   ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
-  -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory.
-  MAX_LIMIT = 100000,
+  -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory (and the
+  -- time a server takes to free it when it expires).
+  MAX_LIMIT = 10000,
   MAX_WINDOW_SECONDS = 1e10,
   -- Members per ZADD call: unpack() returns fewer than 8000 results (Lua's C stack limit).
   ZADD_BATCH = 2000,
@@ -764,7 +765,7 @@ function sliding_log.parse(argv)
   if #argv < 2 or #argv > 3 then return nil, sliding_log.ARITY end
   local limit, cost, err
   limit, err = integer_arg(argv[1], 1, sliding_log.MAX_LIMIT,
-    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 10000')
   if not limit then return nil, err end
   if not is_decimal(argv[2]) then return nil, 'ERR window_sec must be a number' end
   local window_sec = tonumber(argv[2])
@@ -968,7 +969,7 @@ end
 local concurrency = {
   ARITY = "ERR wrong number of arguments for 'rl.acquire' command",
   -- Every lease is one sorted-set member: this bounds a key's memory.
-  MAX_LIMIT = 100000,
+  MAX_LIMIT = 10000,
   MAX_LEASE_SECONDS = 1e7,
   MAX_ID_LEN = 128,
 }
@@ -987,7 +988,7 @@ end
 function concurrency.parse(argv)
   local limit, cost, id, err
   limit, err = integer_arg(argv[1], 1, concurrency.MAX_LIMIT,
-    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 10000')
   if not limit then return nil, err end
   if not is_decimal(argv[2]) then return nil, 'ERR lease_sec must be a number' end
   local lease_sec = tonumber(argv[2])
@@ -1227,7 +1228,13 @@ for a = 1, n do
     if KEYS[a] == KEYS[b] then return redis.error_reply('ERR each limit needs its own key') end
   end
 end
-local entries = 0
+local sets, entries = 0, 0
+for _, limit in ipairs(limits) do
+  if limit.limiter == sliding_log or limit.limiter == concurrency then sets = sets + 1 end
+end
+if sets > 4 then
+  return redis.error_reply('ERR a call combines at most 4 SLIDINGLOG and CONCURRENCY limits')
+end
 for _, limit in ipairs(limits) do
   if limit.limiter == sliding_log then entries = entries + limit.args.cost end
 end

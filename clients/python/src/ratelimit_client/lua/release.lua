@@ -170,7 +170,7 @@ end
 local concurrency = {
   ARITY = "ERR wrong number of arguments for 'rl.acquire' command",
   -- Every lease is one sorted-set member: this bounds a key's memory.
-  MAX_LIMIT = 100000,
+  MAX_LIMIT = 10000,
   MAX_LEASE_SECONDS = 1e7,
   MAX_ID_LEN = 128,
 }
@@ -189,7 +189,7 @@ end
 function concurrency.parse(argv)
   local limit, cost, id, err
   limit, err = integer_arg(argv[1], 1, concurrency.MAX_LIMIT,
-    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 10000')
   if not limit then return nil, err end
   if not is_decimal(argv[2]) then return nil, 'ERR lease_sec must be a number' end
   local lease_sec = tonumber(argv[2])

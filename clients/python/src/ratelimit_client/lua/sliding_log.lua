@@ -175,8 +175,9 @@ end
 -- @limiter sliding_log
 local sliding_log = {
   ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
-  -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory.
-  MAX_LIMIT = 100000,
+  -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory (and the
+  -- time a server takes to free it when it expires).
+  MAX_LIMIT = 10000,
   MAX_WINDOW_SECONDS = 1e10,
   -- Members per ZADD call: unpack() returns fewer than 8000 results (Lua's C stack limit).
   ZADD_BATCH = 2000,
@@ -188,7 +189,7 @@ function sliding_log.parse(argv)
   if #argv < 2 or #argv > 3 then return nil, sliding_log.ARITY end
   local limit, cost, err
   limit, err = integer_arg(argv[1], 1, sliding_log.MAX_LIMIT,
-    'ERR limit must be an integer', 'ERR limit must be between 1 and 100000')
+    'ERR limit must be an integer', 'ERR limit must be between 1 and 10000')
   if not limit then return nil, err end
   if not is_decimal(argv[2]) then return nil, 'ERR window_sec must be a number' end
   local window_sec = tonumber(argv[2])
