@@ -278,15 +278,17 @@ NODE_LTS_TESTS := build/tests/conformance.test.js build/tests/client.test.js \
 	build/tests/store.test.js build/tests/http.test.js tests/native.test.mjs
 NODE_ON = cd $(NODE_DIR) && RL_MODULE=$(abspath $(MODULE)) RL_REDIS_SERVER=$(SERVERS_DIR)/$(1)/server
 
-.PHONY: node-deps test-node dist-node
+.PHONY: node-deps node-lts test-node dist-node
 
 node-deps:
 	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' || \
 		{ echo "clients/node needs Node.js 20 or later (node --version: $$(node --version))"; exit 1; }
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+
+node-lts:
 	cd $(NODE_DIR)/tests/lts && npm ci --no-audit --no-fund --loglevel=error
 
-test-node: build servers node-deps
+test-node: build servers node-deps node-lts
 	cd $(NODE_DIR) && node scripts/build.mjs test && node_modules/.bin/tsc -p tsconfig.json
 	@for s in $(MATRIX); do \
 		echo "== Node $$(node --version) on $$s"; \

@@ -115,7 +115,20 @@ describe('the express-rate-limit store', () => {
             const app = await serve({ windowMs: 60_000, limit: 3, ...headers, store: makeStore() });
             try {
               const out: Answer[] = [];
+              const t0 = Date.now();
               for (let i = 0; i < 5; i++) out.push(await get(app.port));
+              const t1 = Date.now();
+              // X-RateLimit-Reset is a time, the window's end in Unix seconds (rounded up from
+              // milliseconds that each store computes with a millisecond of play): checked on
+              // every answer against the clock, then set aside before comparing two runs made a
+              // moment apart.
+              const [lo, hi] = [Math.ceil((t0 + 60_000 - 5) / 1000), Math.ceil((t1 + 60_000 + 5) / 1000)];
+              for (const a of out) {
+                const end = a.headers['x-ratelimit-reset'];
+                if (end === undefined) continue;
+                assert.ok(lo <= Number(end) && Number(end) <= hi, `window end ${end} outside [${lo}, ${hi}]`);
+                a.headers['x-ratelimit-reset'] = 'the end of the window';
+              }
               return out;
             } finally {
               await app.close();
