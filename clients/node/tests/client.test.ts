@@ -186,16 +186,16 @@ describe('leases', () => {
       try {
         const c = new Client(a.connection, { ...PATIENT, mode: 'module' });
         const key = `kept:${library}`;
-        const { lease } = await c.acquire(key, concurrency(1, 0.3));
-        lease!.keepAlive(100);
-        await sleep(700);
+        const { lease } = await c.acquire(key, concurrency(1, 1));
+        lease!.keepAlive(150);
+        await sleep(1500);
         assert.equal(lease!.lastRenewal?.decision.allowed, true);
-        const other = await c.acquire(key, concurrency(1, 0.3));
-        assert.equal(other.outcome.decision.allowed, false, 'still held after twice its lease');
+        const other = await c.acquire(key, concurrency(1, 1));
+        assert.equal(other.outcome.decision.allowed, false, 'still held after one and a half leases');
         assert.equal(await lease!.release(), true);
         assert.equal(await lease!.release(), false, 'released once');
         await sleep(250);
-        assert.equal((await c.acquire(key, concurrency(1, 0.3))).outcome.decision.allowed, true, 'no renewal after the release');
+        assert.equal((await c.acquire(key, concurrency(1, 1))).outcome.decision.allowed, true, 'no renewal after the release');
       } finally {
         await a.close();
       }

@@ -137,15 +137,15 @@ describe('the HTTP middleware beyond the table', () => {
       app = await startApp(
         'express',
         c,
-        { key: { header: 'x-api-key' }, leaseKeepAliveMs: 100, limits: [{ plan: '*', class: '*', policies: [policy('inflight', concurrency(1, 0.3))] }], metrics: new Metrics() },
+        { key: { header: 'x-api-key' }, leaseKeepAliveMs: 150, limits: [{ plan: '*', class: '*', policies: [policy('inflight', concurrency(1, 1))] }], metrics: new Metrics() },
         gates,
       );
       const port = app.port;
       const long = send(port, { headers: { 'x-api-key': 'long', 'x-hold': 'long' } });
       await gates.reached('long');
-      await sleep(700);
+      await sleep(1500);
       const meanwhile = await send(port, { headers: { 'x-api-key': 'long' } });
-      assert.equal(meanwhile.status, 429, 'the slot is still held after twice its lease');
+      assert.equal(meanwhile.status, 429, 'the slot is still held after one and a half leases');
       gates.release('long');
       assert.equal((await long).status, 200);
       const deadline = Date.now() + 5000;
