@@ -246,7 +246,7 @@ fn run(space: &RefCell<Keyspace>, command: &str, args: &[String]) -> Result<(), 
         rest: &[&[u8]],
         now: i64,
     ) -> Result<(), String> {
-        let request = L::parse(rest).map_err(|e| e.message().to_string())?;
+        let request = string::parse::<L, N>(rest).map_err(|e| e.message().to_string())?;
         string::apply::<L, _, N>(k, &request, now)
             .map(|_| ())
             .map_err(|e| e.message().to_string())
@@ -258,7 +258,7 @@ fn run(space: &RefCell<Keyspace>, command: &str, args: &[String]) -> Result<(), 
         "RL.SLIDINGWINDOW" => one(&mut |k| fields::<SlidingWindow, 3>(k, rest, now)),
         "RL.GCRA" => one(&mut |k| fields::<Gcra, 1>(k, rest, now)),
         "RL.SLIDINGLOG" => one(&mut |k| {
-            let request = sliding_log::parse(rest).map_err(msg)?;
+            let request = sliding_log::parse_call(rest).map_err(msg)?;
             zset::apply(k, &request, now).map(|_| ()).map_err(msg)
         }),
         "RL.ACQUIRE" => one(&mut |k| {

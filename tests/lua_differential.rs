@@ -72,14 +72,14 @@ fn module_call<L: FieldsLimiter<N>, const N: usize>(
     args: &[Vec<u8>],
 ) -> ScriptReply {
     let raw: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-    let parsed = L::parse(&raw).map_err(|e| e.message().to_string())?;
+    let parsed = string::parse::<L, N>(&raw).map_err(|e| e.message().to_string())?;
     let now = space.now_us;
     let mut key = MemoryKey {
         space,
         key: KEY.to_vec(),
     };
     string::apply::<L, _, N>(&mut key, &parsed, now)
-        .map(|r| r.to_array().to_vec())
+        .map(|r| r.fields().as_ref().to_vec())
         .map_err(|e| e.message().to_string())
 }
 
@@ -579,14 +579,14 @@ fn throttle_matches_its_lua_twin() {
 /// One `RL.SLIDINGLOG` call through the module's sorted-set pipeline, on the in-memory keyspace.
 fn sliding_log_call(space: &mut Keyspace, args: &[Vec<u8>]) -> ScriptReply {
     let raw: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-    let parsed = sliding_log::parse(&raw).map_err(|e| e.message().to_string())?;
+    let parsed = sliding_log::parse_call(&raw).map_err(|e| e.message().to_string())?;
     let now = space.now_us;
     let mut key = MemoryKey {
         space,
         key: KEY.to_vec(),
     };
     redis_rate_limiter::store::zset::apply(&mut key, &parsed, now)
-        .map(|r| r.to_array().to_vec())
+        .map(|r| r.fields().as_ref().to_vec())
         .map_err(|e| e.message().to_string())
 }
 

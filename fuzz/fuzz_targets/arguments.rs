@@ -9,16 +9,22 @@ use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
 use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
 use redis_rate_limiter::command::{acquire, all, release, settle, sliding_log, throttle};
-use redis_rate_limiter::store::string::FieldsLimiter;
+use redis_rate_limiter::store::string::{self, FieldsLimiter};
 
 fuzz_target!(|data: &[u8]| {
     let args: Vec<&[u8]> = data.split(|&b| b == 0).collect();
     let _ = TokenBucket::parse(&args);
+    let _ = string::parse::<TokenBucket, 2>(&args);
     let _ = LeakyBucket::parse(&args);
+    let _ = string::parse::<LeakyBucket, 2>(&args);
     let _ = FixedWindow::parse(&args);
+    let _ = string::parse::<FixedWindow, 2>(&args);
     let _ = SlidingWindow::parse(&args);
+    let _ = string::parse::<SlidingWindow, 3>(&args);
     let _ = Gcra::parse(&args);
+    let _ = string::parse::<Gcra, 1>(&args);
     let _ = sliding_log::parse(&args);
+    let _ = sliding_log::parse_call(&args);
     let _ = acquire::parse(&args);
     let _ = release::parse(&args);
     let _ = throttle::parse(&args);

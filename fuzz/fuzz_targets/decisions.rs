@@ -15,13 +15,15 @@ use redis_rate_limiter::command::gcra::Gcra;
 use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
 use redis_rate_limiter::command::sliding_window::SlidingWindow;
 use redis_rate_limiter::command::token_bucket::TokenBucket;
-use redis_rate_limiter::core::Reply;
+use redis_rate_limiter::core::{Operation, Reply};
 use redis_rate_limiter::store::string::{self, FieldsLimiter};
 
 fn coherent(r: &Reply) {
     assert!(r.remaining >= 0 && r.remaining <= r.limit, "{r:?}");
     assert!(r.retry_after_ms >= -1 && r.reset_after_ms >= 0, "{r:?}");
     assert!(!r.allowed || r.retry_after_ms == 0, "{r:?}");
+    // A partial grant takes something exactly when it admits.
+    assert!(r.granted.is_none_or(|g| (g > 0) == r.allowed && g >= 0), "{r:?}");
 }
 
 /// Runs calls described by `data` against one limiter: each record is
@@ -52,11 +54,14 @@ fn run<L: FieldsLimiter<N>, const N: usize>(data: &[u8]) {
             continue;
         }
         let args: Vec<&[u8]> = payload.split(|&b| b == 0).collect();
-        let Ok(parsed) = L::parse(&args) else { continue };
+        let Ok(parsed) = string::parse::<L, N>(&args) else { continue };
         let before = (key.value.clone(), key.expire_at_ms);
         match string::apply::<L, _, N>(&mut key, &parsed, now) {
             Ok(reply) => {
                 coherent(&reply);
+                if let Operation::UpTo(n) = parsed.op {
+                    assert!(reply.granted.is_some_and(|g| g as f64 <= n), "{reply:?}");
+                }
                 if reply.allowed && (key.value.clone(), key.expire_at_ms) != before {
                     assert!(key.expire_at_ms >= Some(now / 1000), "expiry in the past");
                     assert!(matches!(key.value, Value::Str(_)), "a limiter of numbers wrote a set");

@@ -29,7 +29,7 @@ fn fields<L: FieldsLimiter<N>, const N: usize>(
     args: &[&[u8]],
     now: i64,
 ) -> Result<(), ErrorReply> {
-    string::apply::<L, _, N>(k, &L::parse(args)?, now).map(|_| ())
+    string::apply::<L, _, N>(k, &string::parse::<L, N>(args)?, now).map(|_| ())
 }
 
 /// One command on one key (`args` after the key).
@@ -40,7 +40,7 @@ fn one(command: u8, k: &mut Key, args: &[&[u8]], now: i64) -> Result<(), ErrorRe
         2 => fields::<FixedWindow, 2>(k, args, now),
         3 => fields::<SlidingWindow, 3>(k, args, now),
         4 => fields::<Gcra, 1>(k, args, now),
-        5 => zset::apply(k, &sliding_log::parse(args)?, now).map(|_| ()),
+        5 => zset::apply(k, &sliding_log::parse_call(args)?, now).map(|_| ()),
         6 => zset::acquire(k, &acquire::parse(args)?, now).map(|_| ()),
         7 => zset::release(k, release::parse(args)?, now).map(|_| ()),
         _ => throttle::apply(k, &throttle::parse(args)?, now).map(|_| ()),

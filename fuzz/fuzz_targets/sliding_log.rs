@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
             continue;
         }
         let args: Vec<&[u8]> = payload.split(|&b| b == 0).collect();
-        let Ok(request) = sliding_log::parse(&args) else { continue };
+        let Ok(request) = sliding_log::parse_call(&args) else { continue };
         if let Operation::Consume(cost) = request.op && cost > 1_000.0 {
             panic!("a cost above the sliding log's maximum parsed");
         }

@@ -245,7 +245,11 @@ pub fn reply_integer(ctx: *mut RedisModuleCtx, value: i64) -> c_int {
 }
 
 /// An array of `head` integers followed by one integer array per element of `nested`.
-pub fn reply_nested(ctx: *mut RedisModuleCtx, head: &[i64], nested: &[[i64; 5]]) -> c_int {
+pub fn reply_nested<R: AsRef<[i64]>>(
+    ctx: *mut RedisModuleCtx,
+    head: &[i64],
+    nested: &[R],
+) -> c_int {
     let (Ok(array), Ok(int)) = (
         api!(RedisModule_ReplyWithArray),
         api!(RedisModule_ReplyWithLongLong),
@@ -259,6 +263,7 @@ pub fn reply_nested(ctx: *mut RedisModuleCtx, head: &[i64], nested: &[[i64; 5]])
             int(ctx, *v as c_longlong);
         }
         for inner in nested {
+            let inner = inner.as_ref();
             array(ctx, inner.len() as c_long);
             for v in inner {
                 int(ctx, *v as c_longlong);

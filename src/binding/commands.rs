@@ -112,7 +112,7 @@ impl Answer for Reply {
         Some(self.allowed)
     }
     fn send(&self, ctx: *mut RedisModuleCtx) -> c_int {
-        api::reply_integers(ctx, &self.to_array())
+        api::reply_integers(ctx, self.fields().as_ref())
     }
 }
 
@@ -130,7 +130,7 @@ impl Answer for AllReply {
             i64::from(self.allowed),
             i64::try_from(self.denied_by).unwrap_or(0),
         ];
-        let nested: Vec<[i64; 5]> = self.replies.iter().map(|x| x.to_array()).collect();
+        let nested: Vec<_> = self.replies.iter().map(|x| x.fields()).collect();
         api::reply_nested(ctx, &head, &nested)
     }
 }

@@ -3,7 +3,7 @@
 //! `RedisModule_SetCommandInfo` where the server has it (Redis 7.0+). Servers without it keep the
 //! first/last/step key positions given at registration.
 
-use std::ffi::c_int;
+use std::ffi::{CStr, c_int};
 use std::ptr;
 
 use redis_module::raw::{self, RedisModuleCommandArg, RedisModuleCommandKeySpec, RedisModuleCtx};
@@ -43,6 +43,7 @@ fn command_arg(a: &Arg) -> RedisModuleCommandArg {
     // SAFETY: an all-zero argument is valid (null strings, no sub-arguments).
     let mut out: RedisModuleCommandArg = unsafe { std::mem::zeroed() };
     out.name = a.name.as_ptr();
+    out.token = a.token.map_or(ptr::null(), CStr::as_ptr);
     out.type_ = match a.kind {
         ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
         ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,

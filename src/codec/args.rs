@@ -111,3 +111,56 @@ impl BucketArgs {
         Ok((capacity, rate, cost))
     }
 }
+
+/// The keyword of a partial grant, in place of a limiter's cost: `UPTO n`.
+pub const UPTO: &[u8] = b"UPTO";
+
+/// `UPTO n` for a limiter whose cost is at most `max`.
+pub const fn upto_arg(out_of_range: ErrorReply, max: f64) -> IntegerArg {
+    IntegerArg {
+        not_integer: ErrorReply(c"ERR UPTO must be an integer"),
+        out_of_range,
+        min: 1.0,
+        max,
+    }
+}
+
+/// `UPTO n` of every limiter of numbers.
+pub const UPTO_ARG: IntegerArg = upto_arg(
+    ErrorReply(c"ERR UPTO must be between 1 and 1000000000000000"),
+    MAX_INTEGER_ARG,
+);
+
+/// A limiter's arguments after the key with a trailing `UPTO n` (any case) taken off, and `n`
+/// checked by `arg`; the arguments as they are when they do not end so.
+pub fn split_upto<'a, 'b>(
+    args: &'a [&'b [u8]],
+    arg: &IntegerArg,
+) -> Result<(&'a [&'b [u8]], Option<f64>), ErrorReply> {
+    match args {
+        [rest @ .., keyword, n] if keyword.eq_ignore_ascii_case(UPTO) => {
+            Ok((rest, Some(arg.parse(n)?)))
+        }
+        _ => Ok((args, None)),
+    }
+}
+
+/// `params` and then `last` as one argument list (at most 8 in all), for `f`; `arity` when
+/// they are more.
+pub fn with_last<T>(
+    params: &[&[u8]],
+    last: &[u8],
+    arity: ErrorReply,
+    f: impl FnOnce(&[&[u8]]) -> Result<T, ErrorReply>,
+) -> Result<T, ErrorReply> {
+    let mut buf: [&[u8]; 8] = [&[]; 8];
+    let mut n = 0;
+    for (slot, arg) in buf.iter_mut().zip(params.iter().copied().chain([last])) {
+        *slot = arg;
+        n += 1;
+    }
+    if n != params.len() + 1 {
+        return Err(arity);
+    }
+    f(buf.get(..n).unwrap_or_default())
+}

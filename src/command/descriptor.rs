@@ -18,6 +18,8 @@ pub struct Arg {
     pub multiple: bool,
     /// Given once per call inside `RL.ALL` (as `LEASE id`), not among the limit's parameters.
     pub per_call: bool,
+    /// The word that comes before the value (`UPTO n`), if any.
+    pub token: Option<&'static CStr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +48,7 @@ pub const fn arg(name: &'static CStr, kind: ArgKind) -> Arg {
         optional: false,
         multiple: false,
         per_call: false,
+        token: None,
     }
 }
 
@@ -57,6 +60,7 @@ pub const fn per_call(name: &'static CStr, kind: ArgKind) -> Arg {
         optional: false,
         multiple: false,
         per_call: true,
+        token: None,
     }
 }
 
@@ -67,6 +71,7 @@ pub const fn optional(name: &'static CStr, kind: ArgKind) -> Arg {
         optional: true,
         multiple: false,
         per_call: false,
+        token: None,
     }
 }
 
@@ -77,11 +82,18 @@ pub const fn repeated(name: &'static CStr, kind: ArgKind) -> Arg {
         optional: false,
         multiple: true,
         per_call: false,
+        token: None,
     }
 }
 
 /// The optional last argument of every limiter.
 pub const COST_ARG: Arg = optional(c"cost", ArgKind::Integer);
+
+/// A partial grant in place of the cost (`UPTO n`): as many units as are left, at most `n`.
+pub const UPTO_ARG: Arg = Arg {
+    token: Some(c"UPTO"),
+    ..optional(c"upto", ArgKind::Integer)
+};
 
 #[derive(Debug)]
 pub struct Descriptor {

@@ -4,7 +4,7 @@ use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::codec::error::ErrorReply;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
-use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::core::{Operation, Reply, fixed_window};
 use crate::observe::stats::CommandStats;
 use crate::store::kind::Kind;
@@ -48,7 +48,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
     arity: -4,
     summary: c"Fixed window counter: at most limit per window, the window opening at the first admitted call",
     complexity: c"O(1)",
-    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST_ARG],
+    args: &[arg(c"key", Key), arg(c"limit", Integer), arg(c"window_sec", Double), COST_ARG, UPTO_ARG],
     arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.fixedwindow' command"),
     all_keyword: Some("FIXEDWINDOW"),
     stats: &STATS,

@@ -9,7 +9,7 @@ use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
 use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
-use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::core::{Operation, Reply, gcra};
 use crate::observe::stats::CommandStats;
 use crate::store::kind::{Kind, foreign};
@@ -68,6 +68,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
         arg(c"count_per_period", Integer),
         arg(c"period_sec", Double),
         COST_ARG,
+        UPTO_ARG,
     ],
     arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.gcra' command"),
     all_keyword: Some("GCRA"),
@@ -176,6 +177,7 @@ impl FieldsLimiter<1> for Gcra {
             retry_after_ms,
             reset_after_ms: ceil_ms(out.ttl),
             limit: p.limit,
+            granted: None,
         };
         (reply, out.write.map(stored))
     }

@@ -4,7 +4,7 @@ use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
-use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::core::{Operation, Reply, leaky_bucket};
 use crate::observe::stats::CommandStats;
 use crate::store::kind::Kind;
@@ -56,7 +56,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
     arity: -4,
     summary: c"Leaky bucket (policing): admits cost if the level stays within capacity; drains continuously",
     complexity: c"O(1)",
-    args: &[arg(c"key", Key), arg(c"capacity", Integer), arg(c"leak_per_sec", Double), COST_ARG],
+    args: &[arg(c"key", Key), arg(c"capacity", Integer), arg(c"leak_per_sec", Double), COST_ARG, UPTO_ARG],
     arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.leakybucket' command"),
     all_keyword: Some("LEAKYBUCKET"),
     stats: &STATS,

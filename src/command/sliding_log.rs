@@ -3,11 +3,11 @@
 
 use std::ffi::CStr;
 
-use crate::codec::args::IntegerArg;
+use crate::codec::args::{IntegerArg, split_upto, upto_arg, with_last};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_decimal;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
-use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::command::{Entry, PerCall, Runner};
 use crate::core::{Operation, Reply, lua_integer, sliding_log};
 use crate::observe::stats::CommandStats;
@@ -51,6 +51,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
         arg(c"limit", Integer),
         arg(c"window_sec", Double),
         COST_ARG,
+        UPTO_ARG,
     ],
     arity_error: ARITY_ERROR,
     all_keyword: Some("SLIDINGLOG"),
@@ -71,6 +72,11 @@ const COST: IntegerArg = IntegerArg {
     min: 0.0,
     max: MAX_ENTRIES_PER_CALL as f64,
 };
+/// A partial grant takes at most as many entries as a cost.
+const UPTO: IntegerArg = upto_arg(
+    ErrorReply(c"ERR UPTO must be between 1 and 1000 for a sliding log (one entry per unit)"),
+    MAX_ENTRIES_PER_CALL as f64,
+);
 /// A settlement of more units than a call adds or removes.
 pub const DELTA_TOO_LARGE: ErrorReply =
     ErrorReply(c"ERR DELTA must be between -1000 and 1000 for a sliding log (one entry per unit)");
@@ -110,9 +116,21 @@ pub fn parse(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     })
 }
 
+/// The arguments after the key, ending with a cost or with `UPTO n` in its place (parsed with a
+/// cost of 1 there, so that a call with both has one argument too many).
+pub fn parse_call(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
+    match split_upto(args, &UPTO)? {
+        (params, Some(n)) => with_last(params, b"1", ARITY_ERROR, parse).map(|r| Request {
+            op: Operation::UpTo(n),
+            ..r
+        }),
+        (_, None) => parse(args),
+    }
+}
+
 /// One `RL.SLIDINGLOG` call: the arguments after the key, then its key.
 pub fn run(args: &[&[u8]], key: &mut dyn OpenStore, now_us: i64) -> Result<Reply, ErrorReply> {
-    let request = parse(args)?;
+    let request = parse_call(args)?;
     zset::apply(key.open()?, &request, now_us)
 }
 

@@ -5,7 +5,7 @@ use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::codec::error::ErrorReply;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
-use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::core::{Operation, Reply, sliding_window};
 use crate::observe::stats::CommandStats;
 use crate::store::kind::Kind;
@@ -58,6 +58,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
         arg(c"limit", Integer),
         arg(c"window_sec", Double),
         COST_ARG,
+        UPTO_ARG,
     ],
     arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.slidingwindow' command"),
     all_keyword: Some("SLIDINGWINDOW"),

@@ -4,7 +4,7 @@ use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
 use crate::codec::stored::{balance, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
-use crate::command::descriptor::{COST_ARG, Descriptor, Keys, arg};
+use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::core::{Operation, Reply, token_bucket};
 use crate::observe::stats::CommandStats;
 use crate::store::kind::Kind;
@@ -61,6 +61,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
         arg(c"capacity", Integer),
         arg(c"refill_per_sec", Double),
         COST_ARG,
+        UPTO_ARG,
     ],
     arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.tokenbucket' command"),
     all_keyword: Some("TOKENBUCKET"),

@@ -169,6 +169,7 @@ pub fn decide<L: Leases>(
             retry_after_ms,
             reset_after_ms,
             limit,
+            granted: None,
         },
         write,
     })

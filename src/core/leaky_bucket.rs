@@ -120,6 +120,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
             retry_after_ms: lua_integer(retry_after_ms),
             reset_after_ms: lua_integer(reset_after_ms),
             limit: lua_integer(capacity),
+            granted: None,
         },
         write,
     }

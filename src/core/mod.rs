@@ -16,6 +16,9 @@ pub enum Operation {
     Consume(f64),
     /// Report the state and write nothing (a call with cost 0).
     Peek,
+    /// Take as many units as the limit allows now, at least 1 and at most this many (`UPTO n`):
+    /// the storage pipelines decide it as consumptions (`store::grant`); a core never sees it.
+    UpTo(f64),
 }
 
 impl Operation {
@@ -28,16 +31,18 @@ impl Operation {
         }
     }
 
-    /// The units it takes (0 for a peek), as the cores count a cost.
+    /// The units it takes (0 for a peek, the most it may take for a partial grant), as the cores
+    /// count a cost.
     pub fn units(self) -> f64 {
         match self {
-            Operation::Consume(n) => n,
+            Operation::Consume(n) | Operation::UpTo(n) => n,
             Operation::Peek => 0.0,
         }
     }
 }
 
-/// The reply every `RL.*` command shares: `[allowed, remaining, retry_after_ms, reset_after_ms, limit]`.
+/// The reply every `RL.*` command shares: `[allowed, remaining, retry_after_ms, reset_after_ms,
+/// limit]`, and `granted` sixth for a partial grant (`UPTO n`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply {
     pub allowed: bool,
@@ -46,9 +51,39 @@ pub struct Reply {
     pub retry_after_ms: i64,
     pub reset_after_ms: i64,
     pub limit: i64,
+    /// The units a partial grant took (0 when denied); `None` for any other call.
+    pub granted: Option<i64>,
+}
+
+/// A reply's fields in order, as sent: five, or six for a partial grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields {
+    all: [i64; 6],
+    len: usize,
+}
+
+impl AsRef<[i64]> for Fields {
+    fn as_ref(&self) -> &[i64] {
+        self.all.get(..self.len).unwrap_or(&self.all)
+    }
 }
 
 impl Reply {
+    pub fn fields(&self) -> Fields {
+        Fields {
+            all: [
+                i64::from(self.allowed),
+                self.remaining,
+                self.retry_after_ms,
+                self.reset_after_ms,
+                self.limit,
+                self.granted.unwrap_or(0),
+            ],
+            len: if self.granted.is_some() { 6 } else { 5 },
+        }
+    }
+
+    /// The five fields every reply has.
     pub fn to_array(&self) -> [i64; 5] {
         [
             i64::from(self.allowed),
@@ -57,6 +92,14 @@ impl Reply {
             self.reset_after_ms,
             self.limit,
         ]
+    }
+
+    /// The same reply as a partial grant of `units`.
+    pub fn granting(self, units: i64) -> Reply {
+        Reply {
+            granted: Some(units),
+            ..self
+        }
     }
 }
 

@@ -160,6 +160,7 @@ pub fn decide<L: Log>(
             retry_after_ms,
             reset_after_ms,
             limit,
+            granted: None,
         },
         write,
     })
@@ -244,6 +245,7 @@ pub fn settle<L: Log>(
             retry_after_ms: 0,
             reset_after_ms,
             limit,
+            granted: None,
         },
         write,
     })

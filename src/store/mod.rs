@@ -171,3 +171,96 @@ pub trait Limit {
     }
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply>;
 }
+
+/// A partial grant (`UPTO n`): the most units, at least 1 and at most `n`, that `decide` admits
+/// now, decided as consumptions of the state the call read once. What a peek leaves (`g`, at most
+/// `n`) is tried, then `g - 1` (a remaining count rounded up by floating point), then 1; the
+/// reply of the first that admits carries `granted`, and when none does the reply is a cost of 1
+/// denied (`granted` 0, and the wait for one unit). `decide` returns a reply and what to write;
+/// the write of the grant is returned with its reply. The Lua twins' `grant` tries the same.
+pub fn grant<W, E>(
+    n: f64,
+    mut decide: impl FnMut(Operation) -> Result<(Reply, W), E>,
+) -> Result<(Reply, W), E> {
+    let (peek, _) = decide(Operation::Peek)?;
+    let left = peek.remaining as f64;
+    let g = if left < n { left } else { n };
+    // Tried in decreasing order, each once.
+    let mut tried = 0.0;
+    let mut denied = None;
+    for t in [g, g - 1.0, 1.0] {
+        if t < 1.0 || t == tried {
+            continue;
+        }
+        tried = t;
+        let (reply, write) = decide(Operation::Consume(t))?;
+        if reply.allowed {
+            return Ok((reply.granting(crate::core::lua_integer(t)), write));
+        }
+        denied = Some((reply, write));
+    }
+    match denied {
+        Some((reply, write)) => Ok((reply.granting(0), write)),
+        // Not reached: 1 is always tried.
+        None => decide(Operation::Consume(1.0)).map(|(r, w)| (r.granting(0), w)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+
+    /// A limiter that admits up to `admits` units and reports `reports` remaining to a peek.
+    fn limiter(
+        reports: i64,
+        admits: f64,
+    ) -> impl FnMut(Operation) -> Result<(Reply, f64), Infallible> {
+        move |op| {
+            let units = op.units();
+            let allowed = units <= admits;
+            let reply = Reply {
+                allowed,
+                remaining: if allowed {
+                    reports - units as i64
+                } else {
+                    reports
+                },
+                retry_after_ms: if allowed { 0 } else { 7 },
+                reset_after_ms: 9,
+                limit: 10,
+                granted: None,
+            };
+            Ok((reply, if allowed { units } else { -1.0 }))
+        }
+    }
+
+    fn granted(reports: i64, admits: f64, n: f64) -> (bool, Option<i64>, f64) {
+        let Ok((reply, write)) = grant(n, limiter(reports, admits));
+        (reply.allowed, reply.granted, write)
+    }
+
+    #[test]
+    fn a_grant_takes_what_a_peek_leaves_up_to_n() {
+        assert_eq!(granted(10, 10.0, 3.0), (true, Some(3), 3.0));
+        assert_eq!(granted(2, 2.0, 3.0), (true, Some(2), 2.0));
+        assert_eq!(granted(1, 1.0, 1e15), (true, Some(1), 1.0));
+    }
+
+    #[test]
+    fn a_remaining_count_one_too_high_is_tried_one_lower_then_one() {
+        assert_eq!(granted(5, 4.0, 9.0), (true, Some(4), 4.0));
+        assert_eq!(granted(5, 1.0, 9.0), (true, Some(1), 1.0));
+    }
+
+    #[test]
+    fn nothing_left_is_the_denial_of_one_unit() {
+        let Ok((reply, write)) = grant(4.0, limiter(0, 0.0));
+        assert_eq!(
+            (reply.allowed, reply.granted, reply.retry_after_ms, write),
+            (false, Some(0), 7, -1.0)
+        );
+        // A peek that reports too little is not trusted past one unit either.
+        assert_eq!(granted(0, 3.0, 4.0), (true, Some(1), 1.0));
+    }
+}

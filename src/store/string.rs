@@ -9,11 +9,14 @@
 //! same numbers in a hash, one field per name; such a key is still read, and its next write
 //! replaces it with the string.
 
+use std::convert::Infallible;
+
+use crate::codec::args::{UPTO_ARG, split_upto, with_last};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_g17};
 use crate::core::{Operation, Reply};
 use crate::store::kind::{self, FOREIGN_HASH, Kind};
-use crate::store::{Effect, FieldName, Limit, OpenStore, Request, Slot, Store};
+use crate::store::{Effect, FieldName, Limit, OpenStore, Request, Slot, Store, grant};
 
 /// New state (in `FIELDS` order) and the key's absolute expiry in Unix milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -171,8 +174,22 @@ pub fn run<L: FieldsLimiter<N>, const N: usize>(
     key: &mut dyn OpenStore,
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
-    let request = L::parse(args)?;
+    let request = parse::<L, N>(args)?;
     apply::<L, _, N>(key.open()?, &request, now_us)
+}
+
+/// The arguments after the key, ending with a cost or with `UPTO n` in its place (parsed with a
+/// cost of 1 there, so that a call with both has one argument too many).
+pub fn parse<L: FieldsLimiter<N>, const N: usize>(
+    args: &[&[u8]],
+) -> Result<Request<L::Params>, ErrorReply> {
+    match split_upto(args, &UPTO_ARG)? {
+        (params, Some(n)) => with_last(params, b"1", L::ARITY_ERROR, L::parse).map(|r| Request {
+            op: Operation::UpTo(n),
+            ..r
+        }),
+        (_, None) => L::parse(args),
+    }
 }
 
 /// Loads, decides and stores for one call whose arguments are already parsed.
@@ -183,12 +200,34 @@ pub fn apply<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
     let prior = load::<L, S, N>(store, request, now_us)?;
-    let (reply, write) = L::decide(request, now_us, prior);
+    let (reply, write) = decide::<L, N>(request, now_us, prior);
     if let Some(write) = write {
         store.writable()?;
         store_write::<L, S, N>(store, &write)?;
     }
     Ok(reply)
+}
+
+/// Decides a call's operation on the state it read: a partial grant as the consumptions of
+/// `store::grant`.
+#[inline(always)]
+fn decide<L: FieldsLimiter<N>, const N: usize>(
+    request: &Request<L::Params>,
+    now_us: i64,
+    prior: Option<L::State>,
+) -> (Reply, Option<FieldsWrite<N>>) {
+    match request.op {
+        Operation::UpTo(n) => {
+            let outcome = grant(n, |op| {
+                Ok::<_, Infallible>(L::decide(&Request { op, ..*request }, now_us, prior))
+            });
+            match outcome {
+                Ok(decided) => decided,
+                Err(never) => match never {},
+            }
+        }
+        _ => L::decide(request, now_us, prior),
+    }
 }
 
 pub struct LimitOf<L: FieldsLimiter<N>, const N: usize> {
@@ -200,27 +239,25 @@ pub struct LimitOf<L: FieldsLimiter<N>, const N: usize> {
 impl<L: FieldsLimiter<N>, const N: usize> LimitOf<L, N> {
     /// `params` are the limit's arguments without the cost.
     pub fn parse(params: &[&[u8]], cost: &[u8]) -> Result<Self, ErrorReply> {
-        let mut buf: [&[u8]; 8] = [&[]; 8];
-        let mut n = 0;
-        for (slot, arg) in buf.iter_mut().zip(params.iter().copied().chain([cost])) {
-            *slot = arg;
-            n += 1;
-        }
-        if n != params.len() + 1 {
-            return Err(L::ARITY_ERROR);
-        }
         Ok(Self {
-            request: L::parse(buf.get(..n).unwrap_or_default())?,
+            request: with_last(params, cost, L::ARITY_ERROR, L::parse)?,
             prior: None,
             write: None,
         })
+    }
+
+    /// A partial grant of at most `n` units with these parameters.
+    pub fn parse_upto(params: &[&[u8]], n: f64) -> Result<Self, ErrorReply> {
+        let mut limit = Self::parse(params, b"1")?;
+        limit.request.op = Operation::UpTo(n);
+        Ok(limit)
     }
 }
 
 impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
     fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         self.prior = load::<L, _, N>(store, &self.request, now_us)?;
-        let (reply, write) = L::decide(&self.request, now_us, self.prior);
+        let (reply, write) = decide::<L, N>(&self.request, now_us, self.prior);
         self.write = write;
         Ok(reply)
     }

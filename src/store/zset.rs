@@ -16,7 +16,7 @@ use crate::core::sliding_log::{
 };
 use crate::core::{Operation, Reply};
 use crate::store::kind::{FOREIGN_ZSET, Kind, foreign};
-use crate::store::{Effect, Entries, Limit, Request, Slot, Store};
+use crate::store::{Effect, Entries, Limit, Request, Slot, Store, grant};
 
 /// A parsed `RL.SLIDINGLOG` call: the log's limit and window, and what the call asks (a cost of
 /// 0 is a peek).
@@ -243,6 +243,25 @@ fn append<S: Store + ?Sized>(store: &mut S, w: &Write) -> Result<(), ErrorReply>
     })
 }
 
+/// Decides a sliding-log call's operation from its view: a partial grant as the consumptions of
+/// `store::grant`.
+fn decide_log<S: Store + ?Sized>(
+    request: &SlidingLogRequest,
+    now_us: i64,
+    seen: &View,
+    log: &StoredLog<'_, S>,
+) -> Result<Outcome, ErrorReply> {
+    match request.op {
+        Operation::UpTo(n) => {
+            let (reply, write) = grant(n, |op| {
+                decide(&request.params, op, now_us, seen, log).map(|o| (o.reply, o.write))
+            })?;
+            Ok(Outcome { reply, write })
+        }
+        op => decide(&request.params, op, now_us, seen, log),
+    }
+}
+
 /// Reads, decides and stores for one `RL.SLIDINGLOG` call whose arguments are already parsed.
 pub fn apply<S: Store + ?Sized>(
     store: &mut S,
@@ -250,13 +269,7 @@ pub fn apply<S: Store + ?Sized>(
     now_us: i64,
 ) -> Result<Reply, ErrorReply> {
     let seen = load(store, request, now_us)?;
-    let out = decide(
-        &request.params,
-        request.op,
-        now_us,
-        &seen,
-        &stored_log(&*store, now_us),
-    )?;
+    let out = decide_log(request, now_us, &seen, &stored_log(&*store, now_us))?;
     if let Some(w) = checked_write(store, out.write, now_us)? {
         store.writable()?;
         append(store, &w)?;
@@ -284,9 +297,8 @@ impl LogLimit {
 impl Limit for LogLimit {
     fn decide(&mut self, store: &dyn Store, now_us: i64) -> Result<Reply, ErrorReply> {
         self.seen = load(store, &self.request, now_us)?;
-        let mut out = decide(
-            &self.request.params,
-            self.request.op,
+        let mut out = decide_log(
+            &self.request,
             now_us,
             &self.seen,
             &stored_log(store, now_us),

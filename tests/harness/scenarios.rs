@@ -148,6 +148,25 @@ pub fn count_text() -> impl Strategy<Value = String> {
     ]
 }
 
+/// The words that end a limiter's call: a cost, or now and then `UPTO n` in its place (a partial
+/// grant), in either case, with a count that may be out of range, or both (one argument too
+/// many).
+pub fn cost_words(
+    cost: impl Strategy<Value = String> + Clone,
+) -> impl Strategy<Value = Vec<String>> {
+    let upto = prop_oneof![
+        4 => (1u64..40).prop_map(|n| n.to_string()),
+        1 => count_text(),
+        1 => prop::sample::select(vec!["1000", "1001"]).prop_map(String::from),
+    ];
+    let keyword = prop::sample::select(vec!["UPTO", "upto", "UpTo"]);
+    prop_oneof![
+        6 => cost.clone().prop_map(|k| vec![k]),
+        3 => (keyword.clone(), upto.clone()).prop_map(|(w, n)| vec![w.to_string(), n]),
+        1 => (cost, keyword, upto).prop_map(|(k, w, n)| vec![k, w.to_string(), n]),
+    ]
+}
+
 /// A positive rate as text, in the forms clients send.
 pub fn rate_text() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -243,7 +262,7 @@ where
             1 => count_text(),
         ];
         let args = prop_oneof![
-            8 => cost.prop_map(move |k| vec![x.clone(), y.clone(), k]),
+            8 => cost_words(cost).prop_map(move |k| [vec![x.clone(), y.clone()], k].concat()),
             2 => Just(vec![a, b]),
             1 => (first(), second()).prop_map(|(a, b)| vec![a, b]),
             1 => prop::collection::vec(junk(), 0..5),
@@ -419,7 +438,8 @@ pub fn gcra_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<S
             1 => count_text(),
         ];
         let args = prop_oneof![
-            8 => cost.prop_map(move |k| vec![b.clone(), c.clone(), p.clone(), k]),
+            8 => cost_words(cost)
+                .prop_map(move |k| [vec![b.clone(), c.clone(), p.clone()], k].concat()),
             2 => Just(vec![burst, count, period]),
             1 => (count_text(), count_text(), rate_text()).prop_map(|(b, c, p)| vec![b, c, p]),
             1 => prop::collection::vec(junk(), 0..6),
@@ -607,7 +627,7 @@ pub fn sliding_log_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value 
             1 => count_text(),
         ];
         let args = prop_oneof![
-            8 => cost.prop_map(move |k| vec![l.clone(), w.clone(), k]),
+            8 => cost_words(cost).prop_map(move |k| [vec![l.clone(), w.clone()], k].concat()),
             2 => Just(vec![limit, window]),
             1 => (count_text(), window_text()).prop_map(|(l, w)| vec![l, w]),
             1 => prop::collection::vec(junk(), 0..5),
