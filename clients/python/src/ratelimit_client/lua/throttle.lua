@@ -171,6 +171,56 @@ local function settled(reply)
   return reply
 end
 
+-- A limiter's arguments after the key, ending with a cost or with UPTO n in its place: a partial
+-- grant, parsed with a cost of 1 there (so that a call with both has one argument too many), n
+-- at most the limiter's UPTO_MAX (its cost's largest).
+local function parse_call(limiter, argv)
+  local n = #argv
+  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+    local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
+      'ERR UPTO must be an integer',
+      limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
+    if not upto then return nil, err end
+    local params = {}
+    for i = 1, n - 2 do params[i] = argv[i] end
+    params[n - 1] = '1'
+    local a, perr = limiter.parse(params)
+    if a then a.upto = upto end
+    return a, perr
+  end
+  return limiter.parse(argv)
+end
+
+-- A call's decision (the reply, and what to store), as the limiter decides its cost; a partial
+-- grant (a.upto) as consumptions, the way the module's store::grant decides it: what a peek
+-- leaves (g, at most n), then g - 1, then 1, each once; the first that admits carries the count
+-- granted sixth, and when none does the reply is the denial of a cost of 1, granted 0.
+local function decide_call(limiter, a, state, now, key)
+  local n = a.upto
+  if not n then return limiter.decide(a, state, now, key) end
+  a.cost = 0
+  local reply, write = limiter.decide(a, state, now, key)
+  if not reply then return reply, write end
+  -- The remaining count as the reply sends it: a whole number (a count may have a fraction).
+  local g = math.floor(reply[2])
+  if g > n then g = n end
+  local tried = 0
+  for _, t in ipairs({g, g - 1, 1}) do
+    if t >= 1 and t ~= tried then
+      tried = t
+      a.cost = t
+      reply, write = limiter.decide(a, state, now, key)
+      if not reply then return reply, write end
+      if reply[1] == 1 then
+        reply[6] = t
+        return reply, write
+      end
+    end
+  end
+  reply[6] = 0
+  return reply, write
+end
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
