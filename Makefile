@@ -56,12 +56,19 @@ run: build $(if $(SERVER),servers)
 # Every crate of the workspace on Redis 7.0: unit tests, the embedded-Lua differential suite, the
 # module's server suites, the client's and the demo in headless Chromium (clients/rust/tests/e2e.rs).
 # Then the examples in Python, Node.js and Go, the module's server suites on every other server
-# of the matrix, the client's on Redis 8.2, and a short fuzzing run.
+# of the matrix, the Rust client's on Redis 8.2 (what it adds to the module's own suites is its
+# own code, the same on every server) and its replay of the conformance table on the two Valkeys,
+# so that the table runs on every server for every client; the Go, Python and Node.js packages
+# (each on the whole matrix, see their targets), and a short fuzzing run.
 test: deps servers check-containers
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
 	$(MAKE) examples
 	$(MAKE) test-servers SERVERS="$(filter-out redis-7.0,$(MATRIX))"
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-8.2/server $(CARGO) test -p ratelimit-client --all-targets
+	$(MAKE) test-conformance-rust SERVERS="valkey-8.1 valkey-9.1"
+	$(MAKE) test-go
+	$(MAKE) test-python
+	$(MAKE) test-node
 	$(MAKE) fuzz FUZZ_SECONDS=15
 
 # examples/: the seed scenario from Python (redis-py), Node.js (node-redis) and Go (redigo), with
@@ -165,6 +172,8 @@ bench: deps servers
 # snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).
 dist: build
 	@bash dist/pack.sh $(MODULE) $(TARGET_DIR)/dist
+	$(MAKE) dist-python
+	$(MAKE) dist-node
 
 # The Go package (clients/go, standard library only): gofmt, go vet and its unit tests, then
 # its suite against servers it starts itself (clients/go/tests: the conformance table in the
