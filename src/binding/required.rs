@@ -17,9 +17,11 @@ macro_rules! presence {
     };
 }
 
-/// Every API a command or the INFO section calls.
+/// Every API a command or the INFO section calls (the allocator's first: every allocation of
+/// the module goes through it).
 pub fn required() -> Vec<(&'static str, bool)> {
     presence!(
+        RedisModule_Alloc,
         RedisModule_CreateCommand,
         RedisModule_OpenKey,
         RedisModule_CloseKey,
