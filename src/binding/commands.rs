@@ -87,10 +87,12 @@ unsafe extern "C" fn top_command(
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, &command::top::DESCRIPTOR, |ctx, argv| {
+        // At most one argument is valid: two are enough for the arity error, however many came.
         let args: Vec<&[u8]> = argv
             .get(1..)
             .unwrap_or_default()
             .iter()
+            .take(2)
             // SAFETY: argv strings live for the whole call and are not modified.
             .map(|s| unsafe { api::string_bytes(*s) })
             .collect();
