@@ -305,6 +305,11 @@ fn used_memory(c: &mut Connection) -> i64 {
         .unwrap()
 }
 
+fn config_get(c: &mut Connection, name: &str) -> String {
+    let v: Vec<String> = redis::cmd("CONFIG").arg("GET").arg(name).query(c).unwrap();
+    v[1].clone()
+}
+
 /// Denials of `n` distinct keys of `len` bytes (`tag`, then digits) that never exist: a cost
 /// above the capacity is denied and writes nothing. In pipelines of 100 calls.
 fn deny_distinct(c: &mut Connection, tag: &str, n: usize, len: usize) {
@@ -322,6 +327,72 @@ fn deny_distinct(c: &mut Connection, tag: &str, n: usize, len: usize) {
         }
         pipe.query::<()>(c).unwrap();
     }
+}
+
+/// A `CONFIG SET` of several configs that fails is rolled back by the server, which then sets
+/// the old values again: `RL.TOP` is resized only once the server has kept a new value (its
+/// config-change event), so a failed one leaves it whole.
+#[test]
+fn a_config_set_that_fails_leaves_rl_top_as_it_was() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    for i in 0..20 {
+        deny(&mut c, &format!("k{i:02}"), 1);
+    }
+    assert_eq!(top(&mut c, &["100"]).len(), 20);
+    let before = top(&mut c, &["100"]);
+    // Refused while setting: a bad value after ours, or before it.
+    for args in [
+        ["ratelimit.top-slots", "5", "maxmemory-policy", "bogus"],
+        ["maxmemory-policy", "bogus", "ratelimit.top-slots", "5"],
+    ] {
+        let mut argv = vec!["CONFIG", "SET"];
+        argv.extend(args);
+        let refused = cmd(&mut c, &argv).unwrap_err();
+        assert!(
+            refused.starts_with(
+                "ERR CONFIG SET failed (possibly related to argument 'maxmemory-policy')"
+            ),
+            "{refused}"
+        );
+        assert_eq!(config_get(&mut c, "ratelimit.top-slots"), "128");
+        assert_eq!(top(&mut c, &["100"]), before, "{args:?}");
+        assert_eq!(top_info(&mut c).0, 128);
+    }
+    // Refused while applying: a port another socket holds.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let refused = cmd(
+        &mut c,
+        &["CONFIG", "SET", "ratelimit.top-slots", "5", "port", &port],
+    )
+    .unwrap_err();
+    assert!(refused.starts_with("ERR CONFIG SET failed"), "{refused}");
+    assert_eq!(config_get(&mut c, "ratelimit.top-slots"), "128");
+    assert_eq!(top(&mut c, &["100"]), before);
+    // Accepted: applied, with the other config.
+    assert_eq!(
+        cmd(
+            &mut c,
+            &[
+                "CONFIG",
+                "SET",
+                "ratelimit.top-slots",
+                "5",
+                "maxmemory-policy",
+                "allkeys-lru"
+            ]
+        ),
+        Ok(Value::Okay)
+    );
+    assert_eq!(config_get(&mut c, "ratelimit.top-slots"), "5");
+    assert_eq!(config_get(&mut c, "maxmemory-policy"), "allkeys-lru");
+    // All counted once at one instant: the most recently counted are kept, and listed first.
+    assert_eq!(top(&mut c, &["100"]), before[..5]);
+    assert_eq!(before[0].0, "k19");
+    assert_eq!(top_info(&mut c).0, 5);
+    assert_eq!(top_info(&mut c).1, 5);
 }
 
 /// A key name longer than 64 bytes is kept as its first 64 and its hash: `RL.TOP`'s memory is

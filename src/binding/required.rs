@@ -39,6 +39,7 @@ pub fn required() -> Vec<(&'static str, bool)> {
         RedisModule_ZsetScore,
         RedisModule_RegisterNumericConfig,
         RedisModule_LoadConfigs,
+        RedisModule_SubscribeToServerEvent,
         RedisModule_ReplyWithSimpleString,
         RedisModule_ReplyWithStringBuffer,
         RedisModule_ZsetFirstInScoreRange,
