@@ -550,3 +550,42 @@ fn listing_and_resizing_stay_within_ten_milliseconds() {
     let (name, version) = harness::server_identity(&mut c);
     eprintln!("{name} {version}: server time (µs) {worst:?}");
 }
+
+/// `MODULE UNLOAD` frees what the module allocated: after five cycles of load, a full `RL.TOP`
+/// of long names and unload, the server's memory is where the first cycle left it.
+#[test]
+fn module_unload_frees_what_the_module_allocated() {
+    if harness::skip_in_container("reads the server's memory across module loads") {
+        return;
+    }
+    let s = Server::start();
+    let mut c = s.connect();
+    let module = s.module_file();
+    let max = redis_rate_limiter::observe::stats::MAX_TOP_SLOTS.to_string();
+    let (mut loaded, mut unloaded) = (Vec::new(), Vec::new());
+    for cycle in 0..5 {
+        cmd(&mut c, &["CONFIG", "SET", "ratelimit.top-slots", &max]).unwrap();
+        deny_distinct(&mut c, &format!("c{cycle}:"), 5000, 1024);
+        assert_eq!(top_info(&mut c).1, 5000);
+        loaded.push(used_memory(&mut c));
+        assert_eq!(
+            cmd(&mut c, &["MODULE", "UNLOAD", "ratelimit"]),
+            Ok(Value::Okay)
+        );
+        unloaded.push(used_memory(&mut c));
+        assert_eq!(cmd(&mut c, &["MODULE", "LOAD", &module]), Ok(Value::Okay));
+    }
+    let (name, version) = harness::server_identity(&mut c);
+    eprintln!("{name} {version}: used_memory loaded {loaded:?}, unloaded {unloaded:?}");
+    let bytes = redis_rate_limiter::observe::top::Top::bytes_for(
+        redis_rate_limiter::observe::stats::MAX_TOP_SLOTS,
+    ) as i64;
+    for (l, u) in loaded.iter().zip(&unloaded) {
+        assert!(l - u >= bytes, "unloading freed {} of {bytes}", l - u);
+    }
+    for figures in [&loaded, &unloaded] {
+        let drift = figures[4] - figures[0];
+        assert!(drift.abs() < 1 << 20, "{figures:?}");
+    }
+    assert_eq!(config_get(&mut c, "ratelimit.top-slots"), "128");
+}

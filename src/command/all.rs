@@ -6,8 +6,7 @@
 //! applies to every limit (default 1), and one `LEASE id` to every concurrency limit (the lease
 //! id of `RL.ACQUIRE`). The two may come in either order, after the limits.
 
-use std::ffi::{CStr, CString};
-use std::sync::OnceLock;
+use std::ffi::CStr;
 
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
@@ -52,26 +51,50 @@ pub const MAX_LIMITS: usize = 16;
 /// Arguments after the command name in the shortest call; Redis checks it too (arity -6).
 pub const MIN_ARGS: usize = 5;
 const NUMKEYS: ErrorReply = ErrorReply(c"ERR numkeys must be an integer between 1 and 16");
-/// `ERR unknown algorithm, expected one of: ...` with every keyword of the registry, made once.
-fn unknown() -> ErrorReply {
-    static TEXT: OnceLock<CString> = OnceLock::new();
-    unknown_among(&TEXT, algorithms().map(|(_, k, _)| k))
+
+/// `ERR unknown algorithm, expected one of: ...` with every keyword of the registry.
+const UNKNOWN: ErrorReply = ErrorReply(unknown_text(&UNKNOWN_BYTES));
+const UNKNOWN_BYTES: [u8; 128] = unknown_bytes(false);
+
+/// `ERR unknown algorithm, expected one of: ` and the keywords of the limiters, in registry
+/// order: every one with a keyword, or only those `RL.SETTLE` settles. Built when compiling (a
+/// text too long for the buffer fails the build), so no error text is allocated.
+pub const fn unknown_bytes<const N: usize>(settled_only: bool) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut n = copy_into(&mut out, 0, b"ERR unknown algorithm, expected one of:");
+    let mut i = 0;
+    while i < limiters::LIMITERS.len() {
+        let entry = &limiters::LIMITERS[i];
+        let settles = match entry.runner {
+            Runner::OneKey { settle, .. } => settle.is_some(),
+            _ => false,
+        };
+        if let (Some(keyword), true) = (entry.descriptor.all_keyword, settles || !settled_only) {
+            n = copy_into(&mut out, n, b" ");
+            n = copy_into(&mut out, n, keyword.as_bytes());
+        }
+        i += 1;
+    }
+    // The NUL that ends it.
+    assert!(n < N, "the error text does not fit");
+    out
 }
 
-/// `ERR unknown algorithm, expected one of: <keywords>`, made once into `text`.
-pub fn unknown_among<'a>(
-    text: &'static OnceLock<CString>,
-    keywords: impl Iterator<Item = &'a str>,
-) -> ErrorReply {
-    let text = text.get_or_init(|| {
-        let keywords: Vec<&str> = keywords.collect();
-        let message = format!(
-            "ERR unknown algorithm, expected one of: {}",
-            keywords.join(" ")
-        );
-        CString::new(message).unwrap_or_default()
-    });
-    ErrorReply(text.as_c_str())
+const fn copy_into<const N: usize>(out: &mut [u8; N], at: usize, bytes: &[u8]) -> usize {
+    let mut i = 0;
+    while i < bytes.len() {
+        out[at + i] = bytes[i];
+        i += 1;
+    }
+    at + bytes.len()
+}
+
+/// The text `unknown_bytes` built.
+pub const fn unknown_text(bytes: &'static [u8]) -> &'static CStr {
+    match CStr::from_bytes_until_nul(bytes) {
+        Ok(text) => text,
+        Err(_) => panic!("no NUL"),
+    }
 }
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const LEASE_UNUSED: ErrorReply = ErrorReply(c"ERR LEASE is given only with a CONCURRENCY limit");
@@ -194,7 +217,7 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
         algorithms()
             .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
             .map(|(d, _, build)| (d, build))
-            .ok_or_else(unknown)
+            .ok_or(UNKNOWN)
     };
     let limits = each_limit(words, ARITY, find, |descriptor, build, params| {
         leases |= descriptor.args.iter().any(|a| a.per_call);
@@ -223,7 +246,7 @@ mod tests {
         let algorithms: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
         assert_eq!(algorithms, keywords);
         assert_eq!(
-            unknown().message(),
+            UNKNOWN.message(),
             format!(
                 "ERR unknown algorithm, expected one of: {}",
                 keywords.join(" ")

@@ -63,10 +63,8 @@ pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, 
 }
 
 /// `ERR unknown algorithm, expected one of: ...` with every keyword `RL.SETTLE` settles.
-fn unknown() -> ErrorReply {
-    static TEXT: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
-    all::unknown_among(&TEXT, algorithms().map(|(_, k, _)| k))
-}
+const UNKNOWN: ErrorReply = ErrorReply(all::unknown_text(&UNKNOWN_BYTES));
+const UNKNOWN_BYTES: [u8; 128] = all::unknown_bytes(true);
 
 /// Parses everything after the command name: the keys and one settling limit per key.
 pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<all::Call<'a>, ErrorReply> {
@@ -85,7 +83,7 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<all::Call<'a>, ErrorReply> {
         algorithms()
             .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
             .map(|(d, _, build)| (d, build))
-            .ok_or_else(unknown)
+            .ok_or(UNKNOWN)
     };
     let limits: Vec<Box<dyn Limit>> =
         each_limit(words, ARITY, find, |_, build, params| build(params, delta))?;
