@@ -782,3 +782,28 @@ pub fn call_zrevrange_one(
     visit(member, score)?;
     Ok(true)
 }
+
+/// `ACL CAT category` run inside this call (at load): the commands in it, as the server names
+/// them.
+pub fn call_acl_cat(
+    ctx: *mut RedisModuleCtx,
+    category: &std::ffi::CStr,
+) -> Result<Vec<String>, ErrorReply> {
+    let call = api!(RedisModule_Call)?;
+    // SAFETY: format "cc": two NUL-terminated C strings.
+    let reply = unsafe {
+        call(
+            ctx,
+            c"ACL".as_ptr(),
+            c"cc".as_ptr(),
+            c"CAT".as_ptr(),
+            category.as_ptr(),
+        )
+    };
+    let reply = CallReply::new(reply)?;
+    let mut names = Vec::new();
+    while let Some(name) = reply.element(names.len())? {
+        names.push(String::from_utf8_lossy(name).into_owned());
+    }
+    Ok(names)
+}

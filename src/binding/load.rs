@@ -125,16 +125,15 @@ fn load(ctx: &Context, raw_args: &[&[u8]]) -> Status {
     // Keys are signalled as modified only when a call really writes them; a denial is a read.
     ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
 
-    // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category.
+    // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category; the operator
+    // command is in the server's @admin, outside the limiters' category.
     let mut result = acl::add_category(ctx).and_then(|acl| {
         commands::all_commands().try_for_each(|cmd| {
             register(ctx.ctx, &cmd).and_then(|()| acl.assign(ctx.ctx, cmd.descriptor))
-        })
+        })?;
+        register(ctx.ctx, &commands::TOP)
+            .and_then(|()| acl.assign_operator(ctx.ctx, commands::TOP.descriptor))
     });
-    // The operator command, outside the limiters' ACL category.
-    if result.is_ok() {
-        result = register(ctx.ctx, &commands::TOP);
-    }
     if result.is_ok() {
         result = config::register(ctx.ctx, top_slots);
     }

@@ -1,6 +1,8 @@
 //! `RL.TOP [count]` and `RL.TOP RESET`: the keys with the most denials on this server
 //! (`crate::observe::top`), for operators. Not a limiter: it is outside the registry and outside the
-//! `ratelimit` ACL category (it shows every tenant's keys), flagged `admin`.
+//! `ratelimit` ACL category (it shows every tenant's keys), flagged `admin` (so in `@admin` and
+//! `@dangerous` where the server has module ACL categories). Not `fast`: a list and a reset cost
+//! O(count) and O(slots).
 
 use std::ffi::CStr;
 
@@ -13,7 +15,7 @@ pub const NAME: &CStr = c"RL.TOP";
 
 pub const DESCRIPTOR: Descriptor = Descriptor {
     name: NAME,
-    flags: c"admin fast",
+    flags: c"admin",
     keys: Keys::None,
     arity: -1,
     summary: c"The keys with the most denials on this server, most first (RESET clears them)",
