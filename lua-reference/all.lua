@@ -1242,6 +1242,10 @@ local limits = {}
 local leases = false
 local i = 1
 while i <= #words do
+  -- A limit more than keys fails before it is read.
+  if #limits == n then
+    return redis.error_reply('ERR the number of limits must equal numkeys')
+  end
   local algorithm
   local keyword = string.upper(words[i])
   for _, a in ipairs(ALGORITHMS) do

@@ -12,8 +12,12 @@
 //!   limits at once (`all`).
 //! - `command`: one file per command: its descriptor, arguments, error texts and wiring to its
 //!   core and its pipeline; `registry` lists them.
-//! - `binding`: the only FFI: module load, the entry point of every command, a key as a `Store`
-//!   (the one applier of `Effect`), replies and replication.
+//! - `binding`: the only FFI: module load and unload, the entry point of every command, a key as
+//!   a `Store` (the one applier of `Effect`), replies and replication.
+//!
+//! Here: the entry points the server looks up, and the allocator. They are declared by hand
+//! rather than by `redis_module!`, whose load also keeps a thread-safe context for the module's
+//! life that no unload can free.
 
 // Range checks are written as plain comparisons, the way the Lua twins must write them.
 #![allow(clippy::manual_range_contains)]
@@ -25,13 +29,34 @@ pub mod core;
 pub mod observe;
 pub mod store;
 
-use binding::on_load;
+use std::ffi::c_int;
 
-redis_module::redis_module! {
-    name: "ratelimit",
-    version: 1,
-    allocator: (crate::binding::allocator::ModuleAllocator, crate::binding::allocator::ModuleAllocator),
-    data_types: [],
-    init: on_load,
-    commands: [],
+use redis_module::raw::{RedisModuleCtx, RedisModuleString};
+
+/// Every allocation of the module goes through Redis's allocator inside redis-server, so
+/// `INFO memory` counts it (the system allocator elsewhere: tests, benches).
+#[global_allocator]
+static ALLOCATOR: binding::allocator::ModuleAllocator = binding::allocator::ModuleAllocator;
+
+/// Called by the server to load the module (`loadmodule`, `MODULE LOAD`).
+///
+/// # Safety
+/// Called by the server only, with a valid context and `argc` valid strings in `argv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn RedisModule_OnLoad(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: forwarded unchanged.
+    unsafe { binding::on_load(ctx, argv, argc) }
+}
+
+/// Called by the server on `MODULE UNLOAD`, before it unloads the module.
+///
+/// # Safety
+/// Called by the server only, with a valid context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int {
+    binding::on_unload(ctx)
 }

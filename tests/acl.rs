@@ -1,7 +1,8 @@
 //! ACL categories, for every command of the shared table (`harness::cases`): `+@ratelimit` grants
 //! exactly the limiter commands, which also carry Redis's own categories (@write, and @fast or
-//! @slow as their flags say). Redis 7.0 lacks the module API for
-//! categories: there the module loads without them.
+//! @slow as their flags say); `RL.TOP` is in @admin and @dangerous. Redis 7.0 lacks the module API
+//! for categories: there the module loads without them, and `RL.TOP` is denied by name. A
+//! server that already has a `ratelimit` category of its own is said so in the log.
 
 mod harness;
 
@@ -252,7 +253,8 @@ fn ratelimit_category_grants_exactly_the_limiters() {
     assert_eq!(in_category(&mut admin, "write"), limiter_names_lower());
     // Every call is O(log n), the sliding log's included.
     assert_eq!(in_category(&mut admin, "fast"), limiter_names_lower());
-    assert_eq!(in_category(&mut admin, "slow"), Vec::<String>::new());
+    // Of the module's commands only RL.TOP, which is not a limiter.
+    assert_eq!(in_category(&mut admin, "slow"), ["rl.top"]);
     assert_eq!(in_category(&mut admin, "read"), Vec::<String>::new());
     eprintln!(
         "{name} {version}: @ratelimit holds exactly the {} commands",
@@ -290,12 +292,14 @@ fn module_reloads_into_its_category() {
 
     if let Some(app) = app.as_mut() {
         assert!(
-            server
-                .log()
-                .contains("ratelimit: ACL category 'ratelimit' already exists"),
+            server.log().contains(
+                "ratelimit: ACL category 'ratelimit' already exists and holds no command (as an \
+                 earlier load of this module leaves it"
+            ),
             "{}",
             server.log()
         );
+        assert!(!server.log().contains(FOREIGN_NOTICE), "{}", server.log());
         assert_eq!(
             sorted(texts(&acl_cat(&mut admin, "ratelimit").expect("ACL CAT"))),
             limiter_names_lower()
@@ -314,4 +318,184 @@ fn module_reloads_into_its_category() {
             assert_eq!(first_of_integer_array(name, &reply), admitted, "{name}");
         }
     }
+}
+
+const FOREIGN_NOTICE: &str = "ratelimit: this server already has an ACL category 'ratelimit' \
+                              holding commands that are not this module's";
+
+/// `tests/modules/foreign_category.c` built into `dir`: a module with a `ratelimit` category of
+/// its own, holding `foreign.setvalue`. Built against the redismodule.h of the redis-module crate,
+/// found through `cargo metadata`.
+fn foreign_category_module(dir: &std::path::Path) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let metadata = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .current_dir(root)
+        .output()
+        .expect("cargo metadata");
+    let text = String::from_utf8(metadata.stdout).unwrap();
+    let include = text
+        .split("\"manifest_path\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .map(|manifest| std::path::Path::new(manifest).with_file_name("src/include"))
+        .find(|include| {
+            include.join("redismodule.h").exists()
+                && include
+                    .parent()
+                    .and_then(|p| p.parent())
+                    .is_some_and(|crate_dir| {
+                        crate_dir
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("redis-module-2"))
+                    })
+        })
+        .expect("the redis-module crate's redismodule.h");
+    let out = dir.join("foreign_category.so");
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-I"])
+        .arg(&include)
+        .arg(root.join("tests/modules/foreign_category.c"))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("cc");
+    assert!(status.success(), "building the foreign category module");
+    out
+}
+
+fn on_redis_7_0(name: &str, version: &str) -> bool {
+    name == "redis" && version.starts_with("7.0.")
+}
+
+/// A server that already has a `ratelimit` category holding commands that are not this
+/// module's (as Redis's own category of that name does, with its native GCRA commands): the
+/// module still joins it, and its log says the truth, naming the other commands, since
+/// `+@ratelimit` grants them too.
+#[test]
+fn a_category_the_server_already_has_is_joined_and_its_other_commands_named() {
+    if skip_in_container("builds and loads a second module from the host") {
+        return;
+    }
+    let server = Server::with(Options {
+        without_module: true,
+        ..Options::default()
+    });
+    if skip_on_server(
+        &server,
+        |n, v| !on_redis_7_0(n, v),
+        "Redis 7.0 has no module ACL categories",
+    ) {
+        return;
+    }
+    let mut admin = server.connect();
+    let foreign = foreign_category_module(server.dir.path());
+    let foreign = foreign.display().to_string();
+    assert_eq!(
+        cmd(&mut admin, &["MODULE", "LOAD", &foreign]),
+        Ok(Value::Okay)
+    );
+    assert_eq!(
+        texts(&acl_cat(&mut admin, "ratelimit").expect("ACL CAT")),
+        ["foreign.setvalue"]
+    );
+    let module = server.module_file();
+    assert_eq!(
+        cmd(&mut admin, &["MODULE", "LOAD", &module, "TESTCLOCK"]),
+        Ok(Value::Okay)
+    );
+    let log = server.log();
+    assert!(
+        log.contains(&format!(
+            "{FOREIGN_NOTICE}: foreign.setvalue; the commands join it, so +@ratelimit grants \
+             those commands too: grant this module's commands by name instead (+rl.tokenbucket ...)"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("holds no command"), "{log}");
+    let mut joined = limiter_names_lower();
+    joined.push("foreign.setvalue".to_string());
+    assert_eq!(
+        sorted(texts(&acl_cat(&mut admin, "ratelimit").expect("ACL CAT"))),
+        sorted(joined)
+    );
+    // What the log warns of: +@ratelimit reaches the other command too.
+    let mut app = app_connection(&server, &mut admin);
+    assert_eq!(cmd(&mut app, &["FOREIGN.SETVALUE"]), Ok(Value::Okay));
+    assert_app_calls_every_limiter(&mut app, &mut admin, "joined");
+}
+
+/// `RL.TOP` shows every tenant's keys: where the server has module ACL categories it is in
+/// @admin and @dangerous (and @slow), so a user of everything but those cannot run it.
+#[test]
+fn rl_top_is_an_admin_command_where_the_server_has_categories() {
+    let server = Server::with_test_clock();
+    if skip_on_server(
+        &server,
+        |n, v| !on_redis_7_0(n, v),
+        "Redis 7.0 has no module ACL categories (rl_top_is_denied_by_name_on_redis_7_0)",
+    ) {
+        return;
+    }
+    let mut admin = server.connect();
+    let (flags, categories) = flags_and_categories(&mut admin, "RL.TOP");
+    assert_eq!(sorted(flags), ["admin", "module"]);
+    assert_eq!(sorted(categories), ["@admin", "@dangerous", "@slow"]);
+    assert!(texts(&acl_cat(&mut admin, "admin").unwrap()).contains(&"rl.top".to_string()));
+    assert!(!texts(&acl_cat(&mut admin, "ratelimit").unwrap()).contains(&"rl.top".to_string()));
+    let ops = user_connection(&server, &mut admin, &["+@all", "-@admin", "-@dangerous"]);
+    assert_top_refused_and_limiters_allowed(ops, &mut admin);
+}
+
+/// Redis 7.0 has no module ACL categories: `RL.TOP` is in none, so `-@admin` leaves it allowed,
+/// and the recipe of docs/commands.md denies it by name: `-rl.top`.
+#[test]
+fn rl_top_is_denied_by_name_on_redis_7_0() {
+    let server = Server::with_test_clock();
+    if skip_on_server(
+        &server,
+        on_redis_7_0,
+        "the servers with module ACL categories put RL.TOP in @admin \
+         (rl_top_is_an_admin_command_where_the_server_has_categories)",
+    ) {
+        return;
+    }
+    let mut admin = server.connect();
+    let (_, categories) = flags_and_categories(&mut admin, "RL.TOP");
+    assert_eq!(categories, Vec::<String>::new());
+    let mut without_admin =
+        user_connection(&server, &mut admin, &["+@all", "-@admin", "-@dangerous"]);
+    assert!(
+        matches!(cmd(&mut without_admin, &["RL.TOP"]), Ok(Value::Array(_))),
+        "-@admin alone does not deny it on 7.0"
+    );
+    let ops = user_connection(
+        &server,
+        &mut admin,
+        &["+@all", "-@admin", "-@dangerous", "-rl.top"],
+    );
+    assert_top_refused_and_limiters_allowed(ops, &mut admin);
+}
+
+/// A connection of a user `ops` with these rules (replacing the ones before), on every key.
+fn user_connection(server: &Server, admin: &mut Connection, rules: &[&str]) -> Connection {
+    let mut argv = vec!["ACL", "SETUSER", "ops", "reset", "on", ">pw", "~*"];
+    argv.extend(rules);
+    assert_eq!(cmd(admin, &argv), Ok(Value::Okay));
+    let mut c = server.connect();
+    assert_eq!(cmd(&mut c, &["AUTH", "ops", "pw"]), Ok(Value::Okay));
+    c
+}
+
+fn assert_top_refused_and_limiters_allowed(mut ops: Connection, admin: &mut Connection) {
+    for argv in [&["RL.TOP"][..], &["RL.TOP", "RESET"], &["RL.TOP", "5"]] {
+        let refused = cmd(&mut ops, argv).unwrap_err();
+        // Servers word it differently ("User ops has" or "this user has").
+        assert!(
+            refused.starts_with("NOPERM ")
+                && refused.ends_with("no permissions to run the 'rl.top' command"),
+            "{argv:?}: {refused}"
+        );
+    }
+    assert_app_calls_every_limiter(&mut ops, admin, "ops");
 }

@@ -189,6 +189,10 @@ fn bad_calls_get_clear_errors() {
         ),
         (
             &["1", "a", "TOKENBUCKET", "1", "1", "TOKENBUCKET"],
+            "ERR the number of limits must equal numkeys",
+        ),
+        (
+            &["1", "a", "TOKENBUCKET", "1"],
             "ERR wrong number of arguments for 'rl.all' command",
         ),
         (
@@ -266,6 +270,84 @@ fn keys_are_declared_for_cluster_routing_and_acl() {
         .query(&mut c)
         .unwrap();
     assert_eq!(keys, ["route:1", "client:1"]);
+    // Only keys: numkeys names the keys, and one that names more than the arguments after it
+    // reports none (it used to report the words that followed as keys).
+    for call in [
+        &["RL.ALL", "5", "k1", "TOKENBUCKET", "5", "1"][..],
+        &["RL.ALL", "16", "k1", "TOKENBUCKET", "5", "1"],
+        &[
+            "RL.SETTLE",
+            "7",
+            "k1",
+            "TOKENBUCKET",
+            "5",
+            "1",
+            "DELTA",
+            "1",
+        ],
+    ] {
+        let mut argv = vec!["COMMAND", "GETKEYS"];
+        argv.extend(call);
+        assert_eq!(
+            cmd(&mut c, &argv),
+            Err("ERR Invalid arguments specified for command".to_string()),
+            "{call:?}"
+        );
+    }
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg(&["GETKEYS", "RL.SETTLE", "2", "a", "b", "GCRA", "1", "1", "1"])
+        .arg(&["TOKENBUCKET", "5", "1", "DELTA", "-1"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys, ["a", "b"]);
+}
+
+/// A call with far more limits than keys is refused at the first limit too many, before the
+/// others are read: within the per-call budget (SLOWLOG), where reading 100,000 limits took
+/// tens of milliseconds. The twins refuse it with the same error.
+#[test]
+fn far_more_limits_than_keys_are_refused_before_they_are_read() {
+    let s = Server::start();
+    let mut c = s.connect();
+    let all_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(lua_script("all.lua"))
+        .query(&mut c)
+        .unwrap();
+    let settle_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(lua_script("settle.lua"))
+        .query(&mut c)
+        .unwrap();
+    let mut limits: Vec<&str> = Vec::new();
+    for _ in 0..100_000 {
+        limits.extend(["TOKENBUCKET", "10", "5"]);
+    }
+    let count = Err("ERR the number of limits must equal numkeys".to_string());
+    cmd(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]).unwrap();
+    for (command, tail) in [("RL.ALL", &[][..]), ("RL.SETTLE", &["DELTA", "1"][..])] {
+        cmd(&mut c, &["SLOWLOG", "RESET"]).unwrap();
+        let argv: Vec<&str> = [&[command, "1", "k"][..], &limits, tail].concat();
+        assert_eq!(cmd(&mut c, &argv), count, "{command}");
+        let log: Vec<Vec<Value>> = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(1)
+            .query(&mut c)
+            .unwrap();
+        let Value::Int(us) = log[0][2] else {
+            panic!("{log:?}");
+        };
+        assert!(us < 10_000, "{command} took {us} µs");
+        eprintln!("{command} 1 k + 100,000 limits: {us} µs");
+        let sha = if command == "RL.ALL" {
+            &all_sha
+        } else {
+            &settle_sha
+        };
+        let twin: Vec<&str> = [&["EVALSHA", sha.as_str(), "1", "k"][..], &limits, tail].concat();
+        assert_eq!(cmd(&mut c, &twin), count, "{command}'s twin");
+    }
+    assert_eq!(cmd(&mut c, &["EXISTS", "k"]), Ok(Value::Int(0)));
 }
 
 #[test]

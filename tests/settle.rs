@@ -248,12 +248,19 @@ fn two_hundred_clients_reserving_and_settling_at_once_keep_the_exact_total() {
 fn bad_calls_are_errors_that_change_nothing() {
     let (_s, mut c) = script(&[("RL.TOKENBUCKET k 10 1 3", &[1, 7, 0, 3000, 10])]);
     let arity = "ERR wrong number of arguments for 'rl.settle' command";
+    let missing = "ERR wrong number of arguments for 'rl.settle' command: numkeys limits and DELTA n must follow the keys";
     assert_errors_change_nothing(
         &mut c,
         "RL.SETTLE",
         "k",
         &[
             (&["1", "k", "TOKENBUCKET", "10", "1", "DELTA"], arity),
+            (&["5", "k", "a", "b", "c", "d", "e"], missing),
+            (
+                &["2", "k", "j", "TOKENBUCKET", "10", "1", "DELTA", "1"],
+                missing,
+            ),
+            (&["1", "k", "GCRA", "10", "1", "DELTA", "1"], arity),
             (
                 &["1", "k", "TOKENBUCKET", "10", "1", "COST", "1"],
                 "ERR the call must end with DELTA n",
@@ -348,7 +355,7 @@ fn bad_calls_are_errors_that_change_nothing() {
     assert_eq!(stored(&mut c, "bad").1, [b"x 1".to_vec()]);
     assert_eq!(
         info_field(&mut c, "ratelimit", "ratelimit_rl_settle"),
-        "calls=8,allowed=0,denied=0,errors=8,args=6,wrongtype=1,corrupt=1,oom=0,internal=0"
+        "calls=11,allowed=0,denied=0,errors=11,args=9,wrongtype=1,corrupt=1,oom=0,internal=0"
     );
 }
 

@@ -396,6 +396,76 @@ fn test_clock_routes_time_for_clients_and_scripts() {
     assert_eq!(from_script, ["1234567890", "123456"]);
 }
 
+/// The test clock is a write: a read-only replica and a read-only script refuse it (and the
+/// `TIME` it stands in for), and its time is never before 0 or past 9 * 10^15 µs.
+#[test]
+fn the_test_clock_runs_only_where_writes_may_and_refuses_negative_times() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, 5_000_000);
+    let range = Err(
+        "ERR the test clock's time must be between 0 and 9000000000000000 (Unix microseconds)"
+            .to_string(),
+    );
+    for args in [
+        &["SET", "-1"][..],
+        &["SET", "9000000000000001"],
+        &["SET", "-9000000000000000"],
+        &["ADVANCE", "-5000001"],
+        &["ADVANCE", "8999999995000001"],
+        &["ADVANCE", "-99999999999999999999"],
+    ] {
+        let mut argv = vec!["RL.TESTCLOCK"];
+        argv.extend(args);
+        assert_eq!(cmd(&mut c, &argv), range, "{args:?}");
+        assert_eq!(
+            cmd(&mut c, &["RL.TESTCLOCK", "GET"]),
+            Ok(Value::Int(5_000_000))
+        );
+    }
+    // Backwards is a clock step, down to 0.
+    assert_eq!(
+        cmd(&mut c, &["RL.TESTCLOCK", "ADVANCE", "-5000000"]),
+        Ok(Value::Int(0))
+    );
+    assert_eq!(
+        cmd(&mut c, &["RL.TESTCLOCK", "SET", "9000000000000000"]),
+        Ok(Value::Int(9_000_000_000_000_000))
+    );
+    set_clock(&mut c, 1_234_567_890_123_456);
+
+    let Ok(Value::Array(info)) = cmd(&mut c, &["COMMAND", "INFO", "rl.testclock"]) else {
+        panic!("COMMAND INFO");
+    };
+    let Value::Array(fields) = &info[0] else {
+        panic!("{info:?}");
+    };
+    let flags: Vec<String> = redis::from_redis_value_ref(&fields[2]).unwrap();
+    assert_eq!(flags, ["write", "module", "fast"]);
+    // Read-only scripts: EVAL_RO, and a script flagged no-writes.
+    for (command, script) in [
+        ("EVAL_RO", "return redis.call('TIME')"),
+        ("EVAL_RO", "return redis.call('RL.TESTCLOCK', 'GET')"),
+        ("EVAL", "#!lua flags=no-writes\nreturn redis.call('TIME')"),
+    ] {
+        let refused = cmd(&mut c, &[command, script, "0"]).unwrap_err();
+        assert!(
+            refused.starts_with("ERR Write commands are not allowed from read-only scripts."),
+            "{command} {script}: {refused}"
+        );
+    }
+    // A read-only replica.
+    let replica = Server::with_test_clock();
+    replica.replicate_from(&s);
+    let mut r = replica.connect();
+    let readonly = Err("READONLY You can't write against a read only replica.".to_string());
+    assert_eq!(cmd(&mut r, &["RL.TESTCLOCK", "SET", "1"]), readonly);
+    assert_eq!(cmd(&mut r, &["TIME"]), readonly);
+    // Its master still reads and moves it.
+    let time: Vec<String> = redis::cmd("TIME").query(&mut c).unwrap();
+    assert_eq!(time, ["1234567890", "123456"]);
+}
+
 #[test]
 fn out_of_memory_refuses_writes_but_answers_denials_and_peeks() {
     let s = Server::with_test_clock();

@@ -822,7 +822,7 @@ func (c *Client) settleCharged(ctx context.Context, limits []Limit, delta int64,
 }
 
 // Top is the count keys with the most denials on the server, most first (RL.TOP count, count
-// from 1 to 100,000), as the module counts them. Only the module keeps this list: in ModeScript
+// from 1 to 1,000), as the module counts them. Only the module keeps this list: in ModeScript
 // and ModeFunction the answer is an *UnsupportedError. An operator's call: the command is
 // outside the ratelimit ACL category, so an application's user gets a *RejectedError (NOPERM).
 // No failure policy answers it: ErrUnavailable when Redis does not answer in time. Each server

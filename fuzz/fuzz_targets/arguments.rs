@@ -3,6 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use redis_rate_limiter::codec::error::ErrorReply;
 use redis_rate_limiter::command::fixed_window::FixedWindow;
 use redis_rate_limiter::command::gcra::Gcra;
 use redis_rate_limiter::command::leaky_bucket::LeakyBucket;
@@ -35,6 +36,13 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(call) = settle::parse(&args) {
         assert_eq!(call.keys.len(), call.limits.len());
     }
-    let positions = all::key_positions(args.len() + 1, |i| i.checked_sub(1).and_then(|i| args.get(i).copied()));
+    let positions = all::key_positions(args.first().copied(), args.len());
     assert!(positions.end <= args.len() + 1);
+    // A call longer than any valid one gets, from the part a parse reads, its whole error.
+    let errors =
+        |r: Result<all::Call, ErrorReply>| r.map(|c| c.limits.len()).map_err(|e| e.message());
+    let part = all::read_part(&args, all::OPTION_WORDS);
+    assert_eq!(errors(all::parse(&part)), errors(all::parse(&args)));
+    let part = all::read_part(&args, settle::LAST_WORDS);
+    assert_eq!(errors(settle::parse(&part)), errors(settle::parse(&args)));
 });

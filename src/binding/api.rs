@@ -6,6 +6,7 @@
 use std::ffi::{c_int, c_long, c_longlong, c_void};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
@@ -47,8 +48,8 @@ pub unsafe fn string_bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
     }
 }
 
-/// A Redis string created with no context: it lives until freed, which the caller never does
-/// (used for names kept for the module's life).
+/// A Redis string created with no context: it lives until freed (`free_kept_strings`, at
+/// module unload).
 fn unmanaged_string(bytes: &[u8]) -> Result<*mut RedisModuleString, ErrorReply> {
     let create = api!(RedisModule_CreateString)?;
     // SAFETY: a NULL context makes an unmanaged string; the bytes are valid for `len`.
@@ -396,9 +397,9 @@ impl OpenKey {
 /// The string kept in `cell`, made (unmanaged) on first use: for names and constant arguments that
 /// live as long as the module. Format `s` of `RedisModule_Replicate` hands Redis a reference to
 /// one, where `c` would copy it into a new object on every call. Commands run on the main thread
-/// only, so the cell is filled once.
+/// only, so the cell is filled once, and listed for `free_kept_strings`.
 pub fn kept_string(
-    cell: &AtomicPtr<c_void>,
+    cell: &'static AtomicPtr<c_void>,
     text: &[u8],
 ) -> Result<*mut RedisModuleString, ErrorReply> {
     let kept = cell.load(Ordering::Relaxed);
@@ -407,7 +408,30 @@ pub fn kept_string(
     }
     let made = unmanaged_string(text)?;
     cell.store(made.cast(), Ordering::Relaxed);
+    KEPT.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(cell);
     Ok(made)
+}
+
+/// Every cell `kept_string` filled.
+static KEPT: Mutex<Vec<&'static AtomicPtr<c_void>>> = Mutex::new(Vec::new());
+
+/// Frees every kept string and empties its cell (and the list), so that module unload leaves
+/// none behind and a cell never points at a freed string.
+pub fn free_kept_strings() {
+    let cells = std::mem::take(&mut *KEPT.lock().unwrap_or_else(PoisonError::into_inner));
+    let Ok(free) = api!(RedisModule_FreeString) else {
+        return;
+    };
+    for cell in cells {
+        let s = cell.swap(ptr::null_mut(), Ordering::Relaxed);
+        if !s.is_null() {
+            // SAFETY: an unmanaged string made by `kept_string`, freed once (its cell is empty
+            // from now on), with the NULL context it was made with.
+            unsafe { free(ptr::null_mut(), s.cast()) };
+        }
+    }
 }
 
 static PXAT: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
@@ -754,4 +778,29 @@ pub fn call_zrevrange_one(
         .ok_or(CALL_FAILED)?;
     visit(member, score)?;
     Ok(true)
+}
+
+/// `ACL CAT category` run inside this call (at load): the commands in it, as the server names
+/// them.
+pub fn call_acl_cat(
+    ctx: *mut RedisModuleCtx,
+    category: &std::ffi::CStr,
+) -> Result<Vec<String>, ErrorReply> {
+    let call = api!(RedisModule_Call)?;
+    // SAFETY: format "cc": two NUL-terminated C strings.
+    let reply = unsafe {
+        call(
+            ctx,
+            c"ACL".as_ptr(),
+            c"cc".as_ptr(),
+            c"CAT".as_ptr(),
+            category.as_ptr(),
+        )
+    };
+    let reply = CallReply::new(reply)?;
+    let mut names = Vec::new();
+    while let Some(name) = reply.element(names.len())? {
+        names.push(String::from_utf8_lossy(name).into_owned());
+    }
+    Ok(names)
 }

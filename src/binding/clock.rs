@@ -18,9 +18,12 @@ use crate::command::descriptor::{ArgKind, Descriptor, Keys, arg, optional};
 use crate::observe::stats::CommandStats;
 
 /// `RL.TESTCLOCK SET|ADVANCE|GET|TIME [us]`, registered only with the `TESTCLOCK` load argument.
+/// Flagged `write`: it changes the time every later call decides at, so a read-only replica and a
+/// read-only script (`EVAL_RO`, `FCALL_RO`, a script flagged `no-writes`) refuse it, and with it
+/// the `TIME` it stands in for.
 pub const DESCRIPTOR: Descriptor = Descriptor {
     name: c"RL.TESTCLOCK",
-    flags: c"readonly fast",
+    flags: c"write fast",
     keys: Keys::None,
     arity: -2,
     summary: c"Test clock (TESTCLOCK load argument only): SET or ADVANCE it in microseconds, GET it, or TIME as TIME replies",
@@ -128,6 +131,23 @@ unsafe extern "C" fn route_time_to_test_clock(fctx: *mut RedisModuleCommandFilte
 const TESTCLOCK_USAGE: ErrorReply =
     ErrorReply(c"ERR usage: RL.TESTCLOCK GET | TIME | SET <unix_us> | ADVANCE <us> | PANIC");
 
+/// The latest time the test clock takes, in Unix µs (year 2255): every time the module stores or
+/// replicates stays far from the integers' limits.
+const MAX_TEST_US: i64 = 9_000_000_000_000_000;
+
+const OUT_OF_RANGE: ErrorReply = ErrorReply(
+    c"ERR the test clock's time must be between 0 and 9000000000000000 (Unix microseconds)",
+);
+
+/// `us` as the test clock's time, if it is one.
+fn in_range(us: i64) -> Result<i64, ErrorReply> {
+    if (0..=MAX_TEST_US).contains(&us) {
+        Ok(us)
+    } else {
+        Err(OUT_OF_RANGE)
+    }
+}
+
 /// `RL.TESTCLOCK GET | TIME | SET us | ADVANCE us`, registered only with the test clock.
 pub fn test_clock_command(
     ctx: *mut RedisModuleCtx,
@@ -136,23 +156,26 @@ pub fn test_clock_command(
     // SAFETY: argv strings live for the whole call.
     let arg = |i: usize| argv.get(i).map(|s| unsafe { string_bytes(*s) });
     let sub = arg(1).ok_or(TESTCLOCK_USAGE)?;
+    // An integer, at most the clock's range in size (so a sum of two stays within i64).
     let value = || -> Result<i64, ErrorReply> {
         let v = arg(2).and_then(parse_integer).ok_or(TESTCLOCK_USAGE)?;
-        if v.abs() < 9e15 {
+        if v.abs() <= MAX_TEST_US as f64 {
             Ok(v as i64)
         } else {
-            Err(TESTCLOCK_USAGE)
+            Err(OUT_OF_RANGE)
         }
     };
     let now = if sub.eq_ignore_ascii_case(b"get") && argv.len() == 2 {
         TEST_CLOCK_US.load(Ordering::Relaxed)
     } else if sub.eq_ignore_ascii_case(b"set") && argv.len() == 3 {
-        let v = value()?;
+        let v = in_range(value()?)?;
         TEST_CLOCK_US.store(v, Ordering::Relaxed);
         v
     } else if sub.eq_ignore_ascii_case(b"advance") && argv.len() == 3 {
-        let v = value()?;
-        TEST_CLOCK_US.fetch_add(v, Ordering::Relaxed) + v
+        // Backwards too (a clock that steps back), but never before 0.
+        let v = in_range(TEST_CLOCK_US.load(Ordering::Relaxed) + value()?)?;
+        TEST_CLOCK_US.store(v, Ordering::Relaxed);
+        v
     } else if sub.eq_ignore_ascii_case(b"time") && argv.len() == 2 {
         return reply_time(ctx, TEST_CLOCK_US.load(Ordering::Relaxed));
     } else if sub.eq_ignore_ascii_case(b"panic") && argv.len() == 2 {

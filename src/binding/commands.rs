@@ -87,10 +87,12 @@ unsafe extern "C" fn top_command(
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, &command::top::DESCRIPTOR, |ctx, argv| {
+        // At most one argument is valid: two are enough for the arity error, however many came.
         let args: Vec<&[u8]> = argv
             .get(1..)
             .unwrap_or_default()
             .iter()
+            .take(2)
             // SAFETY: argv strings live for the whole call and are not modified.
             .map(|s| unsafe { api::string_bytes(*s) })
             .collect();
@@ -178,15 +180,28 @@ fn all_body(
     argv: &[*mut RedisModuleString],
 ) -> Result<AllAnswer, crate::codec::error::ErrorReply> {
     if api::is_keys_position_request(ctx) {
-        return Ok(AllAnswer::KeyPositions(api::report_key_positions(
-            ctx,
-            all::key_positions(argv.len(), |i| {
-                // SAFETY: argv strings live for the whole call.
-                argv.get(i).map(|s| unsafe { api::string_bytes(*s) })
-            }),
-        )));
+        return Ok(AllAnswer::KeyPositions(report_keys(ctx, argv)));
     }
     run_all(ctx, argv).map(AllAnswer::Decided)
+}
+
+/// Answers a key-positions request of `RL.ALL` or `RL.SETTLE` (numkeys and the keys after it).
+fn report_keys(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> c_int {
+    // SAFETY: argv strings live for the whole call and are not modified.
+    let numkeys = argv.get(1).map(|s| unsafe { api::string_bytes(*s) });
+    let positions = all::key_positions(numkeys, argv.len().saturating_sub(1));
+    api::report_key_positions(ctx, positions)
+}
+
+/// The arguments after the command name that a parse reads, as bytes: all of them, or for a
+/// call longer than any valid one its first ones and its last `tail` (`all::read_part`), so
+/// converting them costs the same however many there are.
+fn arg_bytes<'a>(argv: &[*mut RedisModuleString], tail: usize) -> Vec<&'a [u8]> {
+    all::read_part(argv.get(1..).unwrap_or_default(), tail)
+        .into_iter()
+        // SAFETY: argv strings live for the whole call and are not modified.
+        .map(|s| unsafe { api::string_bytes(s) })
+        .collect()
 }
 
 /// `RL.SETTLE`: `[[reply of limit 1], [reply of limit 2], ...]`.
@@ -232,13 +247,7 @@ fn settle_body(
     argv: &[*mut RedisModuleString],
 ) -> Result<SettleAnswer, crate::codec::error::ErrorReply> {
     if api::is_keys_position_request(ctx) {
-        return Ok(SettleAnswer::KeyPositions(api::report_key_positions(
-            ctx,
-            all::key_positions(argv.len(), |i| {
-                // SAFETY: argv strings live for the whole call.
-                argv.get(i).map(|s| unsafe { api::string_bytes(*s) })
-            }),
-        )));
+        return Ok(SettleAnswer::KeyPositions(report_keys(ctx, argv)));
     }
     run_settle(ctx, argv).map(|r| SettleAnswer::Settled(Settled(r.replies)))
 }
@@ -293,12 +302,7 @@ pub fn run_all(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<AllReply, ErrorReply> {
-    let rest = argv.get(1..).unwrap_or_default();
-    let bytes: Vec<&[u8]> = rest
-        .iter()
-        // SAFETY: argv strings live for the whole call and are not modified.
-        .map(|s| unsafe { api::string_bytes(*s) })
-        .collect();
+    let bytes = arg_bytes(argv, all::OPTION_WORDS);
     let mut call = all::parse(&bytes)?;
     // Key names as Redis strings: argv[2 ..= 1 + numkeys].
     let names = argv.get(2..2 + call.keys.len()).ok_or(all::ARITY)?;
@@ -315,12 +319,7 @@ pub fn run_settle(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<AllReply, ErrorReply> {
-    let rest = argv.get(1..).unwrap_or_default();
-    let bytes: Vec<&[u8]> = rest
-        .iter()
-        // SAFETY: argv strings live for the whole call and are not modified.
-        .map(|s| unsafe { api::string_bytes(*s) })
-        .collect();
+    let bytes = arg_bytes(argv, settle::LAST_WORDS);
     let mut call = settle::parse(&bytes)?;
     let names = argv.get(2..2 + call.keys.len()).ok_or(settle::ARITY)?;
     let mut keys = Vec::with_capacity(names.len());

@@ -3,8 +3,17 @@
 //! `MODULE LOADEX ... CONFIG ratelimit.top-slots N`; `top-slots N` as a load argument sets the
 //! value the module starts with. Redis checks the range and answers a bad value with its own
 //! error, changing nothing.
+//!
+//! A `CONFIG SET` of several configs sets each, then applies them; when one fails, the server
+//! sets every one back to its old value. A module's apply callback may already have run by then
+//! (Redis 8.2 runs it before the apply of a config named after it, which can still fail), so
+//! the set callback only records the value, and `RL.TOP` is resized when the server announces a
+//! `CONFIG SET` that succeeded (the config-change server event, fired after every config was
+//! applied) and once the configs are loaded at load: a `CONFIG SET` that fails leaves `RL.TOP`
+//! as it was.
 
 use std::ffi::{CStr, c_int, c_longlong, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
@@ -15,8 +24,12 @@ use crate::observe::stats::{DEFAULT_TOP_SLOTS, MAX_TOP_SLOTS, with_top};
 /// The config's name without the module's prefix (Redis adds `ratelimit.`).
 const TOP_SLOTS: &CStr = c"top-slots";
 
+/// The value the server holds for `ratelimit.top-slots`: set (and set back when a `CONFIG SET`
+/// fails), and given to `RL.TOP` once it is kept.
+static TOP_SLOTS_VALUE: AtomicUsize = AtomicUsize::new(DEFAULT_TOP_SLOTS);
+
 unsafe extern "C" fn get_top_slots(_name: *const i8, _privdata: *mut c_void) -> c_longlong {
-    with_top(|t| t.slots()) as c_longlong
+    TOP_SLOTS_VALUE.load(Ordering::Relaxed) as c_longlong
 }
 
 unsafe extern "C" fn set_top_slots(
@@ -27,8 +40,29 @@ unsafe extern "C" fn set_top_slots(
 ) -> c_int {
     // Redis has checked the range given at registration.
     let slots = usize::try_from(value).unwrap_or(0).min(MAX_TOP_SLOTS);
-    with_top(|t| t.resize(slots));
+    TOP_SLOTS_VALUE.store(slots, Ordering::Relaxed);
     raw::REDISMODULE_OK as c_int
+}
+
+/// Resizes `RL.TOP` to the value set (nothing when it already has that many slots).
+fn apply_top_slots() {
+    let slots = TOP_SLOTS_VALUE.load(Ordering::Relaxed);
+    with_top(|t| {
+        if t.slots() != slots {
+            t.resize(slots);
+        }
+    });
+}
+
+/// The config-change event: a `CONFIG SET` succeeded, every value it set is the server's now.
+unsafe extern "C" fn config_changed(
+    _ctx: *mut RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    // A panic must not unwind into the server; resizing allocates and could only fail that way.
+    let _ = std::panic::catch_unwind(apply_top_slots);
 }
 
 /// The value of `top-slots N` (or `ratelimit.top-slots N`) among the load arguments, and the
@@ -64,7 +98,7 @@ pub fn load_argument<'a>(args: &'a [&'a [u8]]) -> Result<(Option<usize>, Vec<&'a
 /// or `MODULE LOADEX` give.
 pub fn register(ctx: *mut RedisModuleCtx, slots: Option<usize>) -> Result<(), String> {
     let start = slots.unwrap_or(DEFAULT_TOP_SLOTS);
-    with_top(|t| t.resize(start));
+    TOP_SLOTS_VALUE.store(start, Ordering::Relaxed);
     let numeric = api!(RedisModule_RegisterNumericConfig).map_err(|e| e.message().to_string())?;
     let load = api!(RedisModule_LoadConfigs).map_err(|e| e.message().to_string())?;
     // SAFETY: valid load-time context; the name is NUL-terminated and static; the callbacks
@@ -90,6 +124,18 @@ pub fn register(ctx: *mut RedisModuleCtx, slots: Option<usize>) -> Result<(), St
     if unsafe { load(ctx) } != raw::REDISMODULE_OK as c_int {
         return Err("could not load the module's configs".to_string());
     }
+    // Loading sets the values; not every server applies them then.
+    apply_top_slots();
+    let subscribe =
+        api!(RedisModule_SubscribeToServerEvent).map_err(|e| e.message().to_string())?;
+    let event = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_CONFIG,
+        dataver: 1,
+    };
+    // SAFETY: valid load-time context; the callback matches the API's signature.
+    if unsafe { subscribe(ctx, event, Some(config_changed)) } != raw::REDISMODULE_OK as c_int {
+        return Err("could not subscribe to config changes".to_string());
+    }
     Ok(())
 }
 
@@ -103,7 +149,7 @@ mod tests {
         assert_eq!(load_argument(&args), Ok((Some(7), vec![&b"TESTCLOCK"[..]])));
         let args: Vec<&[u8]> = vec![b"ratelimit.top-slots", b"0"];
         assert_eq!(load_argument(&args), Ok((Some(0), vec![])));
-        for bad in [&b"x"[..], b"-1", b"100001", b""] {
+        for bad in [&b"x"[..], b"-1", b"10001", b""] {
             let args: Vec<&[u8]> = vec![b"top-slots", bad];
             assert!(load_argument(&args).is_err());
         }

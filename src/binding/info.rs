@@ -1,7 +1,10 @@
-//! The module's INFO section: per limiter command, calls / allowed / denied / errors.
+//! The module's INFO sections: per limiter command, calls / allowed / denied / errors; and what
+//! `RL.TOP` holds.
 //!
 //! Shown by `INFO modules`, `INFO ratelimit` and `INFO ratelimit_limits`, one line per command:
-//! `ratelimit_rl_tokenbucket:calls=12,allowed=10,denied=2,errors=0`.
+//! `ratelimit_rl_tokenbucket:calls=12,allowed=10,denied=2,errors=0`; then `INFO ratelimit_top`:
+//! `ratelimit_top_slots`, `ratelimit_top_keys` (tracked now) and `ratelimit_top_bytes` (the
+//! memory its slots take, all of it reserved when the number of slots is set).
 
 use std::ffi::{CString, c_int};
 
@@ -9,6 +12,7 @@ use redis_module::raw::RedisModuleInfoCtx;
 
 use super::api::api;
 use crate::command::registry::DESCRIPTORS;
+use crate::observe::stats::top_figures;
 
 pub fn register(ctx: *mut redis_module::raw::RedisModuleCtx) -> Result<(), &'static str> {
     let register = api!(RedisModule_RegisterInfoFunc).map_err(|e| e.message())?;
@@ -46,6 +50,11 @@ fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::codec::error
             }
             end(ctx);
         }
+        let (slots, keys, bytes) = top_figures();
+        section(ctx, c"top".as_ptr());
+        field(ctx, c"top_slots".as_ptr(), slots as u64);
+        field(ctx, c"top_keys".as_ptr(), keys as u64);
+        field(ctx, c"top_bytes".as_ptr(), bytes as u64);
     }
     Ok(())
 }

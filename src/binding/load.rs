@@ -1,13 +1,16 @@
 //! Module load: the load arguments, the module APIs the commands need, then every command, its
-//! ACL category, the module's config, its INFO section and, for tests, the test clock.
+//! ACL category, the module's config, its INFO section and, for tests, the test clock. Module
+//! unload: what the module keeps for its life, freed.
 
 use std::ffi::{CString, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use redis_module::raw::{self, RedisModuleCtx};
-use redis_module::{Context, ModuleOptions, RedisString, Status};
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use redis_module::{Context, ModuleOptions, Status};
 
 use crate::binding::entry::Command;
 use crate::binding::{acl, api, clock, commands, config, docs, info, required};
+use crate::observe::stats::with_top;
 
 fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
     let create = api::api!(RedisModule_CreateCommand).map_err(|e| e.message().to_string())?;
@@ -34,10 +37,56 @@ fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
     docs::set(ctx, d)
 }
 
-/// Module load: validates the load arguments, then registers the commands.
-pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
-    let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    let (top_slots, rest) = match config::load_argument(&raw_args) {
+/// The module's name: its commands' prefix in logs, its configs' (`ratelimit.top-slots`) and its
+/// INFO sections'.
+const NAME: &std::ffi::CStr = c"ratelimit";
+const VERSION: c_int = 1;
+
+/// Module load (`RedisModule_OnLoad`): binds the module API, then `load`. Nothing is allocated
+/// before the API is bound: from then on every allocation goes through the server's allocator.
+///
+/// # Safety
+/// `ctx` is the server's load context and `argv` holds `argc` valid strings.
+pub unsafe fn on_load(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let err = raw::REDISMODULE_ERR as c_int;
+    // SAFETY: the server's context; the name is NUL-terminated and static.
+    let init = unsafe {
+        raw::Export_RedisModule_Init(
+            ctx,
+            NAME.as_ptr(),
+            VERSION,
+            raw::REDISMODULE_APIVER_1 as c_int,
+        )
+    };
+    if init == err {
+        return err;
+    }
+    let argv: &[*mut RedisModuleString] = match usize::try_from(argc) {
+        // SAFETY: the server passes `argc` valid strings, alive during the load.
+        Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
+        _ => &[],
+    };
+    let loaded = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the load arguments live for the whole load and are not modified.
+        let args: Vec<&[u8]> = argv
+            .iter()
+            .map(|s| unsafe { api::string_bytes(*s) })
+            .collect();
+        load(&Context::new(ctx), &args)
+    }));
+    match loaded {
+        Ok(Status::Ok) => raw::REDISMODULE_OK as c_int,
+        _ => err,
+    }
+}
+
+/// Validates the load arguments, then registers the commands.
+fn load(ctx: &Context, raw_args: &[&[u8]]) -> Status {
+    let (top_slots, rest) = match config::load_argument(raw_args) {
         Ok(found) => found,
         Err(e) => {
             ctx.log_warning(&format!("ratelimit: refusing to load: {e}"));
@@ -76,16 +125,15 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
     // Keys are signalled as modified only when a call really writes them; a denial is a read.
     ctx.set_module_options(ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
 
-    // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category.
+    // Limiter commands only: RL.TESTCLOCK is never in the module's ACL category; the operator
+    // command is in the server's @admin, outside the limiters' category.
     let mut result = acl::add_category(ctx).and_then(|acl| {
         commands::all_commands().try_for_each(|cmd| {
             register(ctx.ctx, &cmd).and_then(|()| acl.assign(ctx.ctx, cmd.descriptor))
-        })
+        })?;
+        register(ctx.ctx, &commands::TOP)
+            .and_then(|()| acl.assign_operator(ctx.ctx, commands::TOP.descriptor))
     });
-    // The operator command, outside the limiters' ACL category.
-    if result.is_ok() {
-        result = register(ctx.ctx, &commands::TOP);
-    }
     if result.is_ok() {
         result = config::register(ctx.ctx, top_slots);
     }
@@ -106,5 +154,20 @@ pub fn on_load(ctx: &Context, args: &[RedisString]) -> Status {
             ctx.log_warning(&format!("ratelimit: refusing to load: {e}"));
             Status::Err
         }
+    }
+}
+
+/// Module unload (`MODULE UNLOAD`): frees what the module allocated and kept for its life, which
+/// Redis counts in `used_memory` (the module allocates through Redis): `RL.TOP`'s slots and the
+/// Redis strings kept for names. Redis runs nothing of the module after this, and a load that
+/// follows starts from empty cells.
+pub fn on_unload(_ctx: *mut RedisModuleCtx) -> c_int {
+    let freed = catch_unwind(|| {
+        with_top(|t| t.resize(0));
+        api::free_kept_strings();
+    });
+    match freed {
+        Ok(()) => raw::REDISMODULE_OK as c_int,
+        Err(_) => raw::REDISMODULE_ERR as c_int,
     }
 }

@@ -15,4 +15,4 @@ mod key;
 mod load;
 mod required;
 
-pub use load::on_load;
+pub use load::{on_load, on_unload};

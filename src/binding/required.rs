@@ -17,9 +17,11 @@ macro_rules! presence {
     };
 }
 
-/// Every API a command or the INFO section calls.
+/// Every API a command or the INFO section calls (the allocator's first: every allocation of
+/// the module goes through it).
 pub fn required() -> Vec<(&'static str, bool)> {
     presence!(
+        RedisModule_Alloc,
         RedisModule_CreateCommand,
         RedisModule_OpenKey,
         RedisModule_CloseKey,
@@ -37,6 +39,7 @@ pub fn required() -> Vec<(&'static str, bool)> {
         RedisModule_ZsetScore,
         RedisModule_RegisterNumericConfig,
         RedisModule_LoadConfigs,
+        RedisModule_SubscribeToServerEvent,
         RedisModule_ReplyWithSimpleString,
         RedisModule_ReplyWithStringBuffer,
         RedisModule_ZsetFirstInScoreRange,

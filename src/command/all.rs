@@ -6,8 +6,7 @@
 //! applies to every limit (default 1), and one `LEASE id` to every concurrency limit (the lease
 //! id of `RL.ACQUIRE`). The two may come in either order, after the limits.
 
-use std::ffi::{CStr, CString};
-use std::sync::OnceLock;
+use std::ffi::CStr;
 
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
@@ -53,26 +52,50 @@ pub const MAX_LIMITS: usize = 16;
 /// Arguments after the command name in the shortest call; Redis checks it too (arity -6).
 pub const MIN_ARGS: usize = 5;
 const NUMKEYS: ErrorReply = ErrorReply(c"ERR numkeys must be an integer between 1 and 16");
-/// `ERR unknown algorithm, expected one of: ...` with every keyword of the registry, made once.
-fn unknown() -> ErrorReply {
-    static TEXT: OnceLock<CString> = OnceLock::new();
-    unknown_among(&TEXT, algorithms().map(|(_, k, _)| k))
+
+/// `ERR unknown algorithm, expected one of: ...` with every keyword of the registry.
+const UNKNOWN: ErrorReply = ErrorReply(unknown_text(&UNKNOWN_BYTES));
+const UNKNOWN_BYTES: [u8; 128] = unknown_bytes(false);
+
+/// `ERR unknown algorithm, expected one of: ` and the keywords of the limiters, in registry
+/// order: every one with a keyword, or only those `RL.SETTLE` settles. Built when compiling (a
+/// text too long for the buffer fails the build), so no error text is allocated.
+pub const fn unknown_bytes<const N: usize>(settled_only: bool) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut n = copy_into(&mut out, 0, b"ERR unknown algorithm, expected one of:");
+    let mut i = 0;
+    while i < limiters::LIMITERS.len() {
+        let entry = &limiters::LIMITERS[i];
+        let settles = match entry.runner {
+            Runner::OneKey { settle, .. } => settle.is_some(),
+            _ => false,
+        };
+        if let (Some(keyword), true) = (entry.descriptor.all_keyword, settles || !settled_only) {
+            n = copy_into(&mut out, n, b" ");
+            n = copy_into(&mut out, n, keyword.as_bytes());
+        }
+        i += 1;
+    }
+    // The NUL that ends it.
+    assert!(n < N, "the error text does not fit");
+    out
 }
 
-/// `ERR unknown algorithm, expected one of: <keywords>`, made once into `text`.
-pub fn unknown_among<'a>(
-    text: &'static OnceLock<CString>,
-    keywords: impl Iterator<Item = &'a str>,
-) -> ErrorReply {
-    let text = text.get_or_init(|| {
-        let keywords: Vec<&str> = keywords.collect();
-        let message = format!(
-            "ERR unknown algorithm, expected one of: {}",
-            keywords.join(" ")
-        );
-        CString::new(message).unwrap_or_default()
-    });
-    ErrorReply(text.as_c_str())
+const fn copy_into<const N: usize>(out: &mut [u8; N], at: usize, bytes: &[u8]) -> usize {
+    let mut i = 0;
+    while i < bytes.len() {
+        out[at + i] = bytes[i];
+        i += 1;
+    }
+    at + bytes.len()
+}
+
+/// The text `unknown_bytes` built.
+pub const fn unknown_text(bytes: &'static [u8]) -> &'static CStr {
+    match CStr::from_bytes_until_nul(bytes) {
+        Ok(text) => text,
+        Err(_) => panic!("no NUL"),
+    }
 }
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
 const LEASE_UNUSED: ErrorReply = ErrorReply(c"ERR LEASE is given only with a CONCURRENCY limit");
@@ -106,18 +129,45 @@ pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, 
 }
 
 /// Positions (in the full argument vector, command name at 0) of the keys of a call, for cluster
-/// routing: `numkeys` at 1, the keys after it. Nothing when `numkeys` is not valid (the call
-/// itself then fails with the numkeys error).
-pub fn key_positions<'a>(
-    argc: usize,
-    arg: impl Fn(usize) -> Option<&'a [u8]>,
-) -> std::ops::Range<usize> {
-    let n = arg(1).and_then(parse_integer).unwrap_or(0.0);
-    if !(n >= 1.0 && n <= MAX_LIMITS as f64) {
+/// routing, ACL key patterns and `COMMAND GETKEYS`, given its `numkeys` and how many arguments
+/// follow the command name: `numkeys` at 1, the keys after it, as the command's key spec says.
+/// Nothing when `numkeys` is not valid or names more keys than there are arguments after it
+/// (the call itself then fails with its error, before it opens any key), so no position past
+/// the arguments is reported.
+pub fn key_positions(numkeys: Option<&[u8]>, args: usize) -> std::ops::Range<usize> {
+    let n = numkeys.and_then(parse_integer).unwrap_or(0.0);
+    if !(n >= 1.0 && n <= MAX_LIMITS as f64) || args < 1 + n as usize {
         return 0..0;
     }
-    let end = (2 + n as usize).min(argc);
-    2..end
+    2..2 + n as usize
+}
+
+/// The most words of one limit: its keyword and at most 3 parameters (`GCRA`'s).
+const MAX_LIMIT_WORDS: usize = 4;
+
+/// The most arguments (after the command name) a call reads before its last words: numkeys, at
+/// most 16 keys and 16 limits. `RL.ALL`'s options (`LEASE id`, `COST n`) and `RL.SETTLE`'s
+/// `DELTA n` come after them.
+pub const MAX_HEAD: usize = 1 + MAX_LIMITS * (1 + MAX_LIMIT_WORDS);
+
+/// `RL.ALL`'s last words, read first: `LEASE id` and `COST n`.
+pub const OPTION_WORDS: usize = 4;
+
+/// The arguments a parse reads of a call, given how many of its last words the command reads
+/// first (`tail`: options, `DELTA n`): all of them when there are at most `MAX_HEAD + tail`,
+/// else the first `MAX_HEAD + 1` and the last `tail`. A longer call holds a word past the most
+/// its keys' limits can take, and so gets the error it would get whole: a bad numkeys, key,
+/// option or one of its first limits, or else a limit too many. So however many arguments a
+/// call has, its parse reads at most `MAX_HEAD + 1 + tail`.
+pub fn read_part<T: Copy>(args: &[T], tail: usize) -> Vec<T> {
+    if args.len() <= MAX_HEAD + tail {
+        return args.to_vec();
+    }
+    let (first, rest) = args.split_at(MAX_HEAD + 1);
+    let last = rest
+        .get(rest.len().saturating_sub(tail)..)
+        .unwrap_or_default();
+    first.iter().chain(last).copied().collect()
 }
 
 /// A parsed call: the keys, in order, and one limit per key.
@@ -152,15 +202,20 @@ pub fn split_keys<'a>(
 }
 
 /// The limits of `words`, each a keyword that `find` knows and its parameters (as many as its
-/// descriptor's `all_params`), built by `build`.
+/// descriptor's `all_params`), built by `build`: at most `keys` of them, one per key, so a call
+/// with more words than its keys' limits fails at the first limit too many, before it is read.
 pub fn each_limit<T>(
     mut words: &[&[u8]],
+    keys: usize,
     arity: ErrorReply,
     find: impl Fn(&[u8]) -> Result<(&'static Descriptor, T), ErrorReply>,
     mut build: impl FnMut(&'static Descriptor, &T, &[&[u8]]) -> Result<Box<dyn Limit>, ErrorReply>,
 ) -> Result<Vec<Box<dyn Limit>>, ErrorReply> {
-    let mut limits: Vec<Box<dyn Limit>> = Vec::new();
+    let mut limits: Vec<Box<dyn Limit>> = Vec::with_capacity(keys);
     while let Some((keyword, after)) = words.split_first() {
+        if limits.len() == keys {
+            return Err(COUNT);
+        }
         let (descriptor, how) = find(keyword)?;
         let params = descriptor.all_params();
         if after.len() < params {
@@ -217,12 +272,18 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
         algorithms()
             .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
             .map(|(d, _, build)| (d, build))
-            .ok_or_else(unknown)
+            .ok_or(UNKNOWN)
     };
-    let limits = each_limit(words, ARITY, find, |descriptor, build, params| {
-        leases |= descriptor.args.iter().any(|a| a.per_call);
-        build(params, &call)
-    })?;
+    let limits = each_limit(
+        words,
+        keys.len(),
+        ARITY,
+        find,
+        |descriptor, build, params| {
+            leases |= descriptor.args.iter().any(|a| a.per_call);
+            build(params, &call)
+        },
+    )?;
     if limits.len() != keys.len() {
         return Err(COUNT);
     }
@@ -247,7 +308,7 @@ mod tests {
         let algorithms: Vec<&str> = algorithms().map(|(_, k, _)| k).collect();
         assert_eq!(algorithms, keywords);
         assert_eq!(
-            unknown().message(),
+            UNKNOWN.message(),
             format!(
                 "ERR unknown algorithm, expected one of: {}",
                 keywords.join(" ")
@@ -311,8 +372,17 @@ mod tests {
             )
         );
         assert_eq!(
-            parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "TOKENBUCKET"]),
+            parse_str(&["1", "a", "TOKENBUCKET", "10"]),
             Err("ERR wrong number of arguments for 'rl.all' command")
+        );
+        // A limit more than keys fails before it is read.
+        assert_eq!(
+            parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "TOKENBUCKET"]),
+            Err("ERR the number of limits must equal numkeys")
+        );
+        assert_eq!(
+            parse_str(&["1", "a", "TOKENBUCKET", "10", "5", "BUCKET", "x"]),
+            Err("ERR the number of limits must equal numkeys")
         );
         assert_eq!(
             parse_str(&["2", "a", "b", "TOKENBUCKET", "10", "5"]),
@@ -370,9 +440,88 @@ mod tests {
         );
         assert_eq!(
             lease(&[&tb[..], &cc, &["LEASE", "j1", "LEASE", "j2"]].concat()),
-            Err(
-                "ERR unknown algorithm, expected one of: TOKENBUCKET LEAKYBUCKET FIXEDWINDOW SLIDINGWINDOW GCRA SLIDINGLOG CONCURRENCY"
-            )
+            Err("ERR the number of limits must equal numkeys")
+        );
+    }
+
+    #[test]
+    fn a_million_limits_are_refused_at_the_second() {
+        let mut args: Vec<&[u8]> = vec![b"1", b"k"];
+        for _ in 0..1_000_000 {
+            args.extend([&b"TOKENBUCKET"[..], b"10", b"5"]);
+        }
+        let started = std::time::Instant::now();
+        assert_eq!(
+            parse(&args)
+                .map(|c| c.limits.len())
+                .map_err(|e| e.message()),
+            Err("ERR the number of limits must equal numkeys")
+        );
+        // Two limits read, not a million (which took hundreds of milliseconds).
+        assert!(started.elapsed() < std::time::Duration::from_millis(5));
+    }
+
+    #[test]
+    fn key_positions_never_reach_past_the_arguments() {
+        let positions = |v: &[&str]| key_positions(v.first().map(|n| n.as_bytes()), v.len());
+        assert_eq!(positions(&["2", "a", "b", "GCRA", "1", "1", "1"]), 2..4);
+        assert_eq!(positions(&["1", "k"]), 2..3);
+        for bad in [
+            &["5", "k1", "TOKENBUCKET", "5", "1"][..],
+            &["0", "k", "TOKENBUCKET", "5", "1"],
+            &["17", "k", "TOKENBUCKET", "5", "1"],
+            &["x", "k", "TOKENBUCKET", "5", "1"],
+            &["1"],
+            &[],
+        ] {
+            assert_eq!(positions(bad), 0..0, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn every_limit_fits_the_words_a_long_call_is_read_for() {
+        for (d, _, _) in algorithms() {
+            assert!(d.all_params() < MAX_LIMIT_WORDS, "{:?}", d.name);
+        }
+        assert_eq!(MAX_HEAD, 81);
+        // 16 keys, 15 GCRA limits and a concurrency limit, then LEASE and COST: read whole.
+        let mut longest: Vec<&[u8]> = vec![b"16"];
+        let names: Vec<String> = (0..16).map(|i| format!("k{i}")).collect();
+        longest.extend(names.iter().map(|n| n.as_bytes()));
+        for _ in 0..15 {
+            longest.extend([&b"GCRA"[..], b"1", b"1", b"1"]);
+        }
+        longest.extend([
+            &b"CONCURRENCY"[..],
+            b"1",
+            b"1",
+            b"LEASE",
+            b"j",
+            b"COST",
+            b"2",
+        ]);
+        assert_eq!(read_part(&longest, OPTION_WORDS), longest);
+        assert_eq!(parse(&longest).map(|c| c.limits.len()).ok(), Some(16));
+        // Longer, by a limit: the first 82 and the last 4, with the error the whole call gets.
+        let mut longer = longest.clone();
+        longer.splice(80..80, [&b"GCRA"[..], b"1", b"1", b"1"]);
+        let read = read_part(&longer, OPTION_WORDS);
+        assert_eq!(read.len(), 86);
+        assert_eq!(read[..82], longer[..82]);
+        assert_eq!(read[82..], longer[longer.len() - 4..]);
+        let error = |args: &[&[u8]]| parse(args).map(|c| c.limits.len()).map_err(|e| e.message());
+        assert_eq!(error(&read), error(&longer));
+        assert_eq!(
+            error(&read),
+            Err("ERR the number of limits must equal numkeys")
+        );
+        // A bad cost is still the error, as it is for the whole call.
+        let last = longer.len() - 1;
+        longer[last] = b"-1";
+        assert_eq!(error(&read_part(&longer, OPTION_WORDS)), error(&longer));
+        assert_eq!(
+            error(&longer),
+            Err("ERR cost must be between 0 and 1000000000000000")
         );
     }
 }

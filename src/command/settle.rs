@@ -47,6 +47,9 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
     stats: &STATS,
 };
 
+/// `RL.SETTLE`'s last words, read first: `DELTA n`.
+pub const LAST_WORDS: usize = 2;
+
 /// Arguments after the command name in the shortest call: `numkeys key ALGORITHM p1 p2 DELTA n`.
 const MIN_ARGS: usize = 7;
 /// Largest `|n|`, as for a cost.
@@ -57,6 +60,11 @@ pub const TOO_MANY_ENTRIES: ErrorReply = ErrorReply(
     c"ERR one call adds or removes at most 1000 sliding-log entries: |DELTA| times the SLIDINGLOG limits is above it",
 );
 const NO_DELTA: ErrorReply = ErrorReply(c"ERR the call must end with DELTA n");
+/// Fewer words after the keys than one limit per key (a keyword and its parameters, at least
+/// `shortest_limit` words each) and `DELTA n` take.
+const MISSING: ErrorReply = ErrorReply(
+    c"ERR wrong number of arguments for 'rl.settle' command: numkeys limits and DELTA n must follow the keys",
+);
 const DELTA_NOT_INTEGER: ErrorReply = ErrorReply(c"ERR DELTA must be an integer");
 const DELTA_OUT_OF_RANGE: ErrorReply =
     ErrorReply(c"ERR DELTA must be between -1000000000000000 and 1000000000000000");
@@ -67,16 +75,25 @@ pub fn algorithms() -> impl Iterator<Item = (&'static Descriptor, &'static str, 
 }
 
 /// `ERR unknown algorithm, expected one of: ...` with every keyword `RL.SETTLE` settles.
-fn unknown() -> ErrorReply {
-    static TEXT: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
-    all::unknown_among(&TEXT, algorithms().map(|(_, k, _)| k))
+const UNKNOWN: ErrorReply = ErrorReply(all::unknown_text(&UNKNOWN_BYTES));
+const UNKNOWN_BYTES: [u8; 128] = all::unknown_bytes(true);
+
+/// The fewest words a settled limit takes: its keyword and its parameters.
+fn shortest_limit() -> usize {
+    algorithms()
+        .map(|(d, _, _)| 1 + d.all_params())
+        .min()
+        .unwrap_or(1)
 }
 
 /// Parses everything after the command name: the keys and one settling limit per key.
 pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<all::Call<'a>, ErrorReply> {
     let (keys, words) = split_keys(args, MIN_ARGS, ARITY)?;
+    if words.len() < keys.len() * shortest_limit() + 2 {
+        return Err(MISSING);
+    }
     let [words @ .., keyword, delta] = words else {
-        return Err(NO_DELTA);
+        return Err(MISSING);
     };
     if !keyword.eq_ignore_ascii_case(b"DELTA") {
         return Err(NO_DELTA);
@@ -89,10 +106,12 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<all::Call<'a>, ErrorReply> {
         algorithms()
             .find(|(_, k, _)| keyword.eq_ignore_ascii_case(k.as_bytes()))
             .map(|(d, _, build)| (d, build))
-            .ok_or_else(unknown)
+            .ok_or(UNKNOWN)
     };
     let limits: Vec<Box<dyn Limit>> =
-        each_limit(words, ARITY, find, |_, build, params| build(params, delta))?;
+        each_limit(words, keys.len(), ARITY, find, |_, build, params| {
+            build(params, delta)
+        })?;
     check_keys(keys, limits.len())?;
     check_entries(&limits, TOO_MANY_ENTRIES)?;
     Ok(all::Call { keys, limits })
@@ -105,6 +124,31 @@ mod tests {
     fn parse_str(v: &[&str]) -> Result<usize, &'static str> {
         let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
         parse(&raw).map(|c| c.limits.len()).map_err(|e| e.message())
+    }
+
+    #[test]
+    fn a_call_longer_than_any_valid_one_gets_its_whole_errors_from_the_part_read() {
+        let gcra = ["GCRA", "1", "1", "1"];
+        let keys: Vec<String> = (0..16).map(|i| format!("k{i}")).collect();
+        let mut longer: Vec<&str> = vec!["16"];
+        longer.extend(keys.iter().map(String::as_str));
+        for _ in 0..17 {
+            longer.extend(gcra);
+        }
+        longer.extend(["DELTA", "5"]);
+        let raw: Vec<&[u8]> = longer.iter().map(|s| s.as_bytes()).collect();
+        let read = all::read_part(&raw, LAST_WORDS);
+        assert_eq!(read.len(), all::MAX_HEAD + 1 + LAST_WORDS);
+        let error = |args: &[&[u8]]| parse(args).map(|c| c.limits.len()).map_err(|e| e.message());
+        assert_eq!(error(&read), error(&raw));
+        assert_eq!(
+            error(&raw),
+            Err("ERR the number of limits must equal numkeys")
+        );
+        // Without the 17th limit, read whole and accepted.
+        let valid: Vec<&[u8]> = [&raw[..81], &raw[85..]].concat();
+        assert_eq!(all::read_part(&valid, LAST_WORDS), valid);
+        assert_eq!(error(&valid), Ok(16));
     }
 
     #[test]
@@ -131,7 +175,23 @@ mod tests {
             Ok(2)
         );
         let arity = "ERR wrong number of arguments for 'rl.settle' command";
+        let missing = "ERR wrong number of arguments for 'rl.settle' command: numkeys limits and DELTA n must follow the keys";
+        assert_eq!(shortest_limit(), 3);
         assert_eq!(call(&["1", "k"], &["DELTA"]), Err(arity));
+        // Five keys, then one word: neither the limits nor DELTA.
+        assert_eq!(
+            parse_str(&["5", "a", "b", "c", "d", "e", "f"]),
+            Err(missing)
+        );
+        assert_eq!(
+            parse_str(&["2", "a", "b", "TOKENBUCKET", "1", "1", "DELTA", "1"]),
+            Err(missing)
+        );
+        assert_eq!(parse_str(&["1", "a", "b", "c", "d"]), Err(arity));
+        assert_eq!(
+            parse_str(&["1", "a", "b", "c", "d", "e", "f"]),
+            Err("ERR the call must end with DELTA n")
+        );
         assert_eq!(
             call(&["1", "k"], &["COST", "1"]),
             Err("ERR the call must end with DELTA n")
@@ -153,7 +213,25 @@ mod tests {
             Err("ERR each limit needs its own key")
         );
         assert_eq!(
-            call(&["2", "j", "k"], &["DELTA", "1"]),
+            call(&["2", "j", "k"], &["DELTA", "1", "x", "y", "z"]),
+            Err("ERR the call must end with DELTA n")
+        );
+        assert_eq!(
+            call(&["2", "j", "k"], &["GCRA", "DELTA", "1"]),
+            Err(missing)
+        );
+        let gcra = ["GCRA", "1", "1", "1"];
+        assert_eq!(
+            parse_str(
+                &[
+                    &["4", "a", "b", "c", "d"][..],
+                    &gcra,
+                    &gcra,
+                    &gcra,
+                    &["DELTA", "1"]
+                ]
+                .concat()
+            ),
             Err("ERR the number of limits must equal numkeys")
         );
         assert_eq!(
@@ -164,6 +242,14 @@ mod tests {
         );
         assert_eq!(
             call(&["1", "k"], &["TOKENBUCKET", "DELTA", "1"]),
+            Err("ERR the number of limits must equal numkeys")
+        );
+        assert_eq!(
+            call(&["1", "k"], &["TOKENBUCKET", "1", "1"]),
+            Err("ERR the call must end with DELTA n")
+        );
+        assert_eq!(
+            parse_str(&["1", "k", "GCRA", "1", "1", "DELTA", "1"]),
             Err(arity)
         );
     }

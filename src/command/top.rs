@@ -1,6 +1,8 @@
 //! `RL.TOP [count]` and `RL.TOP RESET`: the keys with the most denials on this server
 //! (`crate::observe::top`), for operators. Not a limiter: it is outside the registry and outside the
-//! `ratelimit` ACL category (it shows every tenant's keys), flagged `admin`.
+//! `ratelimit` ACL category (it shows every tenant's keys), flagged `admin` (so in `@admin` and
+//! `@dangerous` where the server has module ACL categories). Not `fast`: a list and a reset cost
+//! O(count) and O(slots).
 
 use std::ffi::CStr;
 
@@ -13,11 +15,12 @@ pub const NAME: &CStr = c"RL.TOP";
 
 pub const DESCRIPTOR: Descriptor = Descriptor {
     name: NAME,
-    flags: c"admin fast",
+    flags: c"admin",
     keys: Keys::None,
     arity: -1,
     summary: c"The keys with the most denials on this server, most first (RESET clears them)",
-    complexity: c"O(S log S) where S is the number of slots (ratelimit.top-slots)",
+    complexity:
+        c"O(N) where N is the count (at most 1000); RESET: O(S) where S is the number of slots",
     args: &[optional(c"count", ArgKind::Integer)],
     arity_error: ErrorReply(c"ERR wrong number of arguments for 'rl.top' command"),
     all_keyword: None,
@@ -30,8 +33,11 @@ static STATS: CommandStats = CommandStats::new();
 /// Entries listed when no count is given.
 pub const DEFAULT_COUNT: usize = 10;
 
+/// The most entries one call lists: the reply is built within the call, so its size is bounded.
+pub const MAX_COUNT: usize = 1000;
+
 const BAD_COUNT: ErrorReply =
-    ErrorReply(c"ERR count must be an integer between 1 and 100000, or RESET");
+    ErrorReply(c"ERR count must be an integer between 1 and 1000, or RESET");
 
 /// What a call asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,9 +52,7 @@ pub fn parse(args: &[&[u8]]) -> Result<Request, ErrorReply> {
         [] => Ok(Request::List(DEFAULT_COUNT)),
         [word] if word.eq_ignore_ascii_case(b"RESET") => Ok(Request::Reset),
         [count] => match parse_integer(count) {
-            Some(n) if (1.0..=crate::observe::stats::MAX_TOP_SLOTS as f64).contains(&n) => {
-                Ok(Request::List(n as usize))
-            }
+            Some(n) if (1.0..=MAX_COUNT as f64).contains(&n) => Ok(Request::List(n as usize)),
             _ => Err(BAD_COUNT),
         },
         _ => Err(DESCRIPTOR.arity_error),
@@ -68,8 +72,9 @@ mod tests {
         assert_eq!(p(&[]), Ok(Request::List(10)));
         assert_eq!(p(&["3"]), Ok(Request::List(3)));
         assert_eq!(p(&["reset"]), Ok(Request::Reset));
-        let bad = "ERR count must be an integer between 1 and 100000, or RESET";
-        for v in ["0", "-1", "1.5", "x", "100001"] {
+        assert_eq!(p(&["1000"]), Ok(Request::List(1000)));
+        let bad = "ERR count must be an integer between 1 and 1000, or RESET";
+        for v in ["0", "-1", "1.5", "x", "1001", "100000"] {
             assert_eq!(p(&[v]), Err(bad), "{v}");
         }
         assert_eq!(

@@ -91,8 +91,9 @@ fn bump(counter: &AtomicU64) {
 
 /// Slots of the most-denied keys when the module loads (`ratelimit.top-slots`).
 pub const DEFAULT_TOP_SLOTS: usize = 128;
-/// The most slots `ratelimit.top-slots` takes.
-pub const MAX_TOP_SLOTS: usize = 100_000;
+/// The most slots `ratelimit.top-slots` takes: listing and resizing cost O(slots), and at this
+/// many either stays within a few milliseconds.
+pub const MAX_TOP_SLOTS: usize = 10_000;
 
 static TOP: LazyLock<Mutex<Top>> = LazyLock::new(|| Mutex::new(Top::new(DEFAULT_TOP_SLOTS)));
 
@@ -101,6 +102,11 @@ static TOP: LazyLock<Mutex<Top>> = LazyLock::new(|| Mutex::new(Top::new(DEFAULT_
 pub fn with_top<R>(f: impl FnOnce(&mut Top) -> R) -> R {
     let mut top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
     f(&mut top)
+}
+
+/// What `RL.TOP` holds: its slots, the keys it tracks and the bytes its pools take.
+pub fn top_figures() -> (usize, usize, usize) {
+    with_top(|t| (t.slots(), t.len(), t.bytes()))
 }
 
 /// The observation hook: every call of every command, and how to get the key its outcome is

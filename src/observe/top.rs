@@ -10,32 +10,48 @@
 //!
 //! The structure is the paper's Stream-Summary, on index-linked pools (no pointers, no `unsafe`):
 //!
-//! - **Slots** hold the tracked keys, each with its own key buffer, its 64-bit hash and its place
-//!   in its bucket's list.
+//! - **Slots** hold the tracked keys, each with its name kept in the slot itself (at most
+//!   `KEY_BYTES` of it), its 64-bit hash and its place in its bucket's list.
 //! - **Buckets** group the slots with the same count. They form a doubly linked list ordered by
-//!   count, from the `lowest`; each keeps a doubly linked list of its slots, least recently
-//!   counted first: a slot joins a bucket at the tail, and the slot replaced is the head of the
-//!   lowest bucket. Counting a slot once more moves it to the next bucket if that one counts
-//!   exactly one more, else to a new bucket right after (or, alone in its bucket, just bumps the
-//!   bucket's count). Emptied buckets go to a free list and are reused.
+//!   count, from the `lowest` to the `highest`; each keeps a doubly linked list of its slots,
+//!   least recently counted first: a slot joins a bucket at the tail, and the slot replaced is
+//!   the head of the lowest bucket. Counting a slot once more moves it to the next bucket if that
+//!   one counts exactly one more, else to a new bucket right after (or, alone in its bucket, just
+//!   bumps the bucket's count). Emptied buckets go to a free list and are reused.
 //! - **The index** is an open-addressing table of slot numbers (linear probing, at most a
 //!   quarter full, deletion by backward shift), hashed with a per-`Top` seeded multiply-and-fold hash,
 //!   so key names cannot be chosen to make probe sequences long. The slot of the latest denial
 //!   is checked first: a key denied again right away is found without hashing.
 //!
 //! So each denial is O(1) worst case: at most one hash of the key, a short probe, and a constant number
-//! of list updates. Every pool is reserved for the number of slots up front and a replaced slot
-//! reuses its key buffer, so once warm (all slots taken, buffers as long as the keys) a denial
-//! allocates nothing. Memory is fixed by the number of slots, however many keys exist.
+//! of list updates. Every pool is reserved for the number of slots when it is set, and a slot
+//! holds its key name itself, so a denial never allocates: the memory is fixed by the number of
+//! slots (`bytes`), however many keys exist and however long their names are.
+//!
+//! A key name longer than `KEY_BYTES` is kept as its first `KEY_BYTES` bytes, and told apart from
+//! other keys with the same ones by its length and its hash (64 bits, seeded when the module
+//! loads, so a name cannot be chosen to collide); it is listed as those bytes, `...` and the hash
+//! in 16 hex digits.
+//!
+//! The lists' order is `RL.TOP`'s: buckets from the highest count down, each from the most
+//! recently counted slot, so listing `n` keys costs O(n) and resizing O(S) for S slots, with no
+//! sorting.
 
-use std::cmp::Ordering;
 use std::collections::hash_map::RandomState;
 use std::ffi::CStr;
 use std::hash::BuildHasher;
 
-/// One tracked key.
+/// The bytes of a key name a slot keeps.
+pub const KEY_BYTES: usize = 64;
+
+/// The longest name listed: a long key's first `KEY_BYTES` bytes, `...` and 16 hex digits.
+pub const SHOWN_BYTES: usize = KEY_BYTES + 3 + 16;
+
+/// One tracked key, as listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// The key's name, or for a name longer than `KEY_BYTES`: its first `KEY_BYTES` bytes, `...`
+    /// and its hash in 16 hex digits.
     pub key: Vec<u8>,
     /// Denials counted for the key (at most `error` more than it really had).
     pub denied: u64,
@@ -52,17 +68,25 @@ pub struct Entry {
 const NONE: u32 = u32::MAX;
 
 /// The most slots tracked, whatever `slots` says: slot and bucket numbers stay well below
-/// `NONE`, and the index's size (twice this) fits the `u32` arithmetic.
-const MAX_SLOTS: usize = 1 << 30;
+/// `NONE`, and the index's size (four times this) fits the `u32` arithmetic.
+const MAX_SLOTS: usize = 1 << 28;
 
-/// The fewest places in the index.
+/// The fewest places in the index (when there is one).
 const MIN_INDEX: usize = 8;
 
-/// A tracked key: its entry (whose `denied` is always its bucket's count), hash and links.
-#[derive(Debug)]
+/// A tracked key: its name (or the first `KEY_BYTES` of it), length and hash, its counts and
+/// times (`denied` is always its bucket's count), and its links. Plain data: no heap.
+#[derive(Debug, Clone, Copy)]
 struct Slot {
-    entry: Entry,
+    name: [u8; KEY_BYTES],
+    /// The key's whole length.
+    len: usize,
     hash: u64,
+    denied: u64,
+    error: u64,
+    command: &'static CStr,
+    first_denied_ms: i64,
+    last_denied_ms: i64,
     bucket: u32,
     /// The slot counted just before (toward the head) and just after (toward the tail) in the
     /// same bucket.
@@ -70,8 +94,91 @@ struct Slot {
     next: u32,
 }
 
+/// The first bytes of a key a slot keeps.
+fn kept_part(key: &[u8]) -> &[u8] {
+    key.get(..KEY_BYTES).unwrap_or(key)
+}
+
+impl Slot {
+    fn new(key: &[u8], hash: u64, command: &'static CStr, now_ms: i64) -> Slot {
+        let mut slot = Slot {
+            name: [0; KEY_BYTES],
+            len: 0,
+            hash,
+            denied: 1,
+            error: 0,
+            command,
+            first_denied_ms: now_ms,
+            last_denied_ms: now_ms,
+            bucket: NONE,
+            prev: NONE,
+            next: NONE,
+        };
+        slot.set_key(key, hash);
+        slot
+    }
+
+    fn set_key(&mut self, key: &[u8], hash: u64) {
+        let kept = kept_part(key);
+        if let Some(name) = self.name.get_mut(..kept.len()) {
+            name.copy_from_slice(kept);
+        }
+        self.len = key.len();
+        self.hash = hash;
+    }
+
+    /// The bytes of the name it keeps.
+    fn kept(&self) -> &[u8] {
+        self.name.get(..self.len).unwrap_or(&self.name)
+    }
+
+    /// Whether it tracks the key of this hash, length and first bytes.
+    fn holds(&self, hash: u64, len: usize, kept: &[u8]) -> bool {
+        self.hash == hash && self.len == len && self.kept() == kept
+    }
+
+    /// Whether it tracks `key`, known without its hash: a key no longer than `KEY_BYTES`.
+    fn holds_short(&self, key: &[u8]) -> bool {
+        key.len() <= KEY_BYTES && self.len == key.len() && self.kept() == key
+    }
+
+    /// The name as listed, written into `buf`.
+    fn shown<'a>(&'a self, buf: &'a mut [u8; SHOWN_BYTES]) -> &'a [u8] {
+        if self.len <= KEY_BYTES {
+            return self.kept();
+        }
+        shown_long(&self.name, self.hash, buf)
+    }
+
+    fn entry(&self) -> Entry {
+        let mut buf = [0u8; SHOWN_BYTES];
+        Entry {
+            key: self.shown(&mut buf).to_vec(),
+            denied: self.denied,
+            error: self.error,
+            command: self.command,
+            first_denied_ms: self.first_denied_ms,
+            last_denied_ms: self.last_denied_ms,
+        }
+    }
+}
+
+/// A long key as listed: its first `KEY_BYTES` bytes, `...`, its hash in 16 hex digits.
+fn shown_long<'a>(kept: &[u8; KEY_BYTES], hash: u64, buf: &'a mut [u8; SHOWN_BYTES]) -> &'a [u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let (name, rest) = buf.split_at_mut(KEY_BYTES);
+    name.copy_from_slice(kept);
+    let (dots, digits) = rest.split_at_mut(3);
+    dots.copy_from_slice(b"...");
+    for (i, d) in digits.iter_mut().enumerate() {
+        let nibble = (hash >> (60 - 4 * i)) & 0xf;
+        *d = HEX.get(nibble as usize).copied().unwrap_or(b'0');
+    }
+    buf
+}
+
 /// The slots with one count.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Bucket {
     count: u64,
     /// The buckets with the next lower and next higher count; a free bucket's `next` is the
@@ -90,9 +197,11 @@ pub struct Top {
     buckets: Vec<Bucket>,
     /// The first free bucket, chained through `next`.
     free: u32,
-    /// The bucket with the fewest denials.
+    /// The buckets with the fewest and the most denials.
     lowest: u32,
-    /// Slot numbers (or `NONE`), a power of two long, at least four times the slots.
+    highest: u32,
+    /// Slot numbers (or `NONE`), a power of two long, at least four times the slots (none when
+    /// nothing is tracked).
     index: Vec<u32>,
     hasher: KeyHasher,
     /// The slot of the latest denial: a key denied again right away (a client hammering its
@@ -106,12 +215,29 @@ impl Default for Top {
     }
 }
 
-/// `RL.TOP`'s order: the most denied first, then the most recently denied, then by key.
-fn heavier(a: &Entry, b: &Entry) -> Ordering {
-    b.denied
-        .cmp(&a.denied)
-        .then(b.last_denied_ms.cmp(&a.last_denied_ms))
-        .then(a.key.cmp(&b.key))
+/// Places in the index for `tracked` slots: none for none, else a power of two at least four
+/// times as many.
+fn index_places(tracked: usize) -> usize {
+    if tracked == 0 {
+        0
+    } else {
+        tracked.saturating_mul(4).next_power_of_two().max(MIN_INDEX)
+    }
+}
+
+/// Puts slot `s` at the first empty place of `index` from its hash's.
+fn index_put(index: &mut [u32], mask: usize, s: u32, hash: u64) {
+    let mut place = hash as usize & mask;
+    for _ in 0..index.len() {
+        match index.get_mut(place) {
+            Some(p) if *p == NONE => {
+                *p = s;
+                return;
+            }
+            Some(_) => place = (place + 1) & mask,
+            None => return,
+        }
+    }
 }
 
 impl Top {
@@ -121,14 +247,14 @@ impl Top {
 
     fn with_hasher(slots: usize, hasher: KeyHasher) -> Top {
         let tracked = slots.min(MAX_SLOTS);
-        let places = tracked.saturating_mul(4).next_power_of_two().max(MIN_INDEX);
         Top {
             slots,
             entries: Vec::with_capacity(tracked),
             buckets: Vec::with_capacity(tracked),
             free: NONE,
             lowest: NONE,
-            index: vec![NONE; places],
+            highest: NONE,
+            index: vec![NONE; index_places(tracked)],
             hasher,
             last: NONE,
         }
@@ -136,6 +262,30 @@ impl Top {
 
     pub fn slots(&self) -> usize {
         self.slots
+    }
+
+    /// How many keys it tracks now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The bytes its pools take (reserved when the number of slots is set; the allocator may
+    /// round each of its three blocks up).
+    pub fn bytes(&self) -> usize {
+        self.entries.capacity() * size_of::<Slot>()
+            + self.buckets.capacity() * size_of::<Bucket>()
+            + self.index.capacity() * size_of::<u32>()
+    }
+
+    /// The bytes a `Top` of `slots` slots takes, by the same count as `bytes`.
+    pub fn bytes_for(slots: usize) -> usize {
+        let tracked = slots.min(MAX_SLOTS);
+        tracked * (size_of::<Slot>() + size_of::<Bucket>())
+            + index_places(tracked) * size_of::<u32>()
     }
 
     /// How many keys it tracks at most.
@@ -151,19 +301,19 @@ impl Top {
         // The latest denied key is checked before hashing (its hash is then not needed).
         let (hash, found) = if self
             .slot(self.last)
-            .is_some_and(|slot| slot.entry.key == key)
+            .is_some_and(|slot| slot.holds_short(key))
         {
             (0, Ok(self.last))
         } else {
             let hash = self.hasher.hash(key);
-            (hash, self.find(hash, key))
+            (hash, self.find(hash, key.len(), kept_part(key)))
         };
         let place = match found {
             Ok(s) => {
                 self.last = s;
                 if let Some(slot) = self.slot_mut(s) {
-                    slot.entry.command = command;
-                    slot.entry.last_denied_ms = now_ms;
+                    slot.command = command;
+                    slot.last_denied_ms = now_ms;
                 }
                 self.count(s);
                 return;
@@ -172,20 +322,7 @@ impl Top {
         };
         if self.entries.len() < self.tracked() {
             let s = self.entries.len() as u32;
-            self.entries.push(Slot {
-                entry: Entry {
-                    key: key.to_vec(),
-                    denied: 1,
-                    error: 0,
-                    command,
-                    first_denied_ms: now_ms,
-                    last_denied_ms: now_ms,
-                },
-                hash,
-                bucket: NONE,
-                prev: NONE,
-                next: NONE,
-            });
+            self.entries.push(Slot::new(key, hash, command, now_ms));
             if let Some(p) = self.index.get_mut(place) {
                 *p = s;
             }
@@ -207,96 +344,142 @@ impl Top {
         };
         self.unindex(s, old_hash);
         if let Some(slot) = self.slot_mut(s) {
-            let e = &mut slot.entry;
-            if e.key.len() == key.len() {
-                e.key.copy_from_slice(key);
-            } else {
-                e.key.clear();
-                e.key.extend_from_slice(key);
-            }
-            e.denied = fewest;
-            e.error = fewest;
-            e.command = command;
-            e.first_denied_ms = now_ms;
-            e.last_denied_ms = now_ms;
-            slot.hash = hash;
+            slot.set_key(key, hash);
+            slot.denied = fewest;
+            slot.error = fewest;
+            slot.command = command;
+            slot.first_denied_ms = now_ms;
+            slot.last_denied_ms = now_ms;
         }
         self.index_insert(s, hash);
         self.last = s;
         self.count(s);
     }
 
-    /// The `count` most-denied keys, most first (ties: the most recently denied first).
+    /// The `count` most-denied keys, most first; among equal counts the most recently counted
+    /// first.
     pub fn heaviest(&self, count: usize) -> Vec<Entry> {
-        let mut out: Vec<&Entry> = self.entries.iter().map(|s| &s.entry).collect();
-        out.sort_by(|a, b| heavier(a, b));
-        out.into_iter().take(count).cloned().collect()
+        self.pick(count)
+            .iter()
+            .filter_map(|&s| self.slot(s))
+            .map(Slot::entry)
+            .collect()
     }
 
+    /// The slots of the `count` most-denied keys in `RL.TOP`'s order, which is the lists' own:
+    /// buckets from the highest down, each from its tail (most recently counted) to its head.
+    /// O(count).
+    fn pick(&self, count: usize) -> Vec<u32> {
+        let mut picked: Vec<u32> = Vec::with_capacity(count.min(self.entries.len()));
+        let mut b = self.highest;
+        while let Some(bucket) = self.bucket(b) {
+            let mut s = bucket.tail;
+            while let Some(slot) = self.slot(s) {
+                if picked.len() >= count {
+                    return picked;
+                }
+                picked.push(s);
+                s = slot.prev;
+            }
+            b = bucket.prev;
+        }
+        picked
+    }
+
+    /// Forgets every key (the hash's seed stays, so a long key keeps the digits it is listed
+    /// with).
     pub fn reset(&mut self) {
-        *self = Top::new(self.slots);
+        *self = Top::with_hasher(self.slots, self.hasher.clone());
     }
 
-    /// A new number of slots: the heaviest keys are kept (0 turns tracking off and empties it),
-    /// with their counts, errors and times, and in the same order among equal counts.
+    /// A new number of slots: the heaviest keys are kept (0 turns tracking off and frees every
+    /// pool), with their counts, errors and times, and in the same order among equal counts.
+    /// O(S) and no sorting: the kept slots stay where they are or fill the places of dropped
+    /// ones, and the buckets are rebuilt from the lists' order.
     pub fn resize(&mut self, slots: usize) {
-        let keep_count = slots.min(MAX_SLOTS);
-        let mut by_weight: Vec<usize> = (0..self.entries.len()).collect();
-        by_weight.sort_by(|&a, &b| match (self.entries.get(a), self.entries.get(b)) {
-            (Some(a), Some(b)) => heavier(&a.entry, &b.entry),
-            _ => Ordering::Equal,
-        });
-        let mut keep = vec![false; self.entries.len()];
-        for &i in by_weight.iter().take(keep_count) {
-            if let Some(k) = keep.get_mut(i) {
+        let tracked = slots.min(MAX_SLOTS);
+        self.slots = slots;
+        if tracked == 0 {
+            *self = Top::with_hasher(slots, self.hasher.clone());
+            return;
+        }
+        if tracked < self.entries.len() {
+            self.drop_lightest(tracked);
+        }
+        // The pools, reserved for the new number of slots.
+        if tracked > self.entries.capacity() {
+            self.entries.reserve_exact(tracked - self.entries.len());
+            self.buckets
+                .reserve_exact(tracked.saturating_sub(self.buckets.len()));
+        } else {
+            self.entries.shrink_to(tracked);
+            self.buckets.shrink_to(tracked);
+        }
+        let places = index_places(tracked);
+        if places != self.index.len() {
+            self.index = vec![NONE; places];
+        } else {
+            self.index.fill(NONE);
+        }
+        let mask = self.mask();
+        for (s, slot) in self.entries.iter().enumerate() {
+            index_put(&mut self.index, mask, s as u32, slot.hash);
+        }
+    }
+
+    /// Keeps the `keep` heaviest slots (fewer than there are), moved into `0..keep`, their
+    /// buckets rebuilt in the same order.
+    fn drop_lightest(&mut self, keep: usize) {
+        let len = self.entries.len();
+        // Heaviest first.
+        let picked = self.pick(keep);
+        let mut kept = vec![false; len];
+        for &s in &picked {
+            if let Some(k) = kept.get_mut(s as usize) {
                 *k = true;
             }
         }
-        // The kept slots in list order: by count, least recently counted first.
-        let mut in_order = Vec::with_capacity(keep_count.min(self.entries.len()));
-        let mut b = self.lowest;
-        while let Some(bucket) = self.bucket(b) {
-            let mut s = bucket.head;
-            while let Some(slot) = self.slot(s) {
-                if keep.get(s as usize) == Some(&true) {
-                    in_order.push(s as usize);
-                }
-                s = slot.next;
+        // Kept slots past `keep` move into the places of dropped ones below it.
+        let mut hole = 0usize;
+        let mut moved: Vec<(u32, u32)> = Vec::new();
+        for from in keep..len {
+            if kept.get(from) != Some(&true) {
+                continue;
             }
-            b = bucket.next;
-        }
-        let mut old: Vec<Option<Slot>> = std::mem::take(&mut self.entries)
-            .into_iter()
-            .map(Some)
-            .collect();
-        *self = Top::with_hasher(slots, self.hasher.clone());
-        let mut highest = NONE;
-        for i in in_order {
-            if let Some(slot) = old.get_mut(i).and_then(Option::take) {
-                highest = self.push_highest(slot, highest);
+            while kept.get(hole) == Some(&true) {
+                hole += 1;
             }
+            if let Some(slot) = self.entries.get(from).copied()
+                && let Some(place) = self.entries.get_mut(hole)
+            {
+                *place = slot;
+                moved.push((from as u32, hole as u32));
+            }
+            hole += 1;
         }
-    }
-
-    /// While rebuilding in list order: `slot` joins the tail of the highest bucket, or of a new
-    /// one above it. Returns the highest bucket.
-    fn push_highest(&mut self, mut slot: Slot, highest: u32) -> u32 {
-        if self.entries.len() >= self.tracked() {
-            return highest;
-        }
-        let s = self.entries.len() as u32;
-        let (count, hash) = (slot.entry.denied, slot.hash);
-        slot.bucket = NONE;
-        slot.prev = NONE;
-        slot.next = NONE;
-        self.entries.push(slot);
-        self.index_insert(s, hash);
-        let b = match self.bucket(highest) {
-            Some(h) if h.count == count => highest,
-            _ => self.new_bucket(count, highest, NONE),
+        self.entries.truncate(keep);
+        self.buckets.clear();
+        self.free = NONE;
+        self.lowest = NONE;
+        self.highest = NONE;
+        self.last = NONE;
+        // `moved` is in increasing order of the old place: found by binary search.
+        let place_of = |old: u32| match moved.binary_search_by_key(&old, |&(from, _)| from) {
+            Ok(i) => moved.get(i).map_or(NONE, |&(_, to)| to),
+            Err(_) => old,
         };
-        self.append(s, b);
-        b
+        // Lightest first: each slot joins the tail of the highest bucket so far, or a new one.
+        for &old in picked.iter().rev() {
+            let s = place_of(old);
+            let Some(count) = self.slot(s).map(|slot| slot.denied) else {
+                continue;
+            };
+            let b = match self.bucket(self.highest) {
+                Some(h) if h.count == count => self.highest,
+                _ => self.new_bucket(count, self.highest, NONE),
+            };
+            self.append(s, b);
+        }
     }
 
     fn slot(&self, s: u32) -> Option<&Slot> {
@@ -321,9 +504,9 @@ impl Top {
         self.index.len().wrapping_sub(1)
     }
 
-    /// The slot tracking `key`, or else the empty place where it would go (past the end if the
-    /// index had none, which its size rules out).
-    fn find(&self, hash: u64, key: &[u8]) -> Result<u32, usize> {
+    /// The slot tracking the key of this hash, length and first bytes, or else the empty place
+    /// where it would go (past the end if the index had none, which its size rules out).
+    fn find(&self, hash: u64, len: usize, kept: &[u8]) -> Result<u32, usize> {
         let mask = self.mask();
         let mut place = hash as usize & mask;
         for _ in 0..self.index.len() {
@@ -331,10 +514,7 @@ impl Top {
             if s == NONE {
                 return Err(place);
             }
-            if let Some(slot) = self.slot(s)
-                && slot.hash == hash
-                && slot.entry.key == key
-            {
+            if self.slot(s).is_some_and(|slot| slot.holds(hash, len, kept)) {
                 return Ok(s);
             }
             place = (place + 1) & mask;
@@ -345,17 +525,7 @@ impl Top {
     /// Puts slot `s` at the first empty place from its hash's.
     fn index_insert(&mut self, s: u32, hash: u64) {
         let mask = self.mask();
-        let mut place = hash as usize & mask;
-        for _ in 0..self.index.len() {
-            match self.index.get_mut(place) {
-                Some(p) if *p == NONE => {
-                    *p = s;
-                    return;
-                }
-                Some(_) => place = (place + 1) & mask,
-                None => return,
-            }
-        }
+        index_put(&mut self.index, mask, s, hash);
     }
 
     /// Takes slot `s` (whose hash is `hash`) out of the index, shifting back the slots after it
@@ -425,8 +595,9 @@ impl Top {
             Some(p) => p.next = b,
             None => self.lowest = b,
         }
-        if let Some(n) = self.bucket_mut(next) {
-            n.prev = b;
+        match self.bucket_mut(next) {
+            Some(n) => n.prev = b,
+            None => self.highest = b,
         }
         b
     }
@@ -465,7 +636,7 @@ impl Top {
             slot.bucket = b;
             slot.prev = tail;
             slot.next = NONE;
-            slot.entry.denied = count;
+            slot.denied = count;
         }
         match self.slot_mut(tail) {
             Some(t) => t.next = s,
@@ -493,8 +664,9 @@ impl Top {
             Some(p) => p.next = next,
             None => self.lowest = next,
         }
-        if let Some(n) = self.bucket_mut(next) {
-            n.prev = prev;
+        match self.bucket_mut(next) {
+            Some(n) => n.prev = prev,
+            None => self.highest = prev,
         }
         let free = self.free;
         if let Some(bucket) = self.bucket_mut(b) {
@@ -529,7 +701,7 @@ impl Top {
                     bucket.count = more;
                 }
                 if let Some(slot) = self.slot_mut(s) {
-                    slot.entry.denied = more;
+                    slot.denied = more;
                 }
                 return;
             }
@@ -562,7 +734,7 @@ impl Top {
                 seen[s as usize] = true;
                 assert_eq!(slot.bucket, b, "slot {s}'s bucket");
                 assert_eq!(slot.prev, prev_s, "slot {s}'s prev");
-                assert_eq!(slot.entry.denied, bucket.count, "slot {s}'s count");
+                assert_eq!(slot.denied, bucket.count, "slot {s}'s count");
                 (prev_s, s) = (s, slot.next);
             }
             assert_eq!(bucket.tail, prev_s, "bucket {b}'s tail");
@@ -570,6 +742,7 @@ impl Top {
             assert!(live <= self.buckets.len(), "bucket list loops");
             (prev_b, prev_count, b) = (b, bucket.count, bucket.next);
         }
+        assert_eq!(self.highest, prev_b, "the highest bucket");
         assert!(seen.iter().all(|&s| s), "a slot in no bucket");
         assert_eq!(self.lowest == NONE, n == 0);
         let (mut free, mut f) = (0, self.free);
@@ -586,13 +759,15 @@ impl Top {
         assert!(self.buckets.len() <= tracked.max(1));
         assert!(self.entries.capacity() >= tracked && self.buckets.capacity() >= tracked);
         let places = self.index.len();
-        assert!(places.is_power_of_two() && places >= 2 * tracked && places >= MIN_INDEX);
+        assert_eq!(places, index_places(tracked));
+        assert_eq!(self.bytes(), Top::bytes_for(self.slots));
         assert_eq!(self.index.iter().filter(|&&s| s != NONE).count(), n);
         for (i, slot) in self.entries.iter().enumerate() {
-            let key = slot.entry.key.as_slice();
-            assert_eq!(slot.hash, self.hasher.hash(key), "slot {i}'s hash");
+            if slot.len <= KEY_BYTES {
+                assert_eq!(slot.hash, self.hasher.hash(slot.kept()), "slot {i}'s hash");
+            }
             assert_eq!(
-                self.find(slot.hash, key),
+                self.find(slot.hash, slot.len, slot.kept()),
                 Ok(i as u32),
                 "slot {i} not indexed"
             );
@@ -804,19 +979,33 @@ mod tests {
         assert_eq!(t.slots(), 2);
     }
 
-    /// Space-Saving written plainly: a list of entries, each with the step it was last counted
-    /// at; the one replaced has the fewest denials, then the oldest step.
+    /// Space-Saving written plainly: a list of entries, each with the key's whole name and the
+    /// step it was last counted at; the one replaced has the fewest denials, then the oldest
+    /// step. Entries carry the names as listed (a long one through the same seeded hash).
     struct Model {
         slots: usize,
         step: u64,
-        entries: Vec<(Entry, u64)>,
+        hasher: KeyHasher,
+        entries: Vec<(Vec<u8>, Entry, u64)>,
+    }
+
+    /// A name as `RL.TOP` lists it.
+    fn shown(hasher: &KeyHasher, key: &[u8]) -> Vec<u8> {
+        match key.first_chunk::<KEY_BYTES>() {
+            Some(kept) if key.len() > KEY_BYTES => {
+                let mut buf = [0u8; SHOWN_BYTES];
+                shown_long(kept, hasher.hash(key), &mut buf).to_vec()
+            }
+            _ => key.to_vec(),
+        }
     }
 
     impl Model {
-        fn new(slots: usize) -> Model {
+        fn new(slots: usize, t: &Top) -> Model {
             Model {
                 slots,
                 step: 0,
+                hasher: t.hasher.clone(),
                 entries: Vec::new(),
             }
         }
@@ -826,7 +1015,7 @@ mod tests {
             if self.slots == 0 {
                 return;
             }
-            if let Some((e, at)) = self.entries.iter_mut().find(|(e, _)| e.key == key) {
+            if let Some((_, e, at)) = self.entries.iter_mut().find(|(k, ..)| k == key) {
                 e.denied += 1;
                 e.command = command;
                 e.last_denied_ms = now_ms;
@@ -834,7 +1023,7 @@ mod tests {
                 return;
             }
             let fresh = Entry {
-                key: key.to_vec(),
+                key: shown(&self.hasher, key),
                 denied: 1,
                 error: 0,
                 command,
@@ -842,14 +1031,15 @@ mod tests {
                 last_denied_ms: now_ms,
             };
             if self.entries.len() < self.slots {
-                self.entries.push((fresh, self.step));
+                self.entries.push((key.to_vec(), fresh, self.step));
                 return;
             }
-            let (e, at) = self
+            let (k, e, at) = self
                 .entries
                 .iter_mut()
-                .min_by_key(|(e, at)| (e.denied, *at))
+                .min_by_key(|(_, e, at)| (e.denied, *at))
                 .unwrap();
+            *k = key.to_vec();
             *e = Entry {
                 denied: e.denied + 1,
                 error: e.denied,
@@ -858,16 +1048,21 @@ mod tests {
             *at = self.step;
         }
 
+        /// `RL.TOP`'s order: the most denied first, then the most recently counted.
+        fn sort(&mut self) {
+            self.entries
+                .sort_by(|(_, a, at_a), (_, b, at_b)| b.denied.cmp(&a.denied).then(at_b.cmp(at_a)));
+        }
+
         fn resize(&mut self, slots: usize) {
-            self.entries.sort_by(|(a, _), (b, _)| heavier(a, b));
+            self.sort();
             self.entries.truncate(slots);
             self.slots = slots;
         }
 
-        fn heaviest(&self) -> Vec<Entry> {
-            let mut out: Vec<Entry> = self.entries.iter().map(|(e, _)| e.clone()).collect();
-            out.sort_by(heavier);
-            out
+        fn heaviest(&mut self) -> Vec<Entry> {
+            self.sort();
+            self.entries.iter().map(|(_, e, _)| e.clone()).collect()
         }
     }
 
@@ -895,8 +1090,12 @@ mod tests {
             } else {
                 r / 4 % 301
             };
+            // Some names longer than a slot keeps: the same first bytes, told apart by their
+            // length or only by their hash.
             let key = if id == 300 {
                 Vec::new()
+            } else if id % 5 == 0 {
+                format!("{}{id}", "long:".repeat(id as usize % 3 + 13)).into_bytes()
             } else {
                 format!("k{id}").into_bytes()
             };
@@ -921,7 +1120,7 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for slots in [1, 2, 4, 7, 50] {
             let mut t = Top::new(slots);
-            let mut model = Model::new(slots);
+            let mut model = Model::new(slots, &t);
             run(&mut t, &mut model, &mut rng, 20_000);
             let top = t.heaviest(usize::MAX);
             assert_eq!(top.len(), slots);
@@ -933,22 +1132,15 @@ mod tests {
     }
 
     #[test]
-    fn a_warm_table_denies_new_keys_without_reallocating() {
+    fn a_table_denies_new_keys_of_any_length_without_allocating() {
         let mut t = Top::new(16);
         let mut rng = Rng(42);
         let mut fresh = 0u64;
+        // Names of 9 to 8,200 bytes.
         let mut deny_new = |t: &mut Top| {
-            t.denied(format!("key:{fresh:08}").as_bytes(), c"RL.GCRA", 0);
+            let name = format!("key:{fresh:08}").repeat(1 + (fresh % 7 * 90) as usize);
+            t.denied(name.as_bytes(), c"RL.GCRA", 0);
             fresh += 1;
-        };
-        for _ in 0..1_000 {
-            deny_new(&mut t);
-        }
-        let buffers = |t: &Top| -> Vec<(*const u8, usize)> {
-            t.entries
-                .iter()
-                .map(|s| (s.entry.key.as_ptr(), s.entry.key.capacity()))
-                .collect()
         };
         let pools = |t: &Top| {
             (
@@ -960,29 +1152,115 @@ mod tests {
                 t.index.len(),
             )
         };
-        let (warm, warm_pools) = (buffers(&t), pools(&t));
-        assert_eq!(warm.len(), 16);
-        let before: Vec<Entry> = t.heaviest(16);
+        let empty = pools(&t);
+        let bytes = t.bytes();
         for i in 0..20_000u32 {
             deny_new(&mut t);
             // Tracked keys counted again now and then, so buckets come and go.
             if i.is_multiple_of(3) {
-                let key = t.entries[(rng.next() % 16) as usize].entry.key.clone();
-                t.denied(&key, c"RL.GCRA", 0);
+                let slot = t.entries[(rng.next() % t.entries.len() as u64) as usize];
+                if slot.len <= KEY_BYTES {
+                    t.denied(slot.kept(), c"RL.GCRA", 0);
+                }
             }
-            assert_eq!(buffers(&t), warm, "a key buffer moved or grew");
-            assert_eq!(pools(&t), warm_pools, "a pool moved or grew");
+            assert_eq!(pools(&t), empty, "a pool moved or grew");
+            assert_eq!(t.bytes(), bytes);
         }
         t.check();
-        let after = t.heaviest(16);
-        assert!(after.iter().all(|e| !before.iter().any(|b| b.key == e.key)));
+        assert_eq!(t.len(), 16);
+    }
+
+    #[test]
+    fn a_long_name_is_kept_as_its_first_bytes_and_listed_with_its_hash() {
+        let mut t = Top::new(4);
+        let head = "tenant:".repeat(10);
+        let (a, b) = (
+            format!("{head}{}", "a".repeat(8000)),
+            format!("{head}{}", "b".repeat(8000)),
+        );
+        for _ in 0..3 {
+            t.denied(a.as_bytes(), c"RL.GCRA", 1);
+        }
+        t.denied(b.as_bytes(), c"RL.GCRA", 2);
+        // A name of exactly the bytes a slot keeps is listed whole.
+        let exact = "e".repeat(KEY_BYTES);
+        t.denied(exact.as_bytes(), c"RL.GCRA", 3);
+        t.check();
+        let listed = t.heaviest(9);
+        let names: Vec<String> = listed
+            .iter()
+            .map(|e| String::from_utf8(e.key.clone()).unwrap())
+            .collect();
+        let hex = |key: &str| format!("{:016x}", t.hasher.hash(key.as_bytes()));
+        let kept = &head[..KEY_BYTES];
+        assert_eq!(
+            names,
+            [
+                format!("{kept}...{}", hex(&a)),
+                exact.clone(),
+                format!("{kept}...{}", hex(&b)),
+            ]
+        );
+        assert_eq!(listed[0].denied, 3);
+        assert_eq!(names[0].len(), SHOWN_BYTES);
+        // The digits stay across a reset.
+        t.reset();
+        t.denied(a.as_bytes(), c"RL.GCRA", 4);
+        assert_eq!(t.heaviest(1)[0].key, names[0].as_bytes());
+        // The same first bytes and hash but another length is another key.
+        assert_ne!(
+            t.find(t.hasher.hash(a.as_bytes()), a.len() + 1, kept.as_bytes()),
+            Ok(0)
+        );
+        assert_eq!(
+            t.find(t.hasher.hash(a.as_bytes()), a.len(), kept.as_bytes()),
+            Ok(0)
+        );
+    }
+
+    #[test]
+    fn the_memory_is_set_by_the_slots_and_freed_at_zero() {
+        assert_eq!(Top::bytes_for(0), 0);
+        assert_eq!(Top::new(0).bytes(), 0);
+        let slot = size_of::<Slot>() + size_of::<Bucket>();
+        assert_eq!(Top::bytes_for(128), 128 * slot + 512 * 4);
+        assert_eq!(Top::bytes_for(100_000), 100_000 * slot + 524_288 * 4);
+        let mut t = Top::new(1000);
+        let before = t.bytes();
+        for i in 0..3000 {
+            t.denied(format!("{i}").repeat(3000).as_bytes(), c"RL.ALL", i);
+        }
+        assert_eq!(t.bytes(), before);
+        t.resize(10);
+        assert_eq!(t.bytes(), Top::bytes_for(10));
+        t.check();
+        t.resize(0);
+        assert_eq!(t.bytes(), 0);
+        assert!(t.heaviest(10).is_empty());
+    }
+
+    #[test]
+    fn listing_a_few_of_one_large_tie_orders_them_fully() {
+        let mut t = Top::new(1000);
+        let mut model = Model::new(1000, &t);
+        for i in 0..1000u32 {
+            // Ten distinct times, a hundred names each, in no order.
+            let key = format!("{:04}", (i * 7919) % 1000).into_bytes();
+            let now = i64::from(i % 10);
+            t.denied(&key, c"RL.GCRA", now);
+            model.denied(&key, c"RL.GCRA", now);
+        }
+        for count in [1, 7, 100, 150, 999, 1000, 5000] {
+            let want: Vec<Entry> = model.heaviest().into_iter().take(count).collect();
+            assert_eq!(t.heaviest(count), want, "{count}");
+        }
     }
 
     #[test]
     fn resizing_down_up_and_off_keeps_agreeing_with_the_model() {
         let mut rng = Rng(7);
         let mut t = Top::new(7);
-        let mut model = Model::new(7);
+        let mut model = Model::new(7, &t);
         run(&mut t, &mut model, &mut rng, 3_000);
         for slots in [3, 3, 1, 50, 2, 0, 0, 7, 50, 4] {
             let kept = t.heaviest(slots);

@@ -827,7 +827,7 @@ where
     }
 
     /// The `count` keys with the most denials on the server, most first (`RL.TOP count`, count
-    /// from 1 to 100,000), as the module counts them: every limiter command's denials, in a
+    /// from 1 to 1,000), as the module counts them: every limiter command's denials, in a
     /// fixed number of slots (`ratelimit.top-slots`; 0 turns counting off and the list is
     /// empty). Only the module keeps this list: in the Script and Function modes the answer is
     /// `Error::Unsupported`. An operator's call: the command is outside the `ratelimit` ACL
