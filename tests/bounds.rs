@@ -287,7 +287,7 @@ fn run(space: &RefCell<Keyspace>, command: &str, args: &[String]) -> Result<(), 
                 .collect();
             let mut stores: Vec<&mut dyn Store> =
                 open.iter_mut().map(|k| k as &mut dyn Store).collect();
-            redis_rate_limiter::store::all::apply_all(&mut call.limits, &mut stores, now)
+            redis_rate_limiter::store::all::apply_all(&mut call.limits, &mut stores, now, call.upto)
                 .map(|_| ())
                 .map_err(msg)
         }

@@ -316,7 +316,7 @@ fn every_call_does_a_bounded_amount_of_work() {
     );
     assert_eq!(
         call(&mut c, logs(4, "251")),
-        Err("ERR one call adds or removes at most 1000 sliding-log entries: the cost times the SLIDINGLOG limits is above it".into())
+        Err("ERR one call adds or removes at most 1000 sliding-log entries: the cost (or UPTO) times the SLIDINGLOG limits is above it".into())
     );
     for _ in 0..10 {
         assert_eq!(flat(&call(&mut c, logs(4, "250")))[0], 1);

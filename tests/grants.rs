@@ -314,3 +314,164 @@ fn racing_clients_are_granted_exactly_the_limit_between_them() {
         }
     }
 }
+
+/// `RL.ALL` on `keys` with `words` after them, by `path`.
+fn all_call(
+    c: &mut Connection,
+    sha: &str,
+    path: Path,
+    keys: &[String],
+    words: &[&str],
+) -> harness::Reply {
+    let mut argv: Vec<String> = match path {
+        Path::Module => vec!["RL.ALL".into()],
+        Path::Script => vec!["EVALSHA".into(), sha.into()],
+        Path::Function => vec!["FCALL".into(), "rl_all".into()],
+    };
+    argv.push(keys.len().to_string());
+    argv.extend(keys.iter().cloned());
+    argv.extend(words.iter().map(|w| w.to_string()));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    cmd(c, &argv)
+}
+
+/// An `RL.ALL` reply flattened: `allowed, denied_by`, then each limit's integers.
+fn flat(reply: &harness::Reply) -> Vec<i64> {
+    fn walk(v: &redis::Value, out: &mut Vec<i64>) {
+        match v {
+            redis::Value::Int(i) => out.push(*i),
+            redis::Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut out = Vec::new();
+    walk(reply.as_ref().expect("a reply"), &mut out);
+    out
+}
+
+#[test]
+fn every_limit_of_rl_all_is_granted_the_fewest_any_has_left() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    let _ = load_twins(&mut c);
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(lua_script("all.lua"))
+        .query(&mut c)
+        .unwrap();
+    set_clock(&mut c, T0);
+    let limits = [
+        "TOKENBUCKET",
+        "100",
+        "0.001",
+        "FIXEDWINDOW",
+        "7",
+        "1000",
+        "SLIDINGLOG",
+        "9",
+        "1000",
+        "GCRA",
+        "19",
+        "1",
+        "1000",
+    ];
+    let mut results = Vec::new();
+    for path in PATHS {
+        let keys: Vec<String> = (0..4).map(|i| format!("all:{path:?}:{i}")).collect();
+        let mut run = |tail: &[&str]| {
+            let words: Vec<&str> = limits.iter().chain(tail).copied().collect();
+            flat(&all_call(&mut c, &sha, path, &keys, &words))
+        };
+        // [allowed, denied_by, then per limit: allowed, remaining, retry, reset, limit, granted].
+        let first = run(&["UPTO", "4"]);
+        let second = run(&["upto", "5"]);
+        let third = run(&["UPTO", "5"]);
+        let denied = run(&["UPTO", "5"]);
+        let remaining = |r: &[i64]| -> Vec<i64> { (0..4).map(|k| r[2 + 6 * k + 1]).collect() };
+        let granted = |r: &[i64]| -> Vec<i64> { (0..4).map(|k| r[2 + 6 * k + 5]).collect() };
+        assert_eq!(first[..2], [1, 0], "{path:?}: {first:?}");
+        assert_eq!(granted(&first), [4, 4, 4, 4], "{path:?}");
+        assert_eq!(remaining(&first), [96, 3, 5, 16], "{path:?}");
+        // The window has 3 left: every limit is granted 3.
+        assert_eq!(granted(&second), [3, 3, 3, 3], "{path:?}: {second:?}");
+        assert_eq!(remaining(&second), [93, 0, 2, 13], "{path:?}");
+        // Nothing left in the window: denied by it (limit 2) as a cost of 1 is, nothing taken.
+        assert_eq!(third[..2], [0, 2], "{path:?}: {third:?}");
+        assert_eq!(granted(&third), [0, 0, 0, 0], "{path:?}");
+        assert_eq!(remaining(&third), [93, 0, 2, 13], "{path:?}");
+        assert_eq!(third, denied, "{path:?}: a denial changes nothing");
+        let stored: Vec<_> = keys.iter().map(|k| stored(&mut c, k)).collect();
+        results.push((vec![first, second, third], stored));
+    }
+    assert_eq!(results[0], results[1], "module and script");
+    assert_eq!(results[0], results[2], "module and function");
+}
+
+#[test]
+fn racing_rl_all_grants_add_up_to_the_tightest_limit() {
+    let s = Server::start();
+    let mut c = s.connect();
+    let _ = load_twins(&mut c);
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(lua_script("all.lua"))
+        .query(&mut c)
+        .unwrap();
+    for path in PATHS {
+        let keys: Vec<String> = (0..2).map(|i| format!("race:all:{path:?}:{i}")).collect();
+        let mut argv: Vec<String> = match path {
+            Path::Module => vec!["RL.ALL".into()],
+            Path::Script => vec!["EVALSHA".into(), sha.clone()],
+            Path::Function => vec!["FCALL".into(), "rl_all".into()],
+        };
+        argv.push("2".into());
+        argv.extend(keys.iter().cloned());
+        for w in [
+            "SLIDINGLOG",
+            "300",
+            "100000",
+            "TOKENBUCKET",
+            "1000",
+            "0.0001",
+            "UPTO",
+            "1",
+        ] {
+            argv.push(w.into());
+        }
+        let count_at = argv.len() - 1;
+        let start = Arc::new(Barrier::new(16));
+        let workers: Vec<_> = (0..16)
+            .map(|i| {
+                let mut c = s.connect();
+                let start = Arc::clone(&start);
+                let argv = argv.clone();
+                std::thread::spawn(move || {
+                    start.wait();
+                    let mut total = 0;
+                    for round in 0.. {
+                        let mut argv = argv.clone();
+                        argv[count_at] = (1 + (i + round) % 7).to_string();
+                        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+                        let r = flat(&cmd(&mut c, &argv));
+                        // Both limits granted the same.
+                        assert_eq!(r[7], r[13], "{r:?}");
+                        if r[0] == 0 {
+                            assert_eq!(r[7], 0);
+                            break;
+                        }
+                        total += r[7];
+                    }
+                    total
+                })
+            })
+            .collect();
+        let granted: i64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(granted, 300, "{path:?}");
+        // The bucket gave exactly what the log did.
+        let peek = flat(&cmd(
+            &mut c,
+            &["RL.TOKENBUCKET", &keys[1], "1000", "0.0001", "0"],
+        ));
+        assert_eq!(peek[1], 700, "{path:?}: {peek:?}");
+    }
+}

@@ -253,15 +253,16 @@ fn module_all_call(
     let mut open: Vec<SharedKey> = keys.iter().map(|k| SharedKey::open(space, k)).collect();
     let mut stores: Vec<&mut dyn Store> = open.iter_mut().map(|k| k as &mut dyn Store).collect();
     let now = space.borrow().now_us;
-    let r = redis_rate_limiter::store::all::apply_all(&mut call.limits, &mut stores, now)
-        .map_err(|e| e.message().to_string())?;
+    let r =
+        redis_rate_limiter::store::all::apply_all(&mut call.limits, &mut stores, now, call.upto)
+            .map_err(|e| e.message().to_string())?;
     let mut out = if settle {
         Vec::new()
     } else {
         vec![i64::from(r.allowed), r.denied_by as i64]
     };
     for reply in &r.replies {
-        out.extend(reply.to_array());
+        out.extend(reply.fields().as_ref());
     }
     Ok(out)
 }

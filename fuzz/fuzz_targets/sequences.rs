@@ -53,7 +53,7 @@ fn multi(settling: bool, space: &mut BTreeMap<Vec<u8>, Key>, args: &[&[u8]], now
     let names: Vec<Vec<u8>> = call.keys.iter().map(|k| k.to_vec()).collect();
     let mut keys: Vec<Key> = names.iter().map(|n| space.remove(n).unwrap_or_default()).collect();
     let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
-    let r = redis_rate_limiter::store::all::apply_all(&mut call.limits, &mut stores, now);
+    let r = redis_rate_limiter::store::all::apply_all(&mut call.limits, &mut stores, now, call.upto);
     for (n, k) in names.into_iter().zip(keys) {
         if k.value != Value::Empty {
             space.insert(n, k);

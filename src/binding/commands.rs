@@ -311,7 +311,7 @@ pub fn run_all(
         keys.push(RedisKey::open(ctx, *name)?);
     }
     let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
-    apply_all(&mut call.limits, &mut stores, clock::now_us())
+    apply_all(&mut call.limits, &mut stores, clock::now_us(), call.upto)
 }
 
 /// Runs one `RL.SETTLE` call: every key opened once, all settled at one instant.
@@ -327,7 +327,7 @@ pub fn run_settle(
         keys.push(RedisKey::open(ctx, *name)?);
     }
     let mut stores: Vec<&mut dyn Store> = keys.iter_mut().map(|k| k as &mut dyn Store).collect();
-    apply_all(&mut call.limits, &mut stores, clock::now_us())
+    apply_all(&mut call.limits, &mut stores, clock::now_us(), None)
 }
 
 /// Runs one `RL.RELEASE` call.

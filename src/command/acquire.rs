@@ -113,9 +113,16 @@ pub fn run(args: &[&[u8]], key: &mut dyn OpenStore, now_us: i64) -> Result<Reply
     zset::acquire(key.open()?, &request, now_us)
 }
 
+/// A partial grant with a concurrency limit: a lease is one slot, never a part of one.
+pub const UPTO_LEASE: ErrorReply =
+    ErrorReply(c"ERR UPTO is not given with a CONCURRENCY limit (a lease is one slot)");
+
 /// `RL.ALL`'s concurrency limit: one lease whatever the cost (`COST 0` is a peek), for the
 /// call's `LEASE id`.
 pub fn build_limit(params: &[&[u8]], call: &PerCall<'_>) -> Result<Box<dyn Limit>, ErrorReply> {
+    if call.upto.is_some() {
+        return Err(UPTO_LEASE);
+    }
     let [limit, lease] = params else {
         return Err(ARITY_ERROR);
     };

@@ -8,6 +8,7 @@
 
 use std::ffi::CStr;
 
+use crate::codec::args::{UPTO, UPTO_ARG};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
 use crate::command::descriptor::ArgKind::{self, Integer, Key};
@@ -98,11 +99,12 @@ pub const fn unknown_text(bytes: &'static [u8]) -> &'static CStr {
     }
 }
 const COUNT: ErrorReply = ErrorReply(c"ERR the number of limits must equal numkeys");
+const COST_AND_UPTO: ErrorReply = ErrorReply(c"ERR UPTO is given in place of COST, not with it");
 const LEASE_UNUSED: ErrorReply = ErrorReply(c"ERR LEASE is given only with a CONCURRENCY limit");
 const DUPLICATE: ErrorReply = ErrorReply(c"ERR each limit needs its own key");
 /// More sliding-log entries than one call adds or removes (`store::zset::MAX_ENTRIES_PER_CALL`).
 pub const TOO_MANY_ENTRIES: ErrorReply = ErrorReply(
-    c"ERR one call adds or removes at most 1000 sliding-log entries: the cost times the SLIDINGLOG limits is above it",
+    c"ERR one call adds or removes at most 1000 sliding-log entries: the cost (or UPTO) times the SLIDINGLOG limits is above it",
 );
 
 /// More sorted-set limits than one call combines (`store::zset::MAX_SET_LIMITS_PER_CALL`).
@@ -174,6 +176,8 @@ pub fn read_part<T: Copy>(args: &[T], tail: usize) -> Vec<T> {
 pub struct Call<'a> {
     pub keys: &'a [&'a [u8]],
     pub limits: Vec<Box<dyn Limit>>,
+    /// A partial grant of at most this many units on every limit (`UPTO n`).
+    pub upto: Option<f64>,
 }
 
 /// The keys of a call, and the words after them.
@@ -247,15 +251,29 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
     let (keys, mut words) = split_keys(args, MIN_ARGS, ARITY)?;
     let mut call = PerCall {
         cost: b"1",
+        upto: None,
         lease: None,
     };
-    // `COST n` and `LEASE id` at the end, in either order, each at most once.
+    // `COST n` (or `UPTO n` in its place) and `LEASE id` at the end, in any order, each at most
+    // once.
     let mut cost_seen = false;
-    for _ in 0..2 {
+    for _ in 0..3 {
         match words {
             [head @ .., keyword, value] if !cost_seen && keyword.eq_ignore_ascii_case(b"COST") => {
+                if call.upto.is_some() {
+                    return Err(COST_AND_UPTO);
+                }
                 call.cost = value;
                 cost_seen = true;
+                words = head;
+            }
+            [head @ .., keyword, value]
+                if call.upto.is_none() && keyword.eq_ignore_ascii_case(UPTO) =>
+            {
+                if cost_seen {
+                    return Err(COST_AND_UPTO);
+                }
+                call.upto = Some(UPTO_ARG.parse(value)?);
                 words = head;
             }
             [head @ .., keyword, value]
@@ -292,7 +310,11 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<Call<'a>, ErrorReply> {
     }
     check_keys(keys, limits.len())?;
     check_entries(&limits, TOO_MANY_ENTRIES)?;
-    Ok(Call { keys, limits })
+    Ok(Call {
+        keys,
+        limits,
+        upto: call.upto,
+    })
 }
 
 #[cfg(test)]
@@ -319,6 +341,68 @@ mod tests {
     fn parse_str(v: &[&str]) -> Result<usize, &'static str> {
         let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
         parse(&raw).map(|c| c.limits.len()).map_err(|e| e.message())
+    }
+
+    #[test]
+    fn upto_in_place_of_cost() {
+        let upto = |v: &[&str]| {
+            let raw: Vec<&[u8]> = v.iter().map(|s| s.as_bytes()).collect();
+            parse(&raw).map(|c| c.upto).map_err(|e| e.message())
+        };
+        assert_eq!(
+            upto(&["1", "a", "TOKENBUCKET", "10", "5", "UPTO", "3"]),
+            Ok(Some(3.0))
+        );
+        assert_eq!(
+            upto(&["1", "a", "TOKENBUCKET", "10", "5", "COST", "3"]),
+            Ok(None)
+        );
+        assert_eq!(
+            upto(&["1", "a", "TOKENBUCKET", "10", "5", "COST", "2", "upto", "3"]),
+            Err("ERR UPTO is given in place of COST, not with it")
+        );
+        assert_eq!(
+            upto(&["1", "a", "TOKENBUCKET", "10", "5", "UPTO", "3", "COST", "2"]),
+            Err("ERR UPTO is given in place of COST, not with it")
+        );
+        assert_eq!(
+            upto(&["1", "a", "TOKENBUCKET", "10", "5", "UPTO", "0"]),
+            Err("ERR UPTO must be between 1 and 1000000000000000")
+        );
+        assert_eq!(
+            upto(&[
+                "1",
+                "a",
+                "CONCURRENCY",
+                "10",
+                "5",
+                "LEASE",
+                "j",
+                "UPTO",
+                "2"
+            ]),
+            Err("ERR UPTO is not given with a CONCURRENCY limit (a lease is one slot)")
+        );
+        assert_eq!(
+            upto(&["1", "a", "SLIDINGLOG", "10", "5", "UPTO", "1001"]),
+            Err("ERR UPTO must be between 1 and 1000 for a sliding log (one entry per unit)")
+        );
+        assert_eq!(
+            upto(&[
+                "2",
+                "a",
+                "b",
+                "SLIDINGLOG",
+                "10",
+                "5",
+                "SLIDINGLOG",
+                "10",
+                "5",
+                "UPTO",
+                "501"
+            ]),
+            Err(TOO_MANY_ENTRIES.message())
+        );
     }
 
     #[test]

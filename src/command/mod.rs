@@ -28,11 +28,13 @@ use crate::store::{Limit, OpenStore};
 /// (only once they parse) and decides at `now_us`.
 pub type RunOne = fn(&[&[u8]], &mut dyn OpenStore, i64) -> Result<Reply, ErrorReply>;
 
-/// What `RL.ALL` gives every limit of a call once: the cost (`COST n`, default 1) and the lease
-/// id (`LEASE id`) a concurrency limit takes its lease for.
+/// What `RL.ALL` gives every limit of a call once: the cost (`COST n`, default 1) or a partial
+/// grant in its place (`UPTO n`, checked), and the lease id (`LEASE id`) a concurrency limit takes
+/// its lease for.
 #[derive(Debug, Clone, Copy)]
 pub struct PerCall<'a> {
     pub cost: &'a [u8],
+    pub upto: Option<f64>,
     pub lease: Option<&'a [u8]>,
 }
 
@@ -82,7 +84,10 @@ fn build<L: FieldsLimiter<N> + 'static, const N: usize>(
     params: &[&[u8]],
     call: &PerCall<'_>,
 ) -> Result<Box<dyn Limit>, ErrorReply> {
-    Ok(Box::new(LimitOf::<L, N>::parse(params, call.cost)?))
+    Ok(Box::new(match call.upto {
+        Some(n) => LimitOf::<L, N>::parse_upto(params, n)?,
+        None => LimitOf::<L, N>::parse(params, call.cost)?,
+    }))
 }
 
 /// The entry of a limiter whose state is `N` numbers in one string.

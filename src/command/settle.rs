@@ -114,7 +114,11 @@ pub fn parse<'a>(args: &'a [&'a [u8]]) -> Result<all::Call<'a>, ErrorReply> {
         })?;
     check_keys(keys, limits.len())?;
     check_entries(&limits, TOO_MANY_ENTRIES)?;
-    Ok(all::Call { keys, limits })
+    Ok(all::Call {
+        keys,
+        limits,
+        upto: None,
+    })
 }
 
 #[cfg(test)]

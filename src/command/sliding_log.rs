@@ -144,7 +144,17 @@ fn limit_request(params: &[&[u8]], cost: &[u8]) -> Result<SlidingLogRequest, Err
 
 /// `RL.ALL`'s sliding-log limit.
 pub fn build_limit(params: &[&[u8]], call: &PerCall<'_>) -> Result<Box<dyn Limit>, ErrorReply> {
-    Ok(Box::new(LogLimit::new(limit_request(params, call.cost)?)))
+    let Some(n) = call.upto else {
+        return Ok(Box::new(LogLimit::new(limit_request(params, call.cost)?)));
+    };
+    let request = limit_request(params, b"1")?;
+    if n > UPTO.max {
+        return Err(UPTO.out_of_range);
+    }
+    Ok(Box::new(LogLimit::new(Request {
+        op: Operation::UpTo(n),
+        ..request
+    })))
 }
 
 /// `RL.SETTLE`'s sliding-log limit.

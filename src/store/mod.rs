@@ -170,6 +170,10 @@ pub trait Limit {
         false
     }
     fn commit(&self, store: &mut dyn Store) -> Result<(), ErrorReply>;
+    /// What the next `decide` asks of the limit (a partial grant of several limits decides them
+    /// as peeks and consumptions in turn, `all::apply_all`); a limit without a cost (a lease, a
+    /// settlement) keeps what it was built with.
+    fn set_op(&mut self, _op: Operation) {}
 }
 
 /// A partial grant (`UPTO n`): the most units, at least 1 and at most `n`, that `decide` admits

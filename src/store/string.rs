@@ -280,6 +280,10 @@ impl<L: FieldsLimiter<N>, const N: usize> Limit for LimitOf<L, N> {
             None => Ok(()),
         }
     }
+
+    fn set_op(&mut self, op: Operation) {
+        self.request.op = op;
+    }
 }
 
 /// One limit of an `RL.SETTLE` call: it always admits; its reply is the state after settlement

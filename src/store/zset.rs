@@ -338,6 +338,10 @@ impl Limit for LogLimit {
             None => Ok(()),
         }
     }
+
+    fn set_op(&mut self, op: Operation) {
+        self.request.op = op;
+    }
 }
 
 /// A sliding log inside `RL.SETTLE`.

@@ -332,10 +332,34 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
             let leases = fixed.iter().any(|w| w.eq_ignore_ascii_case("CONCURRENCY"));
             let words = prop_oneof![
                 6 => Just(fixed.clone()),
-                3 => (0u64..6).prop_map(move |c| {
-                    let mut w = fixed.clone();
-                    w.extend(["COST".to_string(), c.to_string()]);
-                    w
+                3 => (0u64..6).prop_map({
+                    let fixed = fixed.clone();
+                    move |c| {
+                        let mut w = fixed.clone();
+                        w.extend(["COST".to_string(), c.to_string()]);
+                        w
+                    }
+                }),
+                // A partial grant in place of the cost; now and then with a cost too (an error),
+                // or a bad count.
+                3 => (prop::sample::select(vec!["UPTO", "upto"]), 1u64..30, any::<bool>()).prop_map({
+                    let fixed = fixed.clone();
+                    move |(k, n, cost)| {
+                        let mut w = fixed.clone();
+                        if cost && n % 5 == 0 {
+                            w.extend(["COST".to_string(), "2".to_string()]);
+                        }
+                        w.extend([k.to_string(), n.to_string()]);
+                        w
+                    }
+                }),
+                1 => (count_text(), prop::sample::select(vec!["1000", "1001", "0"])).prop_map({
+                    let fixed = fixed.clone();
+                    move |(n, edge)| {
+                        let mut w = fixed.clone();
+                        w.extend(["UPTO".to_string(), if n.len() % 2 == 0 { n } else { edge.to_string() }]);
+                        w
+                    }
                 }),
                 1 => prop::collection::vec(all_limit_spec(), 0..4).prop_map(|s| s.concat()),
             ];
@@ -349,7 +373,11 @@ pub fn all_sequence(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Al
                 if let Some(id) = lease {
                     let pair = ["LEASE".to_string(), id.to_string()];
                     let n = w.len();
-                    if before_cost && n >= 2 && w[n - 2].eq_ignore_ascii_case("COST") {
+                    if before_cost
+                        && n >= 2
+                        && (w[n - 2].eq_ignore_ascii_case("COST")
+                            || w[n - 2].eq_ignore_ascii_case("UPTO"))
+                    {
                         w.splice(n - 2..n - 2, pair);
                     } else {
                         w.extend(pair);
