@@ -1397,13 +1397,21 @@ end
 
 local words = {}
 for i = 1, #ARGV do words[i] = ARGV[i] end
--- COST and LEASE at the end, in either order, each at most once.
-local cost, lease = '1', nil
+-- COST (or UPTO in its place) and LEASE at the end, in any order, each at most once.
+local cost, lease, upto = '1', nil, nil
 local cost_seen = false
-for _ = 1, 2 do
+local COST_AND_UPTO = 'ERR UPTO is given in place of COST, not with it'
+for _ = 1, 3 do
   local option = #words >= 2 and string.upper(words[#words - 1])
   if option == 'COST' and not cost_seen then
+    if upto then return redis.error_reply(COST_AND_UPTO) end
     cost, cost_seen = words[#words], true
+  elseif option == 'UPTO' and not upto then
+    if cost_seen then return redis.error_reply(COST_AND_UPTO) end
+    local err
+    upto, err = integer_arg(words[#words], 1, MAX_INTEGER_ARG, 'ERR UPTO must be an integer',
+      'ERR UPTO must be between 1 and 1000000000000000')
+    if not upto then return redis.error_reply(err) end
   elseif option == 'LEASE' and not lease then
     lease = words[#words]
   else
@@ -1435,6 +1443,9 @@ while i <= #words do
   -- The cost follows the parameters, and the call's lease id comes before it.
   local at = algorithm.params + 1
   if algorithm.lease then
+    if upto then
+      return redis.error_reply('ERR UPTO is not given with a CONCURRENCY limit (a lease is one slot)')
+    end
     leases = true
     params[at] = lease
     at = at + 1
@@ -1442,10 +1453,16 @@ while i <= #words do
   params[at] = '0'
   local peek_args, err = algorithm.limiter.parse(params)
   if not peek_args then return redis.error_reply(err) end
-  params[at] = cost
+  -- A partial grant is parsed with a cost of 1 in its place.
+  params[at] = upto and '1' or cost
   local args
   args, err = algorithm.limiter.parse(params)
   if not args then return redis.error_reply(err) end
+  if upto then
+    local most = algorithm.limiter.UPTO_MAX
+    if most and upto > most then return redis.error_reply(algorithm.limiter.UPTO_RANGE) end
+    args.upto = upto
+  end
   limits[#limits + 1] = {limiter = algorithm.limiter, args = args, peek_args = peek_args}
   i = i + 1 + algorithm.params
 end
@@ -1468,22 +1485,61 @@ if sets > 4 then
   return redis.error_reply('ERR a call combines at most 4 SLIDINGLOG and CONCURRENCY limits')
 end
 for _, limit in ipairs(limits) do
-  if limit.limiter == sliding_log then entries = entries + limit.args.cost end
+  if limit.limiter == sliding_log then entries = entries + (limit.args.upto or limit.args.cost) end
 end
 if entries > sliding_log.MAX_ENTRIES_PER_CALL then
-  return redis.error_reply('ERR one call adds or removes at most 1000 sliding-log entries: the cost times the SLIDINGLOG limits is above it')
+  return redis.error_reply('ERR one call adds or removes at most 1000 sliding-log entries: the cost (or UPTO) times the SLIDINGLOG limits is above it')
 end
 
 -- Limits are read and decided in order, at one instant: the first bad key's error is the reply.
+-- Each key is read once; with a cost c, every limit is decided with that cost.
 local now = now_us()
-local replies, denied_by = {}, 0
-for k, limit in ipairs(limits) do
-  local state, load_err = limit.limiter.load(KEYS[k], limit.args, now)
-  if state == nil then return load_err end
-  limit.state = state
-  local decided, write = limit.limiter.decide(limit.args, limit.state, now, KEYS[k])
-  if not decided then return write end
-  replies[k], limit.write = decided, write
+local function decide_each(c)
+  local out = {}
+  for k, limit in ipairs(limits) do
+    if limit.state == nil then
+      local state, load_err = limit.limiter.load(KEYS[k], limit.args, now)
+      if state == nil then return nil, load_err end
+      limit.state = state
+    end
+    if c then limit.args.cost = c end
+    local decided, write = limit.limiter.decide(limit.args, limit.state, now, KEYS[k])
+    if not decided then return nil, write end
+    out[k], limit.write = decided, write
+  end
+  return out
+end
+
+local replies, err, granted
+if upto then
+  -- A partial grant: every limit the same units, the fewest a peek of any leaves (at most n),
+  -- tried as decide_call tries one limit: then one less, then 1.
+  replies, err = decide_each(0)
+  if not replies then return err end
+  local g = upto
+  for k = 1, n do
+    local left = math.floor(replies[k][2])
+    if left < g then g = left end
+  end
+  local tried = 0
+  for _, t in ipairs({g, g - 1, 1}) do
+    if t >= 1 and t ~= tried then
+      tried = t
+      replies, err = decide_each(t)
+      if not replies then return err end
+      granted = t
+      for k = 1, n do
+        if replies[k][1] == 0 then granted = nil end
+      end
+      if granted then break end
+    end
+  end
+else
+  replies, err = decide_each(nil)
+  if not replies then return err end
+end
+local denied_by = 0
+for k = 1, n do
   if denied_by == 0 and replies[k][1] == 0 then denied_by = k end
 end
 if denied_by == 0 then
@@ -1497,6 +1553,10 @@ else
       replies[k] = limit.limiter.decide(limit.peek_args, limit.state, now, KEYS[k])
     end
   end
+end
+
+if upto then
+  for k = 1, n do replies[k][6] = granted or 0 end
 end
 
 local reply = {denied_by == 0 and 1 or 0, denied_by}

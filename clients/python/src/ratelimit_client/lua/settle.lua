@@ -1033,9 +1033,17 @@ if n < 1 or n > 16 then
   return redis.error_reply('ERR numkeys must be an integer between 1 and 16')
 end
 
+-- One limit per key (a keyword and its parameters) and DELTA n must follow the keys.
+local shortest
+for _, a in ipairs(ALGORITHMS) do
+  if not shortest or a.params + 1 < shortest then shortest = a.params + 1 end
+end
+if #ARGV < n * shortest + 2 then
+  return redis.error_reply(ARITY .. ': numkeys limits and DELTA n must follow the keys')
+end
 local words = {}
 for i = 1, #ARGV do words[i] = ARGV[i] end
-if #words < 2 or string.upper(words[#words - 1]) ~= 'DELTA' then
+if string.upper(words[#words - 1]) ~= 'DELTA' then
   return redis.error_reply('ERR the call must end with DELTA n')
 end
 local delta, err = integer_arg(words[#words], -MAX_INTEGER_ARG, MAX_INTEGER_ARG,
@@ -1047,6 +1055,10 @@ words[#words] = nil
 local limits = {}
 local i = 1
 while i <= #words do
+  -- A limit more than keys fails before it is read.
+  if #limits == n then
+    return redis.error_reply('ERR the number of limits must equal numkeys')
+  end
   local algorithm
   local keyword = string.upper(words[i])
   for _, a in ipairs(ALGORITHMS) do
