@@ -164,7 +164,7 @@ impl FieldsLimiter<1> for Gcra {
         let out = gcra::decide(p, whole(a.op.units()), i128::from(now_us), prior);
         let ceil_ms = |us: i128| {
             let us = if us < 0 { 0 } else { us };
-            narrow((us + 999) / 1000)
+            narrow(gcra::div(us + 999, 1000))
         };
         let retry_after_ms = match (out.allowed, out.retry_after) {
             (true, _) => 0,
@@ -196,7 +196,7 @@ impl FieldsLimiter<1> for Gcra {
 fn stored(tat: i128) -> FieldsWrite<1> {
     FieldsWrite {
         values: [exact_f64(tat)],
-        expire_at_ms: narrow((tat.max(0) + 999) / 1000),
+        expire_at_ms: narrow(gcra::div(tat.max(0) + 999, 1000)),
     }
 }
 

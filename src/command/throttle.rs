@@ -167,11 +167,11 @@ impl ThrottleReply {
 /// A nanosecond duration in whole seconds as redis-cell replies it: the seconds as a double
 /// (`secs + nanos / 1e9`, truncated toward zero), plus one if at least a millisecond is left over.
 pub fn cell_seconds(ns: i128) -> i64 {
-    let secs = ns / 1_000_000_000;
-    let nanos = ns % 1_000_000_000;
+    let secs = gcra::div(ns, 1_000_000_000);
+    let nanos = gcra::rem(ns, 1_000_000_000);
     // Both parts are below 2^53 (exact); the sum and the truncation are redis-cell's rounding.
     let mut s = (secs as f64 + nanos as f64 / 1e9) as i64;
-    if nanos / 1_000_000 > 0 {
+    if gcra::div(nanos, 1_000_000) > 0 {
         s += 1;
     }
     s
@@ -185,8 +185,8 @@ pub fn cell_remaining(p: &gcra::Params, ttl: i128) -> i64 {
         return 0;
     }
     // Both below 2^54 by the tolerance bound; rounded to doubles once, as redis-cell does.
-    let next_us = (next / 1000) as f64;
-    let interval_us = (i128::from(p.interval) / 1000) as f64;
+    let next_us = gcra::div(next, 1000) as f64;
+    let interval_us = (p.interval / 1000) as f64;
     (next_us / interval_us) as i64
 }
 
@@ -208,7 +208,7 @@ pub fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (ThrottleReply, Opt
     };
     // The first millisecond at which the stored time is no longer in the future.
     let write = out.write.map(|tat| {
-        let ms = (tat + 999_999) / 1_000_000;
+        let ms = gcra::div(tat + 999_999, 1_000_000);
         (tat, i64::try_from(ms).unwrap_or(i64::MAX))
     });
     (reply, write)

@@ -80,19 +80,56 @@ pub fn settle(p: &Params, delta: i64, now: i128, prior_tat: Option<i128>) -> Opt
     }
 }
 
+/// `a / b`, truncated toward zero as `/` is, for `b > 0`: in 64 bits when `a` fits, as every
+/// value of a call in microseconds does (a 128-bit division is a call into the compiler's runtime,
+/// about 60 instructions, on every call).
+pub fn div(a: i128, b: i64) -> i128 {
+    match i64::try_from(a) {
+        Ok(a) => i128::from(a / b),
+        Err(_) => a / i128::from(b),
+    }
+}
+
+/// `a % b` with the sign of `a`, as `%` is, for `b > 0`; in 64 bits when `a` fits.
+pub fn rem(a: i128, b: i64) -> i128 {
+    match i64::try_from(a) {
+        Ok(a) => i128::from(a % b),
+        Err(_) => a % i128::from(b),
+    }
+}
+
 pub fn remaining(p: &Params, ttl: i128) -> i128 {
     let ttl = if ttl < 0 { 0 } else { ttl };
     let free = i128::from(p.tolerance) - ttl;
-    if free <= 0 {
-        0
-    } else {
-        free / i128::from(p.interval)
-    }
+    if free <= 0 { 0 } else { div(free, p.interval) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn divisions_in_64_bits_are_the_128_bit_ones() {
+        let big = i128::from(i64::MAX) * 3 + 7;
+        for a in [
+            0,
+            1,
+            -1,
+            999,
+            -999,
+            1000,
+            -1001,
+            i128::from(i64::MAX),
+            i128::from(i64::MIN),
+            big,
+            -big,
+        ] {
+            for b in [1, 7, 1000, 1_000_000_000, i64::MAX] {
+                assert_eq!(div(a, b), a / i128::from(b), "{a} / {b}");
+                assert_eq!(rem(a, b), a % i128::from(b), "{a} % {b}");
+            }
+        }
+    }
 
     // 5 calls at once, then one per second (ticks are microseconds here).
     const P: Params = Params {
