@@ -146,10 +146,14 @@ lint: deps
 # largest arguments, on every server of the matrix). `make bench BENCH_ARGS=--quick` for a short
 # run. With
 # REDIS_CELL_MODULE=/path/to/libredis_cell.so (built separately) it also compares CL.THROTTLE with
-# redis-cell's, on a second redis-server.
+# redis-cell's, on a second redis-server. With NATIVE_GCRA_SERVER=/path/to/redis-server (Redis's
+# source with its own native GCRA command, see benches/native_gcra.py) it ends with RL.GCRA,
+# CL.THROTTLE, RL.TOKENBUCKET, every limiter's denial and the module-API floor against the native
+# command, on that one binary.
 BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
 BENCH_ARGS ?=
 REDIS_CELL_MODULE ?=
+NATIVE_GCRA_SERVER ?=
 
 # The floor module (benches/floor_module.c) is compiled against the redismodule.h that the
 # redis-module crate ships, found through cargo metadata.
@@ -167,6 +171,9 @@ bench: deps servers
 		$(if $(REDIS_CELL_MODULE),--redis-cell $(REDIS_CELL_MODULE)) $(BENCH_ARGS)
 	python3 benches/worst_case.py --module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
 		$(foreach s,$(MATRIX),--server $(s)=$(SERVERS_DIR)/$(s)/server)
+	$(if $(NATIVE_GCRA_SERVER),python3 benches/native_gcra.py --server $(NATIVE_GCRA_SERVER) \
+		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
+		--floor-module $(BENCH_TARGET)/floor_module.so)
 
 # A release tarball in target/dist: the module with its SHA-256, the Lua twins, a redis.conf
 # snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).

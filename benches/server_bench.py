@@ -190,11 +190,18 @@ def free_port() -> int:
 class Server:
     """A redis-server process, talked to with redis-cli."""
 
-    def __init__(self, module: Path, workdir: Path, pin: list[str], also: Path | None = None):
+    def __init__(
+        self,
+        module: Path,
+        workdir: Path,
+        pin: list[str],
+        also: Path | None = None,
+        binary: str = "redis-server",
+    ):
         self.port = free_port()
         self.workdir = workdir
         argv = pin + [
-            "redis-server",
+            binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
