@@ -71,9 +71,9 @@ test: deps servers check-containers
 	$(MAKE) test-node
 	$(MAKE) fuzz FUZZ_SECONDS=15
 
-# examples/: the seed scenario from Python (redis-py), Node.js (node-redis) and Go (redigo), with
-# the module and without it (the Lua path), each output checked exactly, on every server of the
-# matrix (the debug build of the module).
+# examples/: the seed scenario from Python (redis-py) and Node.js (node-redis), with the module and
+# without it (the Lua path), each output checked exactly, on every server of the matrix (the debug
+# build of the module). Go's examples are the Go package's own (make test-go).
 examples: deps servers
 	$(CARGO) build -p redis-rate-limiter
 	@for s in $(MATRIX); do \
