@@ -204,6 +204,8 @@ async fn main() {
         .route_class(|_| "demo".into())
         .limits_fn(move |_, _| vec![current.read().unwrap_or_else(|e| e.into_inner()).clone()])
         .legacy_headers(true)
+        // The page shows the server's every decision (and RL.TOP counts every denial).
+        .deny_cache(false)
         .metrics(metrics)
         .build();
     let router = Router::new()

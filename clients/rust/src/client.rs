@@ -11,7 +11,9 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
 
 use crate::algorithm::{Algorithm, Concurrency};
+use crate::batch::{BatchStats, Batches, Batching, Step, signature};
 use crate::breaker::Breaker;
+use crate::deny::DenyCache;
 use crate::local::{LocalLeases, LocalLimiter};
 use crate::types::{
     Decision, Degraded, Error, FailurePolicy, Mode, ModeChoice, MultiOutcome, Options, Outcome,
@@ -113,11 +115,24 @@ pub(crate) fn new_lease_id() -> String {
 /// `C` is any async redis connection: [`redis::aio::ConnectionManager`] (what
 /// [`Client::connect`] makes), a multiplexed connection, or
 /// [`redis::cluster_async::ClusterConnection`] (keys are routed by slot; several keys in one
-/// call need a common hash tag). Cloning is cheap and shares the breaker and mode.
-#[derive(Clone)]
+/// call need a common hash tag). Cloning is cheap and shares the breaker and mode, and the
+/// batches and deny cache it has when cloned.
 pub struct Client<C> {
     conn: C,
     inner: Arc<Inner>,
+    batches: Option<Arc<Batches<C>>>,
+    denies: Option<Arc<DenyCache>>,
+}
+
+impl<C: Clone> Clone for Client<C> {
+    fn clone(&self) -> Self {
+        Client {
+            conn: self.conn.clone(),
+            inner: self.inner.clone(),
+            batches: self.batches.clone(),
+            denies: self.denies.clone(),
+        }
+    }
 }
 
 impl Client<redis::aio::ConnectionManager> {
@@ -173,37 +188,94 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-fn decision(v: &Value) -> Option<Decision> {
+/// What a call takes: a cost, or a partial grant of at most `n` units (`UPTO n`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    Cost(u64),
+    Upto(u64),
+}
+
+impl Take {
+    /// The words that end the call: the cost, or `UPTO n`.
+    fn args(self) -> Vec<String> {
+        match self {
+            Take::Cost(n) => vec![n.to_string()],
+            Take::Upto(n) => vec!["UPTO".into(), n.to_string()],
+        }
+    }
+
+    /// The units at most taken.
+    pub(crate) fn units(self) -> u64 {
+        match self {
+            Take::Cost(n) | Take::Upto(n) => n,
+        }
+    }
+}
+
+/// A limiter's reply: five integers, and a sixth (`granted`) for a partial grant. For a cost the
+/// units taken are the cost when admitted (`cost`), else 0.
+fn decision(v: &Value, take: Take) -> Option<(Decision, u64)> {
     let Value::Array(items) = v else {
         return None;
     };
-    if items.len() != 5 {
+    let fields = match take {
+        Take::Cost(_) => 5,
+        Take::Upto(_) => 6,
+    };
+    if items.len() != fields {
         return None;
     }
-    Some(Decision {
+    let d = Decision {
         allowed: int(&items[0])? == 1,
         remaining: u64::try_from(int(&items[1])?).ok()?,
         retry_after_ms: int(&items[2])?,
         reset_after_ms: u64::try_from(int(&items[3])?).ok()?,
         limit: u64::try_from(int(&items[4])?).ok()?,
-    })
+    };
+    let granted = match take {
+        Take::Cost(n) => {
+            if d.allowed {
+                n
+            } else {
+                0
+            }
+        }
+        Take::Upto(_) => u64::try_from(int(&items[5])?).ok()?,
+    };
+    Some((d, granted))
 }
 
-fn multi(v: &Value, n: usize) -> Option<(bool, usize, Vec<Decision>)> {
+/// `RL.ALL`'s reply: allowed, denied_by, then one reply per limit; the units granted (the same
+/// in every inner reply of a partial grant).
+type Multi = (bool, usize, Vec<Decision>, u64);
+
+fn multi(v: &Value, n: usize, take: Take) -> Option<Multi> {
     let Value::Array(items) = v else {
         return None;
     };
     if items.len() != n + 2 {
         return None;
     }
-    let decisions = items[2..]
+    let replies = items[2..]
         .iter()
-        .map(decision)
+        .map(|i| decision(i, take))
         .collect::<Option<Vec<_>>>()?;
+    let allowed = int(&items[0])? == 1;
+    let granted = match take {
+        Take::Cost(c) => {
+            if allowed {
+                c
+            } else {
+                0
+            }
+        }
+        Take::Upto(_) => replies.first().map_or(0, |r| r.1),
+    };
     Some((
-        int(&items[0])? == 1,
+        allowed,
         usize::try_from(int(&items[1])?).ok()?,
-        decisions,
+        replies.into_iter().map(|r| r.0).collect(),
+        granted,
     ))
 }
 
@@ -214,7 +286,10 @@ fn decisions(v: &Value, n: usize) -> Option<Vec<Decision>> {
     if items.len() != n {
         return None;
     }
-    items.iter().map(decision).collect()
+    items
+        .iter()
+        .map(|i| decision(i, Take::Cost(0)).map(|r| r.0))
+        .collect()
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -278,6 +353,103 @@ where
                 local: LocalLimiter::default(),
                 leases: LocalLeases::default(),
             }),
+            batches: None,
+            denies: None,
+        }
+    }
+
+    /// This client without batches nor deny cache, sharing the connection, mode and breaker.
+    fn plain(&self) -> Self {
+        Client {
+            conn: self.conn.clone(),
+            inner: self.inner.clone(),
+            batches: None,
+            denies: None,
+        }
+    }
+
+    /// This client (and the clones made from it afterwards) taking leased batches for hot keys,
+    /// as `batching` says: a hot key's checks take several units with one partial grant and
+    /// admit from them without calling Redis, giving back what they did not use when the
+    /// batch's lease ends (see [`Batching`] and docs/clients.md). Replaces any batches this
+    /// client had (without giving back what they hold: [`Client::flush`] first).
+    pub fn with_batching(mut self, batching: Batching) -> Self {
+        self.batches = Some(Batches::new(self.plain(), batching));
+        self
+    }
+
+    /// This client without batches (those of other clones carry on).
+    pub fn without_batching(mut self) -> Self {
+        self.batches = None;
+        self
+    }
+
+    /// This client (and the clones made from it afterwards) with a deny cache of at most
+    /// `entries` entries, the least recently used evicted first: after Redis denies a check
+    /// with `retry_after_ms` R, the same check (same keys, algorithms, parameters and cost) is
+    /// denied without calling Redis until R has passed on the monotonic
+    /// clock ([`Outcome::answered_locally`] `DenyCache`, the waits counted down). It may deny
+    /// for up to R what Redis would admit sooner (another process's refund, a raised limit),
+    /// never admit what Redis would deny. Off by default.
+    pub fn with_deny_cache(mut self, entries: usize) -> Self {
+        self.denies = Some(Arc::new(DenyCache::new(entries)));
+        self
+    }
+
+    /// This client without a deny cache.
+    pub fn without_deny_cache(mut self) -> Self {
+        self.denies = None;
+        self
+    }
+
+    /// Whether this client has a deny cache, and its number of entries at most.
+    pub fn deny_cache_capacity(&self) -> Option<usize> {
+        self.denies.as_ref().map(|d| d.capacity())
+    }
+
+    /// Entries in the deny cache now.
+    pub fn deny_cache_len(&self) -> usize {
+        self.denies.as_ref().map_or(0, |d| d.len())
+    }
+
+    /// When the deny cache's entry for these limits at this cost expires, if it has one.
+    pub fn denied_until(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+    ) -> Option<tokio::time::Instant> {
+        self.denies.as_ref()?.until(&signature(limits), cost)
+    }
+
+    /// What the batches did so far (all zero without batches).
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batches
+            .as_ref()
+            .map_or_else(BatchStats::default, |b| b.stats())
+    }
+
+    /// The size the next batch of these limits starts from (B), while they are tracked.
+    pub fn batch_size(&self, limits: &[(String, Algorithm)]) -> Option<u64> {
+        self.batches.as_ref()?.size(&signature(limits))
+    }
+
+    /// Gives back at once what every batch holds (`RL.SETTLE ... DELTA -n`), and waits for the
+    /// answers: the units given back. The keys are batched again on their next calls.
+    pub async fn flush(&self) -> u64 {
+        match &self.batches {
+            Some(b) => b.flush().await,
+            None => 0,
+        }
+    }
+
+    /// Stops the batches of this client and of every clone sharing them (their checks go to
+    /// Redis one by one from now on), and gives back what they hold: the units given back.
+    /// Call it before the process ends; dropping the last clone gives them back too, from a
+    /// task of the current runtime, without waiting.
+    pub async fn close(&self) -> u64 {
+        match &self.batches {
+            Some(b) => b.close().await,
+            None => 0,
         }
     }
 
@@ -351,22 +523,28 @@ where
         }
     }
 
-    /// One limit's command: the parameters, then the cost, or for a concurrency limit the
-    /// lease id (`RL.ACQUIRE` takes no cost).
+    /// One limit's command: the parameters, then the cost (or `UPTO n`), or for a concurrency
+    /// limit the lease id (`RL.ACQUIRE` takes no cost).
     async fn call_one(
         &self,
         key: &str,
         algo: &Algorithm,
-        cost: u64,
+        take: Take,
         lease: Option<&str>,
-    ) -> Result<(Decision, Mode), RedisError> {
+    ) -> Result<(Decision, u64, Mode), RedisError> {
         let mut conn = self.conn.clone();
         let mode = self.resolve_mode(&mut conn).await?;
         let mut args = algo.params();
-        match (algo, lease) {
-            (Algorithm::Concurrency(_), Some(id)) => args.push(id.to_string()),
-            _ => args.push(cost.to_string()),
-        }
+        let take = match (algo, lease) {
+            (Algorithm::Concurrency(_), Some(id)) => {
+                args.push(id.to_string());
+                Take::Cost(1)
+            }
+            _ => {
+                args.extend(take.args());
+                take
+            }
+        };
         let reply: Value = match mode {
             Mode::Module => {
                 redis::cmd(algo.command())
@@ -392,7 +570,8 @@ where
                     .await?
             }
         };
-        Ok((decision(&reply).ok_or_else(|| unexpected(&reply))?, mode))
+        let (d, granted) = decision(&reply, take).ok_or_else(|| unexpected(&reply))?;
+        Ok((d, granted, mode))
     }
 
     /// `RL.RELEASE key lease_id` (or its twins): 1 if a live lease was released.
@@ -430,9 +609,9 @@ where
     async fn call_all(
         &self,
         limits: &[(String, Algorithm)],
-        cost: u64,
+        take: Take,
         lease: Option<&str>,
-    ) -> Result<((bool, usize, Vec<Decision>), Mode), RedisError> {
+    ) -> Result<(Multi, Mode), RedisError> {
         let mut conn = self.conn.clone();
         let mode = self.resolve_mode(&mut conn).await?;
         let mut args: Vec<String> = Vec::new();
@@ -444,8 +623,10 @@ where
             args.push("LEASE".into());
             args.push(id.to_string());
         }
-        args.push("COST".into());
-        args.push(cost.to_string());
+        match take {
+            Take::Cost(n) => args.extend(["COST".to_string(), n.to_string()]),
+            Take::Upto(n) => args.extend(["UPTO".to_string(), n.to_string()]),
+        }
         let keys: Vec<&str> = limits.iter().map(|(k, _)| k.as_str()).collect();
         let reply: Value = match mode {
             Mode::Module => {
@@ -477,7 +658,7 @@ where
             }
         };
         Ok((
-            multi(&reply, limits.len()).ok_or_else(|| unexpected(&reply))?,
+            multi(&reply, limits.len(), take).ok_or_else(|| unexpected(&reply))?,
             mode,
         ))
     }
@@ -583,6 +764,18 @@ where
         cost: u64,
         lease: Option<&str>,
     ) -> (Decision, Degraded) {
+        let (d, _, g) = self.degraded_take(key, algo, Take::Cost(cost), lease);
+        (d, g)
+    }
+
+    /// The failure policy's answer for one limit, with the units it grants.
+    fn degraded_take(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        take: Take,
+        lease: Option<&str>,
+    ) -> (Decision, u64, Degraded) {
         let o = &self.inner.options;
         match o.policy {
             FailurePolicy::FailOpen => (
@@ -593,6 +786,7 @@ where
                     reset_after_ms: 0,
                     limit: algo.limit(),
                 },
+                take.units(),
                 Degraded::FailOpen,
             ),
             FailurePolicy::FailClosed => (
@@ -603,23 +797,28 @@ where
                     reset_after_ms: o.fail_closed_retry_ms,
                     limit: algo.limit(),
                 },
+                0,
                 Degraded::FailClosed,
             ),
-            FailurePolicy::Local { instances } => match algo {
-                Algorithm::Concurrency(c) => (
-                    self.inner.leases.acquire(
+            FailurePolicy::Local { instances } => match (algo, take) {
+                (Algorithm::Concurrency(c), _) => {
+                    let d = self.inner.leases.acquire(
                         key,
                         lease.unwrap_or_default(),
                         c,
                         instances,
-                        cost > 0,
-                    ),
-                    Degraded::Local,
-                ),
-                _ => (
-                    self.inner.local.check(key, algo, instances, cost),
-                    Degraded::Local,
-                ),
+                        take.units() > 0,
+                    );
+                    (d, u64::from(d.allowed), Degraded::Local)
+                }
+                (_, Take::Cost(cost)) => {
+                    let d = self.inner.local.check(key, algo, instances, cost);
+                    (d, if d.allowed { cost } else { 0 }, Degraded::Local)
+                }
+                (_, Take::Upto(n)) => {
+                    let (d, g) = self.inner.local.grant(key, algo, instances, n);
+                    (d, g, Degraded::Local)
+                }
             },
         }
     }
@@ -627,18 +826,64 @@ where
     /// Checks (and on admission consumes) `cost` units of `algo` on `key`. A concurrency limit is
     /// only peeked at here (cost 0, through `RL.ALL`); its slots are taken with
     /// [`Client::acquire`] (`Error::Unsupported` for a cost above 0).
+    ///
+    /// With [batches](Client::with_batching) or the [deny cache](Client::with_deny_cache) on, a
+    /// check of a cost above 0 may be answered without calling Redis
+    /// ([`Outcome::answered_locally`]).
     pub async fn check(&self, key: &str, algo: &Algorithm, cost: u64) -> Result<Outcome, Error> {
         if algo.concurrency().is_none() {
+            if cost > 0 && (self.batches.is_some() || self.denies.is_some()) {
+                let limits = [(key.to_string(), algo.clone())];
+                return self
+                    .decide_hot(&limits, cost)
+                    .await
+                    .map(MultiOutcome::single);
+            }
             return self.decide_one(key, algo, cost, None).await;
         }
         let o = self
             .check_all(&[(key.to_string(), algo.clone())], cost)
             .await?;
-        Ok(Outcome {
-            decision: o.decisions[0],
-            degraded: o.degraded,
-            mode: o.mode,
-        })
+        Ok(o.single())
+    }
+
+    /// A partial grant (`UPTO n`): as many units of `algo` on `key` as are left now, at least 1
+    /// and at most `n`, taken in one call; [`Outcome::granted`] says how many (0 when denied:
+    /// nothing was left, and the decision is the denial of one unit). Give back what goes unused
+    /// with [`Client::settle`] (a negative delta). `n` from 1 to 10^15 (1,000 for a sliding log);
+    /// not for a concurrency limit (`Error::Unsupported`). Batches and the deny cache are not
+    /// used. When Redis cannot answer: `FailOpen` grants `n` (nothing taken), `FailClosed`
+    /// denies, `Local` grants what its in-process bucket has, at most `n`.
+    pub async fn check_upto(&self, key: &str, algo: &Algorithm, n: u64) -> Result<Outcome, Error> {
+        if algo.concurrency().is_some() {
+            return Err(Error::Unsupported(
+                "a concurrency limit is not granted in part (a lease is one slot)",
+            ));
+        }
+        if n == 0 {
+            return Err(Error::Unsupported("UPTO n takes n of at least 1"));
+        }
+        self.decide_take(key, algo, Take::Upto(n), None).await
+    }
+
+    /// A partial grant of several limits at once (`RL.ALL ... UPTO n`): every limit is granted
+    /// the same units, the fewest any of them has left, at most `n`
+    /// ([`MultiOutcome::granted`]; 0 when denied, as a cost of 1 would be). One limit alone uses
+    /// its own command. Concurrency limits are refused (`Error::Unsupported`).
+    pub async fn check_all_upto(
+        &self,
+        limits: &[(String, Algorithm)],
+        n: u64,
+    ) -> Result<MultiOutcome, Error> {
+        if limits.iter().any(|(_, a)| a.concurrency().is_some()) {
+            return Err(Error::Unsupported(
+                "a concurrency limit is not granted in part (a lease is one slot)",
+            ));
+        }
+        if n == 0 {
+            return Err(Error::Unsupported("UPTO n takes n of at least 1"));
+        }
+        self.decide_all_take(limits, Take::Upto(n), None).await
     }
 
     /// One limit: Redis, or the failure policy when Redis cannot answer. `lease` is the lease id
@@ -650,19 +895,33 @@ where
         cost: u64,
         lease: Option<&str>,
     ) -> Result<Outcome, Error> {
-        match self.guarded(self.call_one(key, algo, cost, lease)).await {
-            Ok((decision, mode)) => Ok(Outcome {
+        self.decide_take(key, algo, Take::Cost(cost), lease).await
+    }
+
+    async fn decide_take(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        take: Take,
+        lease: Option<&str>,
+    ) -> Result<Outcome, Error> {
+        match self.guarded(self.call_one(key, algo, take, lease)).await {
+            Ok((decision, granted, mode)) => Ok(Outcome {
                 decision,
                 degraded: None,
                 mode: Some(mode),
+                granted,
+                answered_locally: None,
             }),
             Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
             Err(Failure::Unavailable) => {
-                let (decision, degraded) = self.degraded_one(key, algo, cost, lease);
+                let (decision, granted, degraded) = self.degraded_take(key, algo, take, lease);
                 Ok(Outcome {
                     decision,
                     degraded: Some(degraded),
                     mode: None,
+                    granted,
+                    answered_locally: None,
                 })
             }
         }
@@ -671,13 +930,20 @@ where
     /// Checks several limits at once: admitted only if every limit admits, and then `cost` is
     /// consumed from all of them (`RL.ALL`, or `all.lua`). One limit alone uses its own command.
     /// Concurrency limits are only peeked at here (cost 0); their slots are taken with
-    /// [`Client::acquire_all`] (`Error::Unsupported` for a cost above 0).
+    /// [`Client::acquire_all`] (`Error::Unsupported` for a cost above 0). Batches and the deny
+    /// cache apply as for [`Client::check`].
     pub async fn check_all(
         &self,
         limits: &[(String, Algorithm)],
         cost: u64,
     ) -> Result<MultiOutcome, Error> {
         if !limits.iter().any(|(_, a)| a.concurrency().is_some()) {
+            if cost > 0
+                && (1..=16).contains(&limits.len())
+                && (self.batches.is_some() || self.denies.is_some())
+            {
+                return self.decide_hot(limits, cost).await;
+            }
             return self.decide_all(limits, cost, None).await;
         }
         if cost > 0 {
@@ -696,38 +962,61 @@ where
         cost: u64,
         lease: Option<&str>,
     ) -> Result<MultiOutcome, Error> {
+        self.decide_all_take(limits, Take::Cost(cost), lease).await
+    }
+
+    pub(crate) async fn decide_all_take(
+        &self,
+        limits: &[(String, Algorithm)],
+        take: Take,
+        lease: Option<&str>,
+    ) -> Result<MultiOutcome, Error> {
         if let [(key, algo)] = limits
-            && (cost > 0 || algo.concurrency().is_none())
+            && (take.units() > 0 || algo.concurrency().is_none())
         {
-            let o = self.decide_one(key, algo, cost, lease).await?;
+            let o = self.decide_take(key, algo, take, lease).await?;
             return Ok(MultiOutcome {
                 allowed: o.decision.allowed,
                 denied_by: usize::from(!o.decision.allowed),
                 decisions: vec![o.decision],
                 degraded: o.degraded,
                 mode: o.mode,
+                granted: o.granted,
+                answered_locally: None,
             });
         }
         if limits.is_empty() || limits.len() > 16 {
             return Err(Error::Unsupported("between 1 and 16 limits per call"));
         }
-        match self.guarded(self.call_all(limits, cost, lease)).await {
-            Ok(((allowed, denied_by, decisions), mode)) => Ok(MultiOutcome {
+        match self.guarded(self.call_all(limits, take, lease)).await {
+            Ok(((allowed, denied_by, decisions, granted), mode)) => Ok(MultiOutcome {
                 allowed,
                 denied_by,
                 decisions,
                 degraded: None,
                 mode: Some(mode),
+                granted,
+                answered_locally: None,
             }),
             Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
-            Err(Failure::Unavailable) => Ok(self.degraded_all(limits, cost, lease)),
+            Err(Failure::Unavailable) => Ok(self.degraded_all_take(limits, take, lease)),
         }
     }
 
-    fn degraded_all(
+    /// The failure policy's answer for several limits, for a cost.
+    pub(crate) fn degraded_all(
         &self,
         limits: &[(String, Algorithm)],
         cost: u64,
+        lease: Option<&str>,
+    ) -> MultiOutcome {
+        self.degraded_all_take(limits, Take::Cost(cost), lease)
+    }
+
+    fn degraded_all_take(
+        &self,
+        limits: &[(String, Algorithm)],
+        take: Take,
         lease: Option<&str>,
     ) -> MultiOutcome {
         let mut degraded = Degraded::FailOpen;
@@ -740,6 +1029,18 @@ where
                 d
             })
             .collect();
+        // A partial grant takes what the fewest left allow, at most n (as RL.ALL ... UPTO n).
+        let cost = match take {
+            Take::Cost(c) => c,
+            Take::Upto(n) if degraded == Degraded::Local => peeks
+                .iter()
+                .map(|d| d.remaining)
+                .min()
+                .unwrap_or(0)
+                .min(n)
+                .max(1),
+            Take::Upto(n) => n,
+        };
         let denier = peeks.iter().zip(limits).position(|(d, (_, a))| {
             match (degraded, a) {
                 (Degraded::FailClosed, _) => true,
@@ -765,7 +1066,111 @@ where
             decisions,
             degraded: Some(degraded),
             mode: None,
+            granted: if denier.is_none() { cost } else { 0 },
+            answered_locally: None,
         }
+    }
+
+    /// The failure policy's answer for a cost, as a call to Redis that failed would get it.
+    pub(crate) fn degraded_for(&self, limits: &[(String, Algorithm)], cost: u64) -> MultiOutcome {
+        match limits {
+            [(key, algo)] => {
+                let (d, granted, degraded) = self.degraded_take(key, algo, Take::Cost(cost), None);
+                MultiOutcome {
+                    allowed: d.allowed,
+                    denied_by: usize::from(!d.allowed),
+                    decisions: vec![d],
+                    degraded: Some(degraded),
+                    mode: None,
+                    granted,
+                    answered_locally: None,
+                }
+            }
+            _ => self.degraded_all(limits, cost, None),
+        }
+    }
+
+    /// A partial grant of at most `n` units for a batch: `None` when Redis cannot answer (no
+    /// failure policy applied).
+    pub(crate) async fn try_grant(
+        &self,
+        limits: &[(String, Algorithm)],
+        n: u64,
+    ) -> Result<Option<MultiOutcome>, Error> {
+        let got = match limits {
+            [(key, algo)] => self
+                .guarded(self.call_one(key, algo, Take::Upto(n), None))
+                .await
+                .map(|(d, granted, mode)| MultiOutcome {
+                    allowed: d.allowed,
+                    denied_by: usize::from(!d.allowed),
+                    decisions: vec![d],
+                    degraded: None,
+                    mode: Some(mode),
+                    granted,
+                    answered_locally: None,
+                }),
+            _ => self
+                .guarded(self.call_all(limits, Take::Upto(n), None))
+                .await
+                .map(
+                    |((allowed, denied_by, decisions, granted), mode)| MultiOutcome {
+                        allowed,
+                        denied_by,
+                        decisions,
+                        degraded: None,
+                        mode: Some(mode),
+                        granted,
+                        answered_locally: None,
+                    },
+                ),
+        };
+        match got {
+            Ok(o) => Ok(Some(o)),
+            Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
+            Err(Failure::Unavailable) => Ok(None),
+        }
+    }
+
+    /// A check of a cost above 0 on limits without a concurrency one, with batches or the deny
+    /// cache on: the batch first, then the deny cache, then a new batch (a hot key) or a call
+    /// of its own.
+    async fn decide_hot(
+        &self,
+        limits: &[(String, Algorithm)],
+        cost: u64,
+    ) -> Result<MultiOutcome, Error> {
+        let sig = signature(limits);
+        let mut refill = false;
+        if let Some(b) = &self.batches {
+            match b.try_local(&sig, limits, cost) {
+                Step::Answer(o) => return Ok(o),
+                Step::Refill => refill = true,
+                Step::Plain => {}
+            }
+        }
+        let denies = self.denies.as_deref();
+        if let Some(o) = denies.and_then(|d| d.lookup(&sig, cost)) {
+            return Ok(o);
+        }
+        if refill && let Some(b) = &self.batches {
+            if let Some(o) = b.refill(&sig, limits, cost, self.denies.as_ref()).await? {
+                return Ok(o);
+            }
+            // The refill that came first may have been denied meanwhile.
+            if let Some(o) = denies.and_then(|d| d.lookup(&sig, cost)) {
+                return Ok(o);
+            }
+        }
+        let sent = tokio::time::Instant::now();
+        let o = self.decide_all(limits, cost, None).await?;
+        if let Some(d) = denies {
+            d.record(&sig, cost, &o, sent);
+        }
+        if let Some(b) = &self.batches {
+            b.observe(&sig, &o);
+        }
+        Ok(o)
     }
 
     /// Gives back `id`'s slot of `key` (`RL.RELEASE`): whether a live lease was released. `false`

@@ -8,26 +8,34 @@
 //!   dropped, released or expires.
 //! - [`Client::reserve`]: an estimate consumed up front, then a [`Reservation`] settled with the
 //!   true cost once known (refunded or charged, into debt if need be).
+//! - [`Client::check_upto`]: a partial grant, as many units as are left up to `n`.
+//! - [`Client::with_batching`]: leased batches for hot keys, admitted in the process from one
+//!   partial grant; [`Client::with_deny_cache`]: denials repeated in the process until their
+//!   `retry_after_ms` has passed.
 //! - [`Client::top`]: the keys with the most denials on the server (`RL.TOP`, module only).
 //! - [`middleware`]: HTTP rate limiting with the standard response headers, and shadow policies
 //!   that are evaluated and reported but never deny.
 
 mod algorithm;
+mod batch;
 mod breaker;
 mod client;
+mod deny;
 mod lease;
 mod local;
+mod lru;
 pub mod metrics;
 pub mod middleware;
 mod reservation;
 mod types;
 
 pub use algorithm::{Algorithm, Concurrency};
+pub use batch::{BatchStats, Batching};
 pub use breaker::BreakerConfig;
 pub use client::{Client, Limiter};
 pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
 pub use reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
 pub use types::{
-    Decision, Degraded, Error, FailurePolicy, Mode, ModeChoice, MultiOutcome, Options, Outcome,
-    Settlement, TopEntry,
+    Decision, Degraded, Error, FailurePolicy, LocalAnswer, Mode, ModeChoice, MultiOutcome, Options,
+    Outcome, Settlement, TopEntry,
 };

@@ -63,6 +63,23 @@ impl LocalLimiter {
 }
 
 impl LocalLimiter {
+    /// A partial grant from the in-process bucket: what it has left (whole units), at most `n`;
+    /// nothing left is the denial of one unit.
+    pub(crate) fn grant(
+        &self,
+        key: &str,
+        algo: &Algorithm,
+        instances: u32,
+        n: u64,
+    ) -> (Decision, u64) {
+        let left = self.check(key, algo, instances, 0).remaining;
+        let g = left.min(n).max(1);
+        let d = self.check(key, algo, instances, g);
+        (d, if d.allowed { g } else { 0 })
+    }
+}
+
+impl LocalLimiter {
     /// Gives back `-delta` tokens (never above the capacity) or takes `delta` more, below zero
     /// if need be, down to minus the capacity (as the module's token bucket): a bucket in debt
     /// denies until it has refilled past it.

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use crate::types::LocalAnswer;
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub allowed: u64,
@@ -16,6 +18,11 @@ pub struct Counts {
     pub refunded: u64,
     /// Units taken by settlements (an actual cost above the estimate).
     pub charged: u64,
+    /// Admissions answered from a leased batch, without a call to Redis (among `allowed`).
+    pub batch: u64,
+    /// Denials answered by the deny cache, without a call to Redis (among `denied`, or
+    /// `shadow_denied` for a shadow limit).
+    pub deny_cache: u64,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +66,16 @@ impl Metrics {
         }
     }
 
+    /// An answer made in the process for `limit` (counted besides `allowed` or `denied`).
+    pub fn record_local(&self, limit: &str, answer: LocalAnswer) {
+        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let c = m.entry(limit.to_string()).or_default();
+        match answer {
+            LocalAnswer::Batch => c.batch += 1,
+            LocalAnswer::DenyCache => c.deny_cache += 1,
+        }
+    }
+
     /// A settlement of `delta` units on `limit`: below 0 refunded, above 0 charged.
     pub fn record_settled(&self, limit: &str, delta: i64) {
         let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
@@ -77,7 +94,9 @@ impl Metrics {
 
     /// `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`, and for a
     /// limit evaluated as a shadow limit also `outcome="shadow_denied"` (requests it would have
-    /// refused; its `denied` stays 0), then, once
+    /// refused; its `denied` stays 0), `outcome="batch"` once a limit has had an admission
+    /// answered from a batch, `outcome="deny_cache"` once it has had a denial answered by the
+    /// deny cache, then, once
     /// a settlement changed something, `ratelimit_settled_units_total{limit="...",
     /// direction="refunded|charged"}` for the limits that settled.
     pub fn render_prometheus(&self) -> String {
@@ -85,6 +104,7 @@ impl Metrics {
         let mut out = String::from(
             "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n# TYPE ratelimit_decisions_total counter\n",
         );
+        // (batch and deny_cache: admissions and denials among those answered in the process.)
         for (name, c) in m.iter() {
             let n = escape(name);
             for (outcome, v) in [
@@ -101,6 +121,13 @@ impl Metrics {
                     "ratelimit_decisions_total{{limit=\"{n}\",outcome=\"shadow_denied\"}} {}\n",
                     c.shadow_denied
                 ));
+            }
+            for (outcome, v) in [("batch", c.batch), ("deny_cache", c.deny_cache)] {
+                if v > 0 {
+                    out.push_str(&format!(
+                        "ratelimit_decisions_total{{limit=\"{n}\",outcome=\"{outcome}\"}} {v}\n"
+                    ));
+                }
             }
         }
         let settled: Vec<_> = m

@@ -36,6 +36,7 @@ use redis::aio::ConnectionLike;
 use tower::{Layer, Service};
 
 use crate::algorithm::Algorithm;
+use crate::batch::Batching;
 use crate::client::Client;
 use crate::lease::Lease;
 use crate::metrics::Metrics;
@@ -191,7 +192,12 @@ pub struct Builder<C> {
     client: Client<C>,
     config: Config,
     metrics: Arc<Metrics>,
+    batching: Option<Batching>,
+    deny_cache: Option<usize>,
 }
+
+/// Entries of the middleware's deny cache unless [`Builder::deny_cache_entries`] says otherwise.
+pub const DENY_CACHE_ENTRIES: usize = 10_000;
 
 impl<C> Builder<C>
 where
@@ -268,10 +274,43 @@ where
         self
     }
 
+    /// Take leased batches for hot keys (see [`Batching`]; the keys are
+    /// `<prefix>:{<who>}:<class>:<policy>`): a hot key's requests are admitted in the process
+    /// from units one partial grant took, and count `outcome="batch"`. Off by default (unless
+    /// the client given to the builder batches already). Routes with a concurrency limit are
+    /// never batched.
+    pub fn batching(mut self, batching: Batching) -> Self {
+        self.batching = Some(batching);
+        self
+    }
+
+    /// The deny cache (on by default, [`DENY_CACHE_ENTRIES`] entries): a request denied by Redis
+    /// with `retry_after_ms` R makes the same key's requests on the same route denied in the
+    /// process, without calling Redis, until R has passed (`outcome="deny_cache"`). Off: every
+    /// request asks Redis (a deny cache of the client given to the builder is not used either).
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on.then_some(self.deny_cache.unwrap_or(DENY_CACHE_ENTRIES));
+        self
+    }
+
+    /// The deny cache's entries at most, the least recently used evicted first (turns it on).
+    pub fn deny_cache_entries(mut self, entries: usize) -> Self {
+        self.deny_cache = Some(entries);
+        self
+    }
+
     pub fn build(self) -> RateLimitLayer<C> {
+        let mut client = self.client;
+        if let Some(b) = self.batching {
+            client = client.with_batching(b);
+        }
+        client = match self.deny_cache {
+            Some(n) => client.with_deny_cache(n),
+            None => client.without_deny_cache(),
+        };
         RateLimitLayer {
             shared: Arc::new(Shared {
-                client: self.client,
+                client,
                 config: self.config,
                 metrics: self.metrics,
             }),
@@ -319,7 +358,15 @@ where
                 keep_alive: None,
             },
             metrics: Arc::new(Metrics::default()),
+            batching: None,
+            deny_cache: Some(DENY_CACHE_ENTRIES),
         }
+    }
+
+    /// The client the layer decides with (its batches and deny cache included): flush or close
+    /// it on shutdown to give back what the batches hold.
+    pub fn client(&self) -> &Client<C> {
+        &self.shared.client
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {
@@ -634,6 +681,8 @@ where
                         decisions: Vec::new(),
                         degraded: None,
                         mode: None,
+                        granted: estimate,
+                        answered_locally: None,
                     },
                     None,
                 ))
@@ -660,6 +709,9 @@ where
                     shared
                         .metrics
                         .record(&p.name, outcome.allowed, outcome.degraded.is_some());
+                    if let Some(l) = outcome.answered_locally {
+                        shared.metrics.record_local(&p.name, l);
+                    }
                 }
             }
             let mut leases: Vec<Lease<C>> = lease.into_iter().collect();
@@ -677,6 +729,9 @@ where
                     shared
                         .metrics
                         .record_shadow(name, o.allowed, o.degraded.is_some());
+                    if let Some(l) = o.answered_locally {
+                        shared.metrics.record_local(name, l);
+                    }
                     if !o.allowed {
                         denials.push(name.clone());
                     }
@@ -695,6 +750,8 @@ where
                             decisions: vec![*d],
                             degraded: o.degraded,
                             mode: o.mode,
+                            granted: 0,
+                            answered_locally: None,
                         };
                         shadowed.push((i, one, false));
                     }
@@ -758,6 +815,8 @@ where
                 decisions: answers.into_iter().map(|(_, d)| d).collect(),
                 degraded,
                 mode: outcome.mode,
+                granted: outcome.granted,
+                answered_locally: outcome.answered_locally,
             };
             rate_limit_headers(&shown, &all, cfg.legacy_headers, resp.headers_mut());
             if !denials.is_empty() {

@@ -96,14 +96,41 @@ impl Default for Options {
     }
 }
 
+/// An answer the client made without a call to Redis for it (see [`Batching`](crate::Batching)
+/// and [`Client::with_deny_cache`](crate::Client::with_deny_cache)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalAnswer {
+    /// Admitted from units a partial grant took earlier for this key (a leased batch).
+    Batch,
+    /// Denied again, within the `retry_after_ms` of an earlier denial of this key.
+    DenyCache,
+}
+
+impl LocalAnswer {
+    /// The metrics' outcome label: `batch`, `deny_cache`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalAnswer::Batch => "batch",
+            LocalAnswer::DenyCache => "deny_cache",
+        }
+    }
+}
+
 /// The answer for one limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Outcome {
     pub decision: Decision,
     /// `Some` when Redis was not asked or did not answer in time.
     pub degraded: Option<Degraded>,
-    /// The mode that answered (`None` when degraded).
+    /// The mode that answered (`None` when degraded; for a local answer, the mode of the call it
+    /// comes from).
     pub mode: Option<Mode>,
+    /// The units taken: the cost when admitted and 0 when denied; for a partial grant
+    /// ([`Client::check_upto`](crate::Client::check_upto)) the units granted, 1 to `n`. An
+    /// answer of `FailOpen` grants what was asked (nothing is taken anywhere).
+    pub granted: u64,
+    /// `Some` when the client answered from a batch or its deny cache, without calling Redis.
+    pub answered_locally: Option<LocalAnswer>,
 }
 
 /// The answer for several limits checked at once (`RL.ALL`).
@@ -115,6 +142,29 @@ pub struct MultiOutcome {
     pub decisions: Vec<Decision>,
     pub degraded: Option<Degraded>,
     pub mode: Option<Mode>,
+    /// The units taken from every limit (see [`Outcome::granted`]).
+    pub granted: u64,
+    /// `Some` when the client answered from a batch or its deny cache, without calling Redis.
+    pub answered_locally: Option<LocalAnswer>,
+}
+
+impl MultiOutcome {
+    /// The answer for one limit, from an answer for exactly one.
+    pub(crate) fn single(self) -> Outcome {
+        Outcome {
+            decision: self.decisions.first().copied().unwrap_or(Decision {
+                allowed: self.allowed,
+                remaining: 0,
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+                limit: 0,
+            }),
+            degraded: self.degraded,
+            mode: self.mode,
+            granted: self.granted,
+            answered_locally: self.answered_locally,
+        }
+    }
 }
 
 /// The state of every limit after a settlement (`RL.SETTLE`), in the order of the limits.

@@ -426,7 +426,10 @@ fn layer(case: &Value, client: Client<Conn>) -> RateLimitLayer<Conn> {
             b = b.estimate(class, units.as_u64().unwrap());
         }
     }
+    // The deny cache counts down on the process's clock, which the test clock does not move: off
+    // unless the case turns it on.
     b.legacy_headers(l["legacy_headers"].as_bool().unwrap_or(false))
+        .deny_cache(l["deny_cache"].as_bool().unwrap_or(false))
         .build()
 }
 

@@ -85,6 +85,8 @@ fn app(
             )],
         )
         .legacy_headers(legacy)
+        // The test clock moves the server's time, not the process's: every request asks Redis.
+        .deny_cache(false)
         .build();
     let router = Router::new()
         .route("/", get(|| async { "ok" }))
@@ -884,6 +886,8 @@ fn token_budget(client: Client<ConnectionManager>) -> (Router, RateLimitLayer<Co
         .limits("*", "agent", vec![inflight, tokens()])
         .estimate("complete", 4000)
         .estimate("agent", 4000)
+        // The test clock moves the server's time, not the process's: every request asks Redis.
+        .deny_cache(false)
         .build();
     let handler = |headers: http::HeaderMap| async move {
         let used = headers

@@ -96,6 +96,8 @@ fn router(
         .limits("*", "*", policies)
         .estimate("*", estimate)
         .legacy_headers(true)
+        // The calls to Redis are counted: every request asks it.
+        .deny_cache(false)
         .build();
     let handler = |headers: http::HeaderMap| async move {
         match headers
