@@ -68,11 +68,21 @@ MODES = ("module", "function", "script")
 HTTP_FLAVORS = ("starlette", "flask") + (("fastapi", "django") if os.environ.get("RL_PY_FRAMEWORKS") == "all" else ())
 
 
+# The features a case may require ("requires" in the table) that this package implements; a case
+# that requires another is skipped.
+SUPPORTED: frozenset[str] = frozenset()
+
+
 def _params() -> list[Any]:
     only = os.environ.get("CONFORMANCE_CASE")
     out = []
     for case in TABLE["cases"]:
         if only and only not in case["name"]:
+            continue
+        missing = [r for r in case.get("requires", []) if r not in SUPPORTED]
+        if missing:
+            reason = f"requires {missing}, not implemented by this package"
+            out.append(pytest.param(case, "-", id=f"skipped: {case['name']}", marks=pytest.mark.skip(reason=reason)))
             continue
         for flavor in HTTP_FLAVORS if "layer" in case else ("sync", "async"):
             out.append(pytest.param(case, flavor, id=f"{flavor}: {case['name']}"))

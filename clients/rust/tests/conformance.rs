@@ -27,8 +27,8 @@ use common::{Server, free_port};
 use http::{HeaderMap, Request};
 use ratelimit_client::middleware::{ActualCost, KeySource, Policy, RateLimitLayer, ShadowDenials};
 use ratelimit_client::{
-    Algorithm, BreakerConfig, Client, Concurrency, Decision, Degraded, Error, FailurePolicy, Lease,
-    Limiter, Mode, ModeChoice, Options, Reservation,
+    Algorithm, Batching, BreakerConfig, Client, Concurrency, Decision, Degraded, Error,
+    FailurePolicy, Lease, Limiter, LocalAnswer, Mode, ModeChoice, Options, Reservation,
 };
 use redis::aio::ConnectionManager;
 use serde_json::{Map, Value, json};
@@ -180,6 +180,42 @@ fn options(case: &Value, mode: &str) -> Options {
     }
 }
 
+/// The client of a case: its options, then its batches (`options.batching`) and deny cache
+/// (`options.deny_cache`) when the case has them.
+fn case_client(case: &Value, mode: &str, url: &str) -> Client<Conn> {
+    let mut client = Client::connect(url, options(case, mode)).unwrap();
+    let o = &case["options"];
+    if let Some(b) = o.get("batching") {
+        let mut batching = Batching::new();
+        for k in b["hot_keys"].as_array().into_iter().flatten() {
+            batching = batching.hot_key(k.as_str().unwrap());
+        }
+        if let Some(n) = b["detect_per_sec"].as_u64() {
+            batching = batching.detect_per_sec(n as u32);
+        }
+        if let Some(n) = b["lease_ms"].as_u64() {
+            batching = batching.lease(Duration::from_millis(n));
+        }
+        if let Some(n) = b["initial"].as_u64() {
+            batching = batching.initial(n);
+        }
+        if let Some(n) = b["max_batch"].as_u64() {
+            batching = batching.max_batch(n);
+        }
+        if let Some(n) = b["remaining_share"].as_u64() {
+            batching = batching.remaining_share(n);
+        }
+        client = client.with_batching(batching);
+    }
+    if let Some(n) = o["deny_cache"]["entries"].as_u64() {
+        client = client.with_deny_cache(n as usize);
+    }
+    client
+}
+
+/// What this crate implements of the features a case may require (`requires`).
+const SUPPORTED: [&str; 3] = ["partial_grants", "batches", "deny_cache"];
+
 fn mode_name(m: Option<Mode>) -> &'static str {
     match m {
         Some(Mode::Module) => "module",
@@ -201,6 +237,13 @@ fn decision(d: &Decision) -> Value {
 
 fn decisions(ds: &[Decision]) -> Value {
     Value::Array(ds.iter().map(decision).collect())
+}
+
+/// `answered_locally` when the client answered without calling Redis.
+fn local(obs: &mut Value, l: Option<LocalAnswer>) {
+    if let Some(l) = l {
+        obs["answered_locally"] = json!(l.as_str());
+    }
 }
 
 fn error(e: &Error) -> Value {
@@ -543,6 +586,7 @@ impl Run<'_> {
                     Ok(o) => {
                         let mut obs = json!({"decision": decision(&o.decision)});
                         provenance(&mut obs, o.degraded, o.mode, mode, &mut self.problems);
+                        local(&mut obs, o.answered_locally);
                         obs
                     }
                     Err(e) => error(&e),
@@ -555,11 +599,46 @@ impl Run<'_> {
                     Ok(o) => {
                         let mut obs = json!({"allowed": o.allowed, "denied_by": o.denied_by, "decisions": decisions(&o.decisions)});
                         provenance(&mut obs, o.degraded, o.mode, mode, &mut self.problems);
+                        local(&mut obs, o.answered_locally);
                         obs
                     }
                     Err(e) => error(&e),
                 }
             }
+            "check_upto" => {
+                let key = arg["key"].as_str().unwrap();
+                let a = self.algorithm(&arg["limit"]);
+                match self
+                    .client
+                    .check_upto(key, &a, arg["upto"].as_u64().unwrap())
+                    .await
+                {
+                    Ok(o) => {
+                        let mut obs =
+                            json!({"decision": decision(&o.decision), "granted": o.granted});
+                        provenance(&mut obs, o.degraded, o.mode, mode, &mut self.problems);
+                        obs
+                    }
+                    Err(e) => error(&e),
+                }
+            }
+            "check_all_upto" => {
+                let limits = self.limits(&arg["limits"]);
+                match self
+                    .client
+                    .check_all_upto(&limits, arg["upto"].as_u64().unwrap())
+                    .await
+                {
+                    Ok(o) => {
+                        let mut obs = json!({"allowed": o.allowed, "denied_by": o.denied_by, "decisions": decisions(&o.decisions), "granted": o.granted});
+                        provenance(&mut obs, o.degraded, o.mode, mode, &mut self.problems);
+                        obs
+                    }
+                    Err(e) => error(&e),
+                }
+            }
+            "flush" => json!({"returned": self.client.flush().await}),
+            "close" => json!({"returned": self.client.close().await}),
             "acquire" => {
                 let key = arg["key"].as_str().unwrap();
                 let c = self.concurrency(&arg["limit"]);
@@ -878,10 +957,14 @@ fn expectation<'a>(step: &'a Value, mode: &str) -> &'a Value {
     }
 }
 
-const OPS: [&str; 24] = [
+const OPS: [&str; 28] = [
     "check",
     "peek",
     "check_all",
+    "check_upto",
+    "check_all_upto",
+    "flush",
+    "close",
     "acquire",
     "acquire_all",
     "renew",
@@ -929,6 +1012,14 @@ async fn every_case_of_the_conformance_table() {
         if only.as_deref().is_some_and(|o| !name.contains(o)) {
             continue;
         }
+        let missing: Vec<&str> = case["requires"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|r| !SUPPORTED.contains(r))
+            .collect();
+        assert!(missing.is_empty(), "{name} requires {missing:?}");
         replayed += 1;
         let modes: Vec<&'static str> = match case["modes"].as_array() {
             Some(m) => MODES
@@ -949,7 +1040,7 @@ async fn every_case_of_the_conformance_table() {
             } else {
                 server_url
             };
-            let client = Client::connect(&url, options(case, mode)).unwrap();
+            let client = case_client(case, mode, &url);
             let gates = Arc::new(Gates::default());
             let router = case.get("layer").map(|_| {
                 let l = layer(case, client.clone());
@@ -1060,11 +1151,12 @@ async fn every_case_of_the_conformance_table() {
 }
 
 /// Keys in this order first, the others after them in byte order.
-const KEY_ORDER: [&str; 69] = [
+const KEY_ORDER: [&str; 78] = [
     "format",
     "clock_start_us",
     "name",
     "about",
+    "requires",
     "modes",
     "redis",
     "options",
@@ -1085,6 +1177,8 @@ const KEY_ORDER: [&str; 69] = [
     "check",
     "peek",
     "check_all",
+    "check_upto",
+    "check_all_upto",
     "acquire",
     "acquire_all",
     "renew",
@@ -1094,6 +1188,8 @@ const KEY_ORDER: [&str; 69] = [
     "reserve_all",
     "settle",
     "settle_delta",
+    "flush",
+    "close",
     "top",
     "reset_top",
     "request",
@@ -1110,6 +1206,7 @@ const KEY_ORDER: [&str; 69] = [
     "id",
     "lease",
     "cost",
+    "upto",
     "estimate",
     "reservation",
     "actual",
@@ -1128,7 +1225,10 @@ const KEY_ORDER: [&str; 69] = [
     "denied_by",
     "decision",
     "decisions",
+    "granted",
     "degraded",
+    "answered_locally",
+    "returned",
     "holds_slot",
 ];
 
