@@ -5,6 +5,7 @@
 mod common;
 
 use common::Server;
+use ratelimit_client::Batching;
 use ratelimit_client::Client;
 use ratelimit_client::Concurrency;
 use ratelimit_client::middleware::ActualCost;
@@ -71,7 +72,7 @@ async fn the_reservations(url: &str) -> Result {
 #[rustfmt::skip]
 #[allow(unused_variables)]
 async fn the_middleware_settling(url: &str) -> Result {
-    // --- docs/client.md, block 6 (its URL replaced by the test server's) ---
+    // --- docs/client.md, block 7 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     let layer = RateLimitLayer::builder(client)
         .route_class(|req| if req.uri.path() == "/complete" { "llm".into() } else { "api".into() })
@@ -99,7 +100,7 @@ async fn the_middleware_settling(url: &str) -> Result {
 #[rustfmt::skip]
 #[allow(unused_variables)]
 async fn the_middleware(url: &str) -> Result {
-    // --- docs/client.md, block 5 (its URL replaced by the test server's) ---
+    // --- docs/client.md, block 6 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     let layer = RateLimitLayer::builder(client)
         .key(KeySource::Header(http::HeaderName::from_static("x-api-key")))
@@ -127,7 +128,7 @@ async fn the_top(url: &str) -> Result {
     for _ in 0..3 {
         redis::cmd("RL.FIXEDWINDOW").arg(&["login:bob", "1", "60", "1"][..]).query::<redis::Value>(&mut c)?;
     }
-    // --- docs/client.md, block 4 (its URL replaced by the test server's) ---
+    // --- docs/client.md, block 5 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     for e in client.top(10).await? {
         println!("{}: {} denials (at most {} too many), latest by {} at {} ms", e.key, e.denied, e.error, e.command, e.last_denied_ms);
@@ -141,7 +142,7 @@ async fn the_top(url: &str) -> Result {
 #[rustfmt::skip]
 #[allow(unused_variables)]
 async fn the_shadow_policies(url: &str) -> Result {
-    // --- docs/client.md, block 7 (its URL replaced by the test server's) ---
+    // --- docs/client.md, block 8 (its URL replaced by the test server's) ---
     let client = Client::open(url, Options::default()).await?;
     let layer = RateLimitLayer::builder(client)
         .limits("*", "*", vec![
@@ -168,6 +169,25 @@ async fn the_shadow_policies(url: &str) -> Result {
     Ok(())
 }
 
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_hot_keys(url: &str) -> Result {
+    // --- docs/client.md, block 4 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?
+        .with_batching(Batching::new().hot_key("tenant:big")) // others once called 100 times a second
+        .with_deny_cache(10_000); // entries, the least recently used evicted
+    let limit = Algorithm::FixedWindow { limit: 100_000, window_sec: 60.0 };
+    let out = client.check("tenant:big", &limit, 1).await?; // one UPTO 8: this and 7 more admitted here
+    let again = client.check("tenant:big", &limit, 1).await?; // again.answered_locally: Some(Batch)
+    let grant = client.check_upto("exports:acme", &limit, 500).await?; // grant.granted: 1 to 500
+    let given_back = client.close().await; // on shutdown: the batches' unused units back to Redis
+    // ---
+    assert_eq!((out.decision.remaining, out.answered_locally), (99_999, None));
+    assert_eq!(again.answered_locally, Some(ratelimit_client::LocalAnswer::Batch));
+    assert_eq!((grant.granted, given_back), (500, 6));
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     let this = include_str!("doc_snippets.rs");
@@ -177,7 +197,7 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
         .skip(1)
         .map(|b| b.split("```").next().unwrap())
         .collect();
-    assert_eq!(blocks.len(), 7, "the page's Rust blocks");
+    assert_eq!(blocks.len(), 8, "the page's Rust blocks");
     for block in blocks {
         // `use` lines are this file's imports; the rest is the body of a function.
         let (uses, body): (Vec<&str>, Vec<&str>) =
@@ -206,6 +226,7 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     the_client(&server.url()).await.unwrap();
     the_leases(&server.url()).await.unwrap();
     the_reservations(&server.url()).await.unwrap();
+    the_hot_keys(&server.url()).await.unwrap();
     the_middleware_settling(&server.url()).await.unwrap();
     the_middleware(&server.url()).await.unwrap();
     the_top(&server.url()).await.unwrap();
