@@ -131,6 +131,34 @@ impl Algorithm {
         }
     }
 
+    /// The parameters after the key, each after a space, appended to `out` (as [`params`]
+    /// writes them, without allocating each).
+    ///
+    /// [`params`]: Algorithm::params
+    pub(crate) fn write_params(&self, out: &mut String) {
+        use std::fmt::Write;
+        // Writing into a String cannot fail.
+        let _ = match *self {
+            Algorithm::TokenBucket {
+                capacity,
+                refill_per_sec: r,
+            }
+            | Algorithm::LeakyBucket {
+                capacity,
+                leak_per_sec: r,
+            } => write!(out, " {capacity} {r}"),
+            Algorithm::FixedWindow { limit, window_sec }
+            | Algorithm::SlidingWindow { limit, window_sec }
+            | Algorithm::SlidingLog { limit, window_sec } => write!(out, " {limit} {window_sec}"),
+            Algorithm::Gcra {
+                max_burst,
+                count_per_period,
+                period_sec,
+            } => write!(out, " {max_burst} {count_per_period} {period_sec}"),
+            Algorithm::Concurrency(c) => write!(out, " {} {}", c.limit, c.lease_sec),
+        };
+    }
+
     /// The limit the commands report (field 5).
     pub fn limit(&self) -> u64 {
         match *self {
@@ -189,6 +217,9 @@ mod tests {
             refill_per_sec: 0.0000001,
         };
         assert_eq!(a.params(), vec!["10".to_string(), "0.0000001".to_string()]);
+        let mut written = String::new();
+        a.write_params(&mut written);
+        assert_eq!(written, " 10 0.0000001");
         assert_eq!(a.keyword(), "TOKENBUCKET");
         let g = Algorithm::Gcra {
             max_burst: 4,

@@ -824,17 +824,12 @@ impl<C> Drop for Batches<C> {
 
 /// The key of a table entry: the keys, algorithms and parameters of the limits, in order.
 pub(crate) fn signature(limits: &[(String, Algorithm)]) -> String {
-    let mut s = String::new();
+    use std::fmt::Write;
+    let mut s = String::with_capacity(limits.iter().map(|(k, _)| k.len() + 48).sum());
     for (k, a) in limits {
-        s.push_str(&k.len().to_string());
-        s.push(':');
-        s.push_str(k);
-        s.push(' ');
-        s.push_str(a.keyword());
-        for p in a.params() {
-            s.push(' ');
-            s.push_str(&p);
-        }
+        // Writing into a String cannot fail.
+        let _ = write!(s, "{}:{k} {}", k.len(), a.keyword());
+        a.write_params(&mut s);
         s.push('\n');
     }
     s

@@ -388,11 +388,16 @@ where
     /// `entries` entries, the least recently used evicted first: after Redis denies a check
     /// with `retry_after_ms` R, the same check (same keys, algorithms, parameters and cost) is
     /// denied without calling Redis until R has passed on the monotonic
-    /// clock ([`Outcome::answered_locally`] `DenyCache`, the waits counted down). It may deny
-    /// for up to R what Redis would admit sooner (another process's refund, a raised limit),
-    /// never admit what Redis would deny. Off by default.
+    /// clock ([`Outcome::answered_locally`] `DenyCache`, the waits counted down). When R has
+    /// passed, one check asks Redis again while the others are still denied from the entry, for
+    /// at most the client's timeout. It may deny for up to R (and that timeout) what Redis would
+    /// admit sooner (another process's refund, a raised limit), never admit what Redis would
+    /// deny. Off by default.
     pub fn with_deny_cache(mut self, entries: usize) -> Self {
-        self.denies = Some(Arc::new(DenyCache::new(entries)));
+        self.denies = Some(Arc::new(DenyCache::new(
+            entries,
+            self.inner.options.timeout,
+        )));
         self
     }
 
@@ -1144,14 +1149,14 @@ where
         let mut refill = false;
         if let Some(b) = &self.batches {
             match b.try_local(&sig, limits, cost) {
-                Step::Answer(o) => return Ok(o),
+                Step::Answer(o) => return Ok(cooperate(o).await),
                 Step::Refill => refill = true,
                 Step::Plain => {}
             }
         }
         let denies = self.denies.as_deref();
         if let Some(o) = denies.and_then(|d| d.lookup(&sig, cost)) {
-            return Ok(o);
+            return Ok(cooperate(o).await);
         }
         if refill && let Some(b) = &self.batches {
             if let Some(o) = b.refill(&sig, limits, cost, self.denies.as_ref()).await? {
@@ -1307,6 +1312,13 @@ where
             }),
         }
     }
+}
+
+/// An answer made without I/O still spends the task's scheduling budget, so that a task checking
+/// in a loop lets the runtime's other tasks (the connection's among them) run.
+async fn cooperate(o: MultiOutcome) -> MultiOutcome {
+    tokio::task::coop::consume_budget().await;
+    o
 }
 
 /// A [`Client`] bound to one algorithm and its parameters.

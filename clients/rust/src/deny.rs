@@ -5,7 +5,9 @@
 //! It can only deny more than Redis would, never admit: what changes the key meanwhile (another
 //! process refunding, a limit raised, a window ending sooner by the server's clock than by this
 //! one) is seen at most R later. Entries are counted from the moment the denied call was sent, so
-//! an entry never outlives the server's own R.
+//! an entry never outlives the server's own R. When it expires, one check asks Redis (a probe)
+//! while the others are still answered from it, for at most the client's timeout: a key denied
+//! again costs one call per R, not one per caller waiting at that moment.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -16,6 +18,8 @@ use crate::lru::Lru;
 use crate::types::{LocalAnswer, MultiOutcome};
 
 struct Denied {
+    /// A check is asking Redis since the entry expired, until `until` (moved on by the timeout).
+    probing: bool,
     /// When the denied call was sent.
     sent: Instant,
     until: Instant,
@@ -26,13 +30,16 @@ struct Denied {
 pub(crate) struct DenyCache {
     entries: Mutex<Lru<Denied>>,
     capacity: usize,
+    /// How long one probe may take (the client's timeout).
+    probe: Duration,
 }
 
 impl DenyCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, probe: Duration) -> Self {
         DenyCache {
             entries: Mutex::new(Lru::new(capacity)),
             capacity: capacity.max(1),
+            probe,
         }
     }
 
@@ -44,15 +51,21 @@ impl DenyCache {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// The denial standing for `sig` at `cost`, its waits counted down to now; an expired entry
-    /// is dropped.
+    /// The denial standing for `sig` at `cost`, its waits counted down to now (at least 1 ms).
+    /// The first check after the entry expired gets `None` and asks Redis: the entry answers the
+    /// others until that answer is recorded or the probe's time is up (then it is dropped).
     pub(crate) fn lookup(&self, sig: &str, cost: u64) -> Option<MultiOutcome> {
         let now = Instant::now();
         let key = entry_key(sig, cost);
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let d = entries.get_mut(&key)?;
         if now >= d.until {
-            entries.remove(&key);
+            if d.probing {
+                entries.remove(&key);
+            } else {
+                d.probing = true;
+                d.until = now + self.probe;
+            }
             return None;
         }
         // Whole milliseconds gone since the denial (rounded down): the waits are rounded up.
@@ -71,9 +84,24 @@ impl DenyCache {
     }
 
     /// Remembers a denial that Redis answered (not one of the failure policy, nor one answered
-    /// locally) whose wait is known and above 0; `sent` is when its call was sent.
+    /// locally) whose wait is known and above 0; `sent` is when its call was sent. An admission
+    /// by Redis (a probe's answer) drops the entry if it leaves the cost; if it leaves less (the
+    /// next check would be denied, its wait unknown), the next check probes again, the others
+    /// still answered from the entry meanwhile.
     pub(crate) fn record(&self, sig: &str, cost: u64, o: &MultiOutcome, sent: Instant) {
-        if o.allowed || o.degraded.is_some() || o.answered_locally.is_some() {
+        if o.degraded.is_some() || o.answered_locally.is_some() {
+            return;
+        }
+        if o.allowed {
+            let key = entry_key(sig, cost);
+            let left = o.decisions.iter().map(|d| d.remaining).min().unwrap_or(0);
+            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            if left >= cost {
+                entries.remove(&key);
+            } else if let Some(d) = entries.get_mut(&key) {
+                d.probing = false;
+                d.until = Instant::now();
+            }
             return;
         }
         let Some(d) = o.decisions.get(o.denied_by.max(1) - 1) else {
@@ -90,6 +118,7 @@ impl DenyCache {
         entries.insert(
             &entry_key(sig, cost),
             Denied {
+                probing: false,
                 sent,
                 until,
                 outcome: o.clone(),
@@ -97,7 +126,7 @@ impl DenyCache {
         );
     }
 
-    /// When the entry of `sig` at `cost` expires, if there is one.
+    /// When the entry of `sig` at `cost` expires (or its probe's time is up), if there is one.
     pub(crate) fn until(&self, sig: &str, cost: u64) -> Option<Instant> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.get_mut(&entry_key(sig, cost)).map(|d| d.until)

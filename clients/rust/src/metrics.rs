@@ -37,54 +37,80 @@ fn escape(s: &str) -> String {
 }
 
 impl Metrics {
-    pub fn record(&self, limit: &str, allowed: bool, degraded: bool) {
+    /// Applies `f` to the counts of `limit`, made on first use (its name copied only then).
+    fn update(&self, limit: &str, f: impl FnOnce(&mut Counts)) {
         let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
-        let c = m.entry(limit.to_string()).or_default();
-        if allowed {
-            c.allowed += 1;
+        if let Some(c) = m.get_mut(limit) {
+            f(c);
         } else {
-            c.denied += 1;
+            let mut c = Counts::default();
+            f(&mut c);
+            m.insert(limit.to_string(), c);
         }
-        if degraded {
-            c.degraded += 1;
-        }
+    }
+
+    pub fn record(&self, limit: &str, allowed: bool, degraded: bool) {
+        self.record_answer(limit, allowed, degraded, None);
+    }
+
+    /// [`Metrics::record`] and [`Metrics::record_local`] at once.
+    pub(crate) fn record_answer(
+        &self,
+        limit: &str,
+        allowed: bool,
+        degraded: bool,
+        local: Option<LocalAnswer>,
+    ) {
+        self.update(limit, |c| {
+            if allowed {
+                c.allowed += 1;
+            } else {
+                c.denied += 1;
+            }
+            if degraded {
+                c.degraded += 1;
+            }
+            match local {
+                Some(LocalAnswer::Batch) => c.batch += 1,
+                Some(LocalAnswer::DenyCache) => c.deny_cache += 1,
+                None => {}
+            }
+        });
     }
 
     /// A shadow limit's answer: `allowed` counts as allowed, a denial as `shadow_denied` (the
     /// request went through), never as `denied`.
     pub fn record_shadow(&self, limit: &str, allowed: bool, degraded: bool) {
-        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
-        let c = m.entry(limit.to_string()).or_default();
-        c.shadow = true;
-        if allowed {
-            c.allowed += 1;
-        } else {
-            c.shadow_denied += 1;
-        }
-        if degraded {
-            c.degraded += 1;
-        }
+        self.update(limit, |c| {
+            c.shadow = true;
+            if allowed {
+                c.allowed += 1;
+            } else {
+                c.shadow_denied += 1;
+            }
+            if degraded {
+                c.degraded += 1;
+            }
+        });
     }
 
     /// An answer made in the process for `limit` (counted besides `allowed` or `denied`).
     pub fn record_local(&self, limit: &str, answer: LocalAnswer) {
-        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
-        let c = m.entry(limit.to_string()).or_default();
-        match answer {
+        self.update(limit, |c| match answer {
             LocalAnswer::Batch => c.batch += 1,
             LocalAnswer::DenyCache => c.deny_cache += 1,
-        }
+        });
     }
 
     /// A settlement of `delta` units on `limit`: below 0 refunded, above 0 charged.
     pub fn record_settled(&self, limit: &str, delta: i64) {
-        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
-        let c = m.entry(limit.to_string()).or_default();
-        if delta < 0 {
-            c.refunded = c.refunded.saturating_add(delta.unsigned_abs());
-        } else {
-            c.charged = c.charged.saturating_add(delta.unsigned_abs());
-        }
+        self.update(limit, |c| {
+            if delta < 0 {
+                c.refunded = c.refunded.saturating_add(delta.unsigned_abs());
+            } else {
+                c.charged = c.charged.saturating_add(delta.unsigned_abs());
+            }
+        });
     }
 
     pub fn counts(&self, limit: &str) -> Counts {

@@ -18,6 +18,7 @@
 //! counted (`outcome="shadow_denied"`), but never refusing; the enforced limits decide and
 //! consume as if it were not there.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -154,7 +155,8 @@ pub struct Config {
     key: KeySource,
     route_class: PartsFn<String>,
     plan: PartsFn<String>,
-    table: HashMap<(String, String), Vec<Policy>>,
+    /// plan -> class -> policies.
+    table: HashMap<String, HashMap<String, Arc<[Policy]>>>,
     limits_fn: Option<LimitsFn>,
     estimates: HashMap<String, u64>,
     legacy_headers: bool,
@@ -165,16 +167,16 @@ pub struct Config {
 impl Config {
     /// The limits for `plan` and route `class`: from the function if one is set, else the
     /// table: (plan, class), then ("*", class), then (plan, "*"), then ("*", "*").
-    fn limits(&self, plan: &str, class: &str) -> Vec<Policy> {
+    fn limits(&self, plan: &str, class: &str) -> Arc<[Policy]> {
         if let Some(f) = &self.limits_fn {
-            return f(plan, class);
+            return f(plan, class).into();
         }
         for (p, c) in [(plan, class), ("*", class), (plan, "*"), ("*", "*")] {
-            if let Some(v) = self.table.get(&(p.to_string(), c.to_string())) {
+            if let Some(v) = self.table.get(p).and_then(|classes| classes.get(c)) {
                 return v.clone();
             }
         }
-        Vec::new()
+        Arc::new([])
     }
 
     /// The units reserved for a request of route `class`: its estimate, else the one of
@@ -225,7 +227,9 @@ where
     pub fn limits(mut self, plan: &str, class: &str, policies: Vec<Policy>) -> Self {
         self.config
             .table
-            .insert((plan.to_string(), class.to_string()), policies);
+            .entry(plan.to_string())
+            .or_default()
+            .insert(class.to_string(), policies.into());
         self
     }
 
@@ -604,6 +608,9 @@ async fn settle<C>(
     }
 }
 
+/// A Redis key and its limit.
+type Limit = (String, Algorithm);
+
 /// One call for `limits`: `RL.ALL ... LEASE` with a lease when a concurrency limit is among
 /// them, else a plain check.
 async fn decide<C>(
@@ -670,9 +677,15 @@ where
             let estimate = cfg.estimate(&class);
             let (enforced, shadows): (Vec<usize>, Vec<usize>) =
                 (0..policies.len()).partition(|&i| !policies[i].shadow);
-            let e_policies: Vec<Policy> = enforced.iter().map(|&i| policies[i].clone()).collect();
-            let e_limits: Vec<(String, Algorithm)> =
-                enforced.iter().map(|&i| limits[i].clone()).collect();
+            // Without shadow policies (the usual route) the enforced ones are all of them.
+            let (e_policies, e_limits): (Cow<[Policy]>, Cow<[Limit]>) = if shadows.is_empty() {
+                (Cow::Borrowed(&policies[..]), Cow::Borrowed(&limits[..]))
+            } else {
+                (
+                    enforced.iter().map(|&i| policies[i].clone()).collect(),
+                    enforced.iter().map(|&i| limits[i].clone()).collect(),
+                )
+            };
             let decided = if e_limits.is_empty() {
                 Ok((
                     MultiOutcome {
@@ -706,12 +719,12 @@ where
             for (i, p) in e_policies.iter().enumerate() {
                 let denied_here = !outcome.allowed && outcome.denied_by == i + 1;
                 if outcome.allowed || denied_here {
-                    shared
-                        .metrics
-                        .record(&p.name, outcome.allowed, outcome.degraded.is_some());
-                    if let Some(l) = outcome.answered_locally {
-                        shared.metrics.record_local(&p.name, l);
-                    }
+                    shared.metrics.record_answer(
+                        &p.name,
+                        outcome.allowed,
+                        outcome.degraded.is_some(),
+                        outcome.answered_locally,
+                    );
                 }
             }
             let mut leases: Vec<Lease<C>> = lease.into_iter().collect();
@@ -793,7 +806,17 @@ where
             } else {
                 too_many(&e_policies, &outcome)
             };
-            // The fields list every policy answered for, in the route's order.
+            // The fields list every policy answered for, in the route's order: without shadow
+            // policies, those of the one call.
+            if shadowed.is_empty() {
+                rate_limit_headers(
+                    &e_policies,
+                    &outcome,
+                    cfg.legacy_headers,
+                    resp.headers_mut(),
+                );
+                return Ok(resp);
+            }
             let mut answers: Vec<(usize, Decision)> = enforced
                 .iter()
                 .copied()

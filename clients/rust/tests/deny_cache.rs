@@ -281,3 +281,90 @@ async fn several_limits_and_failure_policies() {
     assert!(!plain.check("b", &fw, 1).await.unwrap().decision.allowed);
     assert_eq!(plain.deny_cache_len(), 0);
 }
+
+/// When an entry expires, one check asks Redis; the checks that come meanwhile are still
+/// answered from the entry (a key denied again costs one call, not one per caller).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_entry_is_probed_by_one_check() {
+    let s = server();
+    let c = client(&s, 16);
+    let tb = Algorithm::TokenBucket {
+        capacity: 1,
+        refill_per_sec: 1.0 / 0.3,
+    };
+    let limits = [("k".to_string(), tb.clone())];
+    assert!(c.check("k", &tb, 1).await.unwrap().decision.allowed);
+    assert!(!c.check("k", &tb, 1).await.unwrap().decision.allowed);
+    assert_eq!(calls(&s, "rl.tokenbucket"), 2);
+    for round in 1..=3 {
+        let until = c.denied_until(&limits, 1).unwrap();
+        tokio::time::sleep_until(until).await;
+        let mut tasks = Vec::new();
+        for _ in 0..32 {
+            let (c, tb) = (c.clone(), tb.clone());
+            tasks.push(tokio::spawn(
+                async move { c.check("k", &tb, 1).await.unwrap() },
+            ));
+        }
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        assert!(answers.iter().all(|o| !o.decision.allowed));
+        // The server's clock stands still: Redis denies the probe again, for 300 ms more.
+        assert_eq!(calls(&s, "rl.tokenbucket"), 2 + round);
+        assert_eq!(
+            answers
+                .iter()
+                .filter(|o| o.answered_locally.is_none())
+                .count(),
+            1
+        );
+    }
+}
+
+/// A probe admitted with nothing left after it (the window reopened for one request): the next
+/// check probes again, and its denial is kept; the others meanwhile are answered from the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_admitted_with_nothing_left_is_followed_by_one_more() {
+    let s = server();
+    let c = client(&s, 16);
+    let fw = Algorithm::FixedWindow {
+        limit: 1,
+        window_sec: 0.4,
+    };
+    let limits = [("k".to_string(), fw.clone())];
+    assert!(c.check("k", &fw, 1).await.unwrap().decision.allowed);
+    assert!(!c.check("k", &fw, 1).await.unwrap().decision.allowed);
+    // The server's window ends; the process's entry when its 400 ms have passed.
+    common::advance_clock(&mut s.connect(), 400_000);
+    tokio::time::sleep_until(c.denied_until(&limits, 1).unwrap()).await;
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (c, fw) = (c.clone(), fw.clone());
+        tasks.push(tokio::spawn(
+            async move { c.check("k", &fw, 1).await.unwrap() },
+        ));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert_eq!(answers.iter().filter(|o| o.decision.allowed).count(), 1);
+    // The probe admitted, then at most one more call, denied and kept.
+    let asked = answers
+        .iter()
+        .filter(|o| o.answered_locally.is_none())
+        .count();
+    assert!((1..=2).contains(&asked), "{asked}");
+    assert_eq!(calls(&s, "rl.fixedwindow"), 2 + asked as u64);
+    // The second probe now, if none of the 32 came after the first one's answer.
+    let o = c.check("k", &fw, 1).await.unwrap();
+    assert!(!o.decision.allowed);
+    let o = c.check("k", &fw, 1).await.unwrap();
+    assert_eq!(
+        (o.decision.allowed, o.answered_locally),
+        (false, Some(LocalAnswer::DenyCache))
+    );
+    assert_eq!(calls(&s, "rl.fixedwindow"), 4);
+}
