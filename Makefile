@@ -14,7 +14,7 @@ DEMO_PORT ?= 8080
 DEMO_REDIS_PORT ?= 6390
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench dist clean
+.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench bench-hot dist clean
 
 deps:
 	@missing=""; \
@@ -147,9 +147,9 @@ lint: deps
 # run. With
 # REDIS_CELL_MODULE=/path/to/libredis_cell.so (built separately) it also compares CL.THROTTLE with
 # redis-cell's, on a second redis-server. With NATIVE_GCRA_SERVER=/path/to/redis-server (Redis's
-# source with its own native GCRA command, see benches/native_gcra.py) it ends with RL.GCRA,
+# source with its own native GCRA command, see benches/native_gcra.py) it also times RL.GCRA,
 # CL.THROTTLE, RL.TOKENBUCKET, every limiter's denial and the module-API floor against the native
-# command, on that one binary.
+# command, on that one binary. It ends with `make bench-hot`.
 BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
 BENCH_ARGS ?=
 REDIS_CELL_MODULE ?=
@@ -174,6 +174,21 @@ bench: deps servers
 	$(if $(NATIVE_GCRA_SERVER),python3 benches/native_gcra.py --server $(NATIVE_GCRA_SERVER) \
 		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
 		--floor-module $(BENCH_TARGET)/floor_module.so)
+	$(MAKE) bench-hot
+
+# One hot key through the Rust client's HTTP middleware (clients/rust/examples/hot_key.rs, release
+# build) on Redis 7.0: unbatched, with the deny cache, with leased batches, and both, from one
+# process of 64 tasks and from 4 processes of 16, offered far below the limit, far above it, and
+# a flood on a denied key: requests/s, client-side p50/p99, server calls per admitted and per
+# denied request, admissions against the exact limit (about 2 minutes once built; HOT_SECONDS per
+# run, default 3).
+HOT_SECONDS ?= 3
+
+bench-hot: deps servers
+	$(CARGO) build --release -p redis-rate-limiter
+	$(CARGO) run --release -p ratelimit-client --example hot_key -- \
+		--server $(SERVERS_DIR)/redis-7.0/server \
+		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so --seconds $(HOT_SECONDS)
 
 # A release tarball in target/dist: the module with its SHA-256, the Lua twins, a redis.conf
 # snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).
