@@ -227,7 +227,15 @@ fn upto_max(limits: &[(String, Algorithm)]) -> u64 {
 }
 
 impl Entry {
-    fn new(limits: &[(String, Algorithm)], declared: bool, cfg: &Batching, now: Instant) -> Self {
+    /// A new entry; `generation` is where its generations start (apart from every other
+    /// entry's, so that a timer of an entry that was evicted never matches its successor).
+    fn new(
+        limits: &[(String, Algorithm)],
+        declared: bool,
+        cfg: &Batching,
+        now: Instant,
+        generation: u64,
+    ) -> Self {
         Entry {
             limits: limits.to_vec(),
             declared,
@@ -238,7 +246,7 @@ impl Entry {
             remaining: limits.iter().map(|(_, a)| a.limit()).min().unwrap_or(0),
             batch: None,
             used_up: false,
-            generation: 0,
+            generation,
             short: false,
             waiting: 0,
             gate: Arc::new(tokio::sync::Mutex::new(())),
@@ -430,6 +438,8 @@ pub(crate) struct Batches<C> {
     table: Mutex<Lru<Entry>>,
     counters: Arc<Counters>,
     closed: AtomicBool,
+    /// Where the next entry's generations start (2^32 apart).
+    generations: AtomicU64,
     me: Weak<Batches<C>>,
     /// Sends returns from a task of the current runtime (outside one they lapse).
     sender: Box<dyn Fn(Vec<Return>) + Send + Sync>,
@@ -494,6 +504,7 @@ where
             client,
             counters,
             closed: AtomicBool::new(false),
+            generations: AtomicU64::new(0),
             me: me.clone(),
             sender,
         })
@@ -532,7 +543,8 @@ where
         let step = {
             let mut t = self.table();
             if t.get_mut(sig).is_none() {
-                let e = Entry::new(limits, self.cfg.declared(limits), &self.cfg, now);
+                let first = self.generations.fetch_add(1 << 32, Ordering::Relaxed);
+                let e = Entry::new(limits, self.cfg.declared(limits), &self.cfg, now, first);
                 if let Some((_, mut evicted)) = t.insert(sig, e) {
                     evicted.give_back(&mut returns);
                 }
@@ -898,7 +910,7 @@ mod tests {
             limit: 1000,
             window_sec: 60.0,
         };
-        let mut e = Entry::new(&[("k".into(), fw)], true, &cfg, Instant::now());
+        let mut e = Entry::new(&[("k".into(), fw)], true, &cfg, Instant::now(), 0);
         assert_eq!(e.ask(1, &cfg, 1000), 2);
         e.used_up = true;
         assert_eq!(e.ask(1, &cfg, 1000), 4);

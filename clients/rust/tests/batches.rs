@@ -562,3 +562,33 @@ async fn a_request_cancelled_during_its_refill_loses_nothing() {
     assert_eq!(c.close().await, 6);
     assert_eq!(left(&s, "k", &algo), 999);
 }
+
+/// The table holds a fixed number of keys: the least recently used one leaves, its batch given
+/// back.
+#[tokio::test]
+async fn an_evicted_key_gives_its_batch_back() {
+    let s = server();
+    let algo = fixed(1000);
+    let c = Client::connect(&s.url(), options(ModeChoice::Module))
+        .unwrap()
+        .with_batching(
+            Batching::new()
+                .hot_keys_where(|_| true)
+                .max_keys(2)
+                .lease(Duration::from_secs(600)),
+        );
+    for key in ["a", "b"] {
+        c.check(key, &algo, 1).await.unwrap();
+    }
+    c.check("a", &algo, 1).await.unwrap();
+    assert_eq!(c.batch_stats().held, 13);
+    // "b" is the least recently used: "c" takes its place.
+    c.check("c", &algo, 1).await.unwrap();
+    until("b's return", || c.batch_stats().returned == 7).await;
+    assert_eq!(left(&s, "b", &algo), 999);
+    assert_eq!(left(&s, "a", &algo), 992);
+    let limits = |k: &str| [(k.to_string(), algo.clone())];
+    assert_eq!(c.batch_size(&limits("b")), None);
+    assert_eq!(c.batch_size(&limits("a")), Some(8));
+    assert_eq!(c.batch_stats().held, 6 + 7);
+}
