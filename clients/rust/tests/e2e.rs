@@ -424,8 +424,8 @@ fn demo_page_in_headless_chromium() {
         .query(&mut redis.connect())
         .unwrap();
     assert_eq!(before, after);
-    // The stored `<count> <start>`: the window holds 3.
-    assert_eq!(after.split(' ').next(), Some("3"), "{after}");
+    // The stored `fw <count> <start>`: the window holds 3.
+    assert_eq!(after.split(' ').nth(1), Some("3"), "{after}");
 
     // The chart: a point per response, in the order they came (the burst's in any order),
     // remaining against time, each allowed or denied.

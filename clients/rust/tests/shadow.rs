@@ -225,7 +225,8 @@ async fn a_shadow_limit_that_would_deny_lets_requests_through() {
             .arg(key)
             .query(&mut server.connect())
             .unwrap();
-        v.split(' ').next().unwrap().to_string()
+        // The window's tag, then its count.
+        v.split(' ').nth(1).unwrap().to_string()
     };
     assert_eq!(count("rl:{alice}:api:hourly"), "5");
     assert_eq!(count("rl:{alice}:api:burst"), "2");
