@@ -13,18 +13,37 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 
 use crate::algorithm::Algorithm;
-use crate::client::Client;
 use crate::deny::DenyCache;
 use crate::lru::Lru;
-use crate::types::{Decision, LocalAnswer, Mode, MultiOutcome};
+use crate::types::{Decision, Error, LocalAnswer, Mode, MultiOutcome, Settlement};
 
 type Predicate = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
-/// When and how a client takes batches (see [`Client::with_batching`]).
+/// What the batches need from Redis: the client (without batches of its own) implements it, so
+/// this file does not know the client that holds it.
+pub(crate) trait Server: Clone + Send + Sync + 'static {
+    /// The time a call may take (what a returned batch keeps as a margin before it ends).
+    fn timeout(&self) -> Duration;
+    /// A partial grant of at most `n` units: `None` when Redis cannot answer.
+    fn try_grant(
+        &self,
+        limits: &[(String, Algorithm)],
+        n: u64,
+    ) -> impl Future<Output = Result<Option<MultiOutcome>, Error>> + Send;
+    /// `RL.SETTLE` of `delta` units on every limit.
+    fn settle(
+        &self,
+        limits: &[(String, Algorithm)],
+        delta: i64,
+    ) -> impl Future<Output = Result<Settlement, Error>> + Send;
+    /// What the failure policy answers for a request of `cost` units.
+    fn degraded_for(&self, limits: &[(String, Algorithm)], cost: u64) -> MultiOutcome;
+}
+
+/// When and how a client takes batches (see [`Client::with_batching`](crate::Client::with_batching)).
 ///
 /// A key (or a plan of several limits checked together) is batched when one of its keys is
 /// declared hot ([`Batching::hot_key`], [`Batching::hot_keys_where`]), or when this process
@@ -393,12 +412,9 @@ fn returnable(algo: &Algorithm, d: &Decision, b: &Batch, now: Instant, margin: D
 
 /// Sends what `r` can give back, one `RL.SETTLE` per distinct number of units (usually one for
 /// every limit); the units given back to every limit (the fewest, for a plan).
-async fn give_back<C>(client: &Client<C>, counters: &Counters, r: Return) -> u64
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+async fn give_back<S: Server>(client: &S, counters: &Counters, r: Return) -> u64 {
     let now = Instant::now();
-    let margin = client.options().timeout;
+    let margin = client.timeout();
     let deltas: Vec<u64> = r
         .limits
         .iter()
@@ -431,29 +447,29 @@ where
 
 /// The batches of a client and its clones: a bounded table of keys (or plans), each with its
 /// detection counts and at most one batch.
-pub(crate) struct Batches<C> {
+pub(crate) struct Batches<S> {
     cfg: Batching,
     /// The client without batches nor deny cache, for the grants and returns.
-    client: Client<C>,
+    client: S,
     table: Mutex<Lru<Entry>>,
     counters: Arc<Counters>,
     closed: AtomicBool,
     /// Where the next entry's generations start (2^32 apart).
     generations: AtomicU64,
-    me: Weak<Batches<C>>,
+    me: Weak<Batches<S>>,
     /// Sends returns from a task of the current runtime (outside one they lapse).
     sender: Box<dyn Fn(Vec<Return>) + Send + Sync>,
 }
 
 /// A caller waiting for its turn to refill, counted in the entry's `waiting` until it has it
 /// or goes away.
-struct Waiting<'a, C> {
-    batches: &'a Batches<C>,
+struct Waiting<'a, S> {
+    batches: &'a Batches<S>,
     sig: &'a str,
     cost: u64,
 }
 
-impl<C> Drop for Waiting<'_, C> {
+impl<S> Drop for Waiting<'_, S> {
     fn drop(&mut self) {
         if let Some(e) = self.batches.table().get_mut(self.sig) {
             e.waiting = e.waiting.saturating_sub(self.cost);
@@ -471,11 +487,8 @@ pub(crate) enum Step {
     Plain,
 }
 
-impl<C> Batches<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    pub(crate) fn new(client: Client<C>, cfg: Batching) -> Arc<Self> {
+impl<S: Server> Batches<S> {
+    pub(crate) fn new(client: S, cfg: Batching) -> Arc<Self> {
         let counters = Arc::new(Counters::default());
         let (c, n) = (client.clone(), counters.clone());
         let sender = Box::new(move |returns: Vec<Return>| {
@@ -582,7 +595,7 @@ where
         limits: &[(String, Algorithm)],
         cost: u64,
         denies: Option<&Arc<DenyCache>>,
-    ) -> Result<Option<MultiOutcome>, crate::Error> {
+    ) -> Result<Option<MultiOutcome>, Error> {
         let Some(me) = self.me.upgrade() else {
             return Ok(None);
         };
@@ -665,7 +678,7 @@ where
         cost: u64,
         ask: u64,
         denies: Option<&DenyCache>,
-    ) -> Result<(Option<MultiOutcome>, Option<Batch>), crate::Error> {
+    ) -> Result<(Option<MultiOutcome>, Option<Batch>), Error> {
         add(&self.counters.refills, 1);
         let sent = Instant::now();
         let got = self.client.try_grant(limits, ask).await;
@@ -810,7 +823,7 @@ where
     }
 }
 
-impl<C> Batches<C> {
+impl<S> Batches<S> {
     fn table(&self) -> std::sync::MutexGuard<'_, Lru<Entry>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -825,7 +838,7 @@ impl<C> Batches<C> {
     }
 }
 
-impl<C> Drop for Batches<C> {
+impl<S> Drop for Batches<S> {
     /// The last clone of the client is gone: what the batches hold goes back from a task of the
     /// current runtime (best effort: outside one, or if the process ends first, it lapses).
     fn drop(&mut self) {

@@ -11,7 +11,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
 
 use crate::algorithm::{Algorithm, Concurrency};
-use crate::batch::{BatchStats, Batches, Batching, Step, signature};
+use crate::batch::{BatchStats, Batches, Batching, Server, Step, signature};
 use crate::breaker::Breaker;
 use crate::deny::DenyCache;
 use crate::local::{LocalLeases, LocalLimiter};
@@ -120,7 +120,7 @@ pub(crate) fn new_lease_id() -> String {
 pub struct Client<C> {
     conn: C,
     inner: Arc<Inner>,
-    batches: Option<Arc<Batches<C>>>,
+    batches: Option<Arc<Batches<Client<C>>>>,
     denies: Option<Arc<DenyCache>>,
 }
 
@@ -1319,6 +1319,35 @@ where
 async fn cooperate(o: MultiOutcome) -> MultiOutcome {
     tokio::task::coop::consume_budget().await;
     o
+}
+
+impl<C> Server for Client<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn timeout(&self) -> std::time::Duration {
+        self.options().timeout
+    }
+
+    async fn try_grant(
+        &self,
+        limits: &[(String, Algorithm)],
+        n: u64,
+    ) -> Result<Option<MultiOutcome>, Error> {
+        Client::try_grant(self, limits, n).await
+    }
+
+    async fn settle(
+        &self,
+        limits: &[(String, Algorithm)],
+        delta: i64,
+    ) -> Result<Settlement, Error> {
+        Client::settle(self, limits, delta).await
+    }
+
+    fn degraded_for(&self, limits: &[(String, Algorithm)], cost: u64) -> MultiOutcome {
+        Client::degraded_for(self, limits, cost)
+    }
 }
 
 /// A [`Client`] bound to one algorithm and its parameters.
