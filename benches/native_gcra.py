@@ -83,10 +83,9 @@ def build(server: sb.Server, floor: bool) -> list[sb.Case]:
         raise SystemExit("this redis-server has no native GCRA command")
     cases = [case("HSET", "hot", sb.FLOOR_ARGS)]
     if floor:
-        admit = case("FLOOR.ADMIT", "hot", "")
         deny = case("FLOOR.DENY", "deny", "")
         deny.setup = [FLOOR_DENY_SETUP]
-        cases += [admit, deny]
+        cases += [case("FLOOR.ADMIT", "hot", ""), deny, case("FLOOR.ADMIT", "new", "")]
     for _, path, args in PATHS:
         cases.append(case("GCRA", path, args))
         for command in COMPARED:
@@ -106,7 +105,11 @@ def render(cases: list[sb.Case]) -> list[str]:
     by = {(c.label, c.note): c for c in cases}
     native = {path: median(by[("GCRA", path)]) for _, path, _ in PATHS}
     hset = median(by[("HSET", "hot")])
-    floor = {"hot": by.get(("FLOOR.ADMIT", "hot")), "deny": by.get(("FLOOR.DENY", "deny"))}
+    floor = {
+        "hot": by.get(("FLOOR.ADMIT", "hot")),
+        "deny": by.get(("FLOOR.DENY", "deny")),
+        "new": by.get(("FLOOR.ADMIT", "new")),
+    }
     head = "| path | native `GCRA` | `RL.GCRA` | ratio | `CL.THROTTLE` | ratio | `RL.TOKENBUCKET` | ratio |"
     rule = "|---|---:|---:|---:|---:|---:|---:|---:|"
     if floor["hot"]:
