@@ -15,6 +15,7 @@ use crate::batch::{BatchStats, Batches, Batching, Server, Step, signature};
 use crate::breaker::Breaker;
 use crate::deny::DenyCache;
 use crate::local::{LocalLeases, LocalLimiter};
+use crate::sentinel::SentinelConnection;
 use crate::types::{
     Decision, Degraded, Error, FailurePolicy, Mode, ModeChoice, MultiOutcome, Options, Outcome,
     Settlement, TopEntry,
@@ -156,6 +157,19 @@ impl Client<redis::aio::ConnectionManager> {
         let client = Client::connect(url, options)?;
         client.detect().await;
         Ok(client)
+    }
+}
+
+impl Client<SentinelConnection> {
+    /// A client for the master named `master` by the Sentinels at `sentinels`
+    /// (`redis://host:port` each): it follows the master across failovers, asking the Sentinels
+    /// again when the connection fails or answers `READONLY` (see [`SentinelConnection`]). The
+    /// call that meets the failover is answered by the failure policy (or fails with
+    /// `READONLY`); the calls after it reach the new master. Connects lazily.
+    pub fn sentinel(sentinels: &[&str], master: &str, options: Options) -> Result<Self, Error> {
+        let conn =
+            SentinelConnection::new(sentinels, master, options.timeout).map_err(Error::Config)?;
+        Ok(Client::new(conn, options))
     }
 }
 

@@ -12,6 +12,8 @@
 //! - [`Client::with_batching`]: leased batches for hot keys, admitted in the process from one
 //!   partial grant; [`Client::with_deny_cache`]: denials repeated in the process until their
 //!   `retry_after_ms` has passed.
+//! - [`Client::sentinel`]: a client that follows the master a set of Sentinels name across
+//!   failovers ([`SentinelConnection`]).
 //! - [`Client::top`]: the keys with the most denials on the server (`RL.TOP`, module only).
 //! - [`middleware`]: HTTP rate limiting with the standard response headers, and shadow policies
 //!   that are evaluated and reported but never deny.
@@ -27,6 +29,7 @@ mod lru;
 pub mod metrics;
 pub mod middleware;
 mod reservation;
+mod sentinel;
 mod types;
 
 pub use algorithm::{Algorithm, Concurrency};
@@ -35,6 +38,7 @@ pub use breaker::BreakerConfig;
 pub use client::{Client, Limiter};
 pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
 pub use reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
+pub use sentinel::SentinelConnection;
 pub use types::{
     Decision, Degraded, Error, FailurePolicy, LocalAnswer, Mode, ModeChoice, MultiOutcome, Options,
     Outcome, Settlement, TopEntry,

@@ -28,6 +28,13 @@ pub fn module_path() -> PathBuf {
     );
 }
 
+/// `RL_REDIS_SERVER`: the server of the test matrix to run on (make test sets it).
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("RL_REDIS_SERVER")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -70,6 +77,11 @@ impl Server {
     }
 
     pub fn start(opts: Opts) -> Server {
+        Self::start_with(opts, &[])
+    }
+
+    /// [`Server::start`] with more arguments for the server (`--replicaof host port`...).
+    pub fn start_with(opts: Opts, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = opts.port.unwrap_or_else(free_port);
         let mut args: Vec<String> = [
@@ -107,10 +119,8 @@ impl Server {
                 args.push(a.into());
             }
         }
-        // `RL_REDIS_SERVER`: the server of the test matrix to run on (make test sets it).
-        let binary = std::env::var_os("RL_REDIS_SERVER")
-            .filter(|p| !p.is_empty())
-            .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let binary = server_binary();
         let child = Command::new(&binary)
             .args(&args)
             .stdout(Stdio::null())
