@@ -207,6 +207,24 @@ fn the_script_returns_every_counter_and_the_most_denied_keys() {
     let as_exporter = script_pairs(cmd(&mut exporter, &["EVAL", &script, "0", "0"]).unwrap());
     assert_eq!(as_exporter, pairs);
 
+    // A user refused RL.TOP gets the counters alone.
+    cmd(
+        &mut c,
+        &[
+            "ACL", "SETUSER", "counters", "on", ">pw", "-@all", "+eval", "+info",
+        ],
+    )
+    .unwrap();
+    let mut counters_only = server.connect();
+    cmd(&mut counters_only, &["AUTH", "counters", "pw"]).unwrap();
+    let mut without_top = pairs.clone();
+    without_top.retain(|name, _| !name.starts_with("ratelimit_top_denied:"));
+    assert_eq!(without_top.len(), pairs.len() - 3);
+    assert_eq!(
+        script_pairs(cmd(&mut counters_only, &["EVAL", &script, "0", "0"]).unwrap()),
+        without_top
+    );
+
     // Without the module the script returns nothing rather than failing the scrape. (The user
     // goes first: while an ACL user names one of the module's commands, Valkey 8.1 and 9.1
     // refuse MODULE UNLOAD and Redis 8.2 crashes on it, docs/monitoring.md.)
