@@ -14,11 +14,12 @@ use crate::algorithm::{Algorithm, Concurrency};
 use crate::batch::{BatchStats, Batches, Batching, Server, Step, signature};
 use crate::breaker::Breaker;
 use crate::deny::DenyCache;
+use crate::durable::Lane;
 use crate::local::{LocalLeases, LocalLimiter};
 use crate::sentinel::SentinelConnection;
 use crate::types::{
-    Decision, Degraded, Error, FailurePolicy, Mode, ModeChoice, MultiOutcome, Options, Outcome,
-    Settlement, TopEntry,
+    Decision, Degraded, Durability, DurabilityStats, Error, FailurePolicy, Mode, ModeChoice,
+    MultiOutcome, Options, Outcome, Settlement, ShortAck, TopEntry,
 };
 
 /// The Functions library's name (`#!lua name=ratelimit`).
@@ -92,6 +93,8 @@ struct Inner {
     breaker: Breaker,
     local: LocalLimiter,
     leases: LocalLeases,
+    /// Where the durable lane opens its connections ([`Client::connect`]'s URL).
+    origin: Option<redis::Client>,
 }
 
 /// A lease id unique to this call: a random per-process prefix (seeded by the standard
@@ -123,6 +126,7 @@ pub struct Client<C> {
     inner: Arc<Inner>,
     batches: Option<Arc<Batches<Client<C>>>>,
     denies: Option<Arc<DenyCache>>,
+    durable: Option<Arc<Lane>>,
 }
 
 impl<C: Clone> Clone for Client<C> {
@@ -132,6 +136,7 @@ impl<C: Clone> Clone for Client<C> {
             inner: self.inner.clone(),
             batches: self.batches.clone(),
             denies: self.denies.clone(),
+            durable: self.durable.clone(),
         }
     }
 }
@@ -148,7 +153,7 @@ impl Client<redis::aio::ConnectionManager> {
         let conn = client
             .get_connection_manager_lazy(config)
             .map_err(Error::Config)?;
-        Ok(Client::new(conn, options))
+        Ok(Client::with_origin(conn, options, Some(client)))
     }
 
     /// [`Client::connect`], then detects the mode at once (within the timeout). If Redis is
@@ -352,6 +357,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pub fn new(conn: C, options: Options) -> Self {
+        Client::with_origin(conn, options, None)
+    }
+
+    fn with_origin(conn: C, options: Options, origin: Option<redis::Client>) -> Self {
         let mode = match options.mode {
             ModeChoice::Auto => MODE_UNKNOWN,
             ModeChoice::Module => MODE_MODULE,
@@ -366,9 +375,11 @@ where
                 breaker: Breaker::new(options.breaker),
                 local: LocalLimiter::default(),
                 leases: LocalLeases::default(),
+                origin,
             }),
             batches: None,
             denies: None,
+            durable: None,
         }
     }
 
@@ -379,6 +390,67 @@ where
             inner: self.inner.clone(),
             batches: None,
             denies: None,
+            durable: self.durable.clone(),
+        }
+    }
+
+    /// This client (and the clones made from it afterwards) admitting only what `durability`'s
+    /// replicas acknowledged: every call that may write (a cost above 0, a partial grant, a
+    /// lease) runs on a connection of its own followed by `WAIT replicas timeout`, and an
+    /// admission fewer replicas acknowledged in time becomes what [`ShortAck`] says. Denials
+    /// are answered at once. For a client made by [`Client::connect`] (it opens the lane's
+    /// connections to the same URL); `durability.timeout` must be below the client's timeout,
+    /// which bounds the call and the `WAIT` together. See docs/reliability.md for what `WAIT`
+    /// does not promise.
+    pub fn with_durability(mut self, durability: Durability) -> Result<Self, Error> {
+        let Some(origin) = self.inner.origin.clone() else {
+            return Err(Error::Unsupported(
+                "durable admissions need a client made by Client::connect",
+            ));
+        };
+        if durability.replicas == 0 {
+            return Err(Error::Unsupported(
+                "durable admissions need at least 1 replica",
+            ));
+        }
+        if durability.timeout >= self.inner.options.timeout {
+            return Err(Error::Unsupported(
+                "the WAIT timeout must be below the client's timeout",
+            ));
+        }
+        let timeout = self.inner.options.timeout;
+        self.durable = Some(Arc::new(Lane::new(origin, durability, timeout)));
+        Ok(self)
+    }
+
+    /// What the durable admissions met so far (all zero without durability).
+    pub fn durability_stats(&self) -> DurabilityStats {
+        self.durable
+            .as_ref()
+            .map_or_else(DurabilityStats::default, |l| l.stats())
+    }
+
+    /// What an admission fewer replicas acknowledged becomes; `Err`: the failure policy
+    /// answers it.
+    fn short_ack(
+        &self,
+        lane: &Lane,
+        d: &mut Decision,
+        granted: &mut u64,
+    ) -> Result<(), RedisError> {
+        match lane.durability.short {
+            ShortAck::Admit => Ok(()),
+            ShortAck::Deny => {
+                d.allowed = false;
+                d.retry_after_ms =
+                    i64::try_from(self.inner.options.fail_closed_retry_ms).unwrap_or(i64::MAX);
+                *granted = 0;
+                Ok(())
+            }
+            ShortAck::FailurePolicy => Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "fewer replicas acknowledged the write than asked",
+            ))),
         }
     }
 
@@ -500,7 +572,10 @@ where
             .ok()
     }
 
-    async fn resolve_mode(&self, conn: &mut C) -> Result<Mode, RedisError> {
+    async fn resolve_mode<K: ConnectionLike + Send>(
+        &self,
+        conn: &mut K,
+    ) -> Result<Mode, RedisError> {
         if let Some(m) = self.mode() {
             return Ok(m);
         }
@@ -527,7 +602,10 @@ where
     /// Whether the `ratelimit` Functions library is loaded. A server that refuses to say (an
     /// error reply, such as `NOPERM` for `FUNCTION`) is taken to have none: the scripts decide
     /// alike.
-    async fn has_library(&self, conn: &mut C) -> Result<bool, RedisError> {
+    async fn has_library<K: ConnectionLike + Send>(
+        &self,
+        conn: &mut K,
+    ) -> Result<bool, RedisError> {
         let listed: Result<Value, RedisError> = redis::cmd("FUNCTION")
             .arg("LIST")
             .arg("LIBRARYNAME")
@@ -551,8 +629,31 @@ where
         take: Take,
         lease: Option<&str>,
     ) -> Result<(Decision, u64, Mode), RedisError> {
+        let writes = take != Take::Cost(0) || lease.is_some();
+        if let Some(lane) = self.durable.as_ref().filter(|_| writes) {
+            let mut conn = lane.take().await?;
+            let (mut d, mut granted, mode) =
+                self.send_one(&mut conn, key, algo, take, lease).await?;
+            if d.allowed && !lane.acknowledged(&mut conn).await? {
+                self.short_ack(lane, &mut d, &mut granted)?;
+            }
+            lane.put(conn);
+            return Ok((d, granted, mode));
+        }
         let mut conn = self.conn.clone();
-        let mode = self.resolve_mode(&mut conn).await?;
+        self.send_one(&mut conn, key, algo, take, lease).await
+    }
+
+    /// One limit's command on `conn`.
+    async fn send_one<K: ConnectionLike + Send>(
+        &self,
+        conn: &mut K,
+        key: &str,
+        algo: &Algorithm,
+        take: Take,
+        lease: Option<&str>,
+    ) -> Result<(Decision, u64, Mode), RedisError> {
+        let mode = self.resolve_mode(conn).await?;
         let mut args = algo.params();
         let take = match (algo, lease) {
             (Algorithm::Concurrency(_), Some(id)) => {
@@ -569,14 +670,14 @@ where
                 redis::cmd(algo.command())
                     .arg(key)
                     .arg(&args)
-                    .query_async(&mut conn)
+                    .query_async(conn)
                     .await?
             }
             Mode::Script => {
                 script_for(algo)
                     .key(key)
                     .arg(&args)
-                    .invoke_async(&mut conn)
+                    .invoke_async(conn)
                     .await?
             }
             Mode::Function => {
@@ -585,7 +686,7 @@ where
                     .arg(1)
                     .arg(key)
                     .arg(&args)
-                    .query_async(&mut conn)
+                    .query_async(conn)
                     .await?
             }
         };
@@ -631,8 +732,38 @@ where
         take: Take,
         lease: Option<&str>,
     ) -> Result<(Multi, Mode), RedisError> {
+        let writes = take != Take::Cost(0) || lease.is_some();
+        if let Some(lane) = self.durable.as_ref().filter(|_| writes) {
+            let mut conn = lane.take().await?;
+            let (mut m, mode) = self.send_all(&mut conn, limits, take, lease).await?;
+            if m.0 && !lane.acknowledged(&mut conn).await? {
+                // Denied as by the first limit, every limit answering the same refusal.
+                let mut granted = m.3;
+                for d in &mut m.2 {
+                    let mut g = granted;
+                    self.short_ack(lane, d, &mut g)?;
+                    granted = g;
+                }
+                if lane.durability.short == ShortAck::Deny {
+                    m = (false, 1, m.2, 0);
+                }
+            }
+            lane.put(conn);
+            return Ok((m, mode));
+        }
         let mut conn = self.conn.clone();
-        let mode = self.resolve_mode(&mut conn).await?;
+        self.send_all(&mut conn, limits, take, lease).await
+    }
+
+    /// `RL.ALL` (or its twins) on `conn`.
+    async fn send_all<K: ConnectionLike + Send>(
+        &self,
+        conn: &mut K,
+        limits: &[(String, Algorithm)],
+        take: Take,
+        lease: Option<&str>,
+    ) -> Result<(Multi, Mode), RedisError> {
+        let mode = self.resolve_mode(conn).await?;
         let mut args: Vec<String> = Vec::new();
         for (_, algo) in limits {
             args.push(algo.keyword().to_string());
@@ -653,7 +784,7 @@ where
                     .arg(keys.len())
                     .arg(&keys)
                     .arg(&args)
-                    .query_async(&mut conn)
+                    .query_async(conn)
                     .await?
             }
             Mode::Script => {
@@ -664,7 +795,7 @@ where
                 for a in &args {
                     inv.arg(a);
                 }
-                inv.invoke_async(&mut conn).await?
+                inv.invoke_async(conn).await?
             }
             Mode::Function => {
                 redis::cmd("FCALL")
@@ -672,7 +803,7 @@ where
                     .arg(keys.len())
                     .arg(&keys)
                     .arg(&args)
-                    .query_async(&mut conn)
+                    .query_async(conn)
                     .await?
             }
         };

@@ -14,6 +14,7 @@
 //!   `retry_after_ms` has passed.
 //! - [`Client::sentinel`]: a client that follows the master a set of Sentinels name across
 //!   failovers ([`SentinelConnection`]).
+//! - [`Client::with_durability`]: admissions acknowledged by replicas (`WAIT`) before they admit.
 //! - [`Client::top`]: the keys with the most denials on the server (`RL.TOP`, module only).
 //! - [`middleware`]: HTTP rate limiting with the standard response headers, and shadow policies
 //!   that are evaluated and reported but never deny.
@@ -23,6 +24,7 @@ mod batch;
 mod breaker;
 mod client;
 mod deny;
+mod durable;
 mod lease;
 mod local;
 mod lru;
@@ -40,6 +42,6 @@ pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
 pub use reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
 pub use sentinel::SentinelConnection;
 pub use types::{
-    Decision, Degraded, Error, FailurePolicy, LocalAnswer, Mode, ModeChoice, MultiOutcome, Options,
-    Outcome, Settlement, TopEntry,
+    Decision, Degraded, Durability, DurabilityStats, Error, FailurePolicy, LocalAnswer, Mode,
+    ModeChoice, MultiOutcome, Options, Outcome, Settlement, ShortAck, TopEntry,
 };

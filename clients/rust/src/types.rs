@@ -55,6 +55,40 @@ pub enum FailurePolicy {
     Local { instances: u32 },
 }
 
+/// A durable client's admissions: each admitting write is acknowledged by `replicas` replicas
+/// (`WAIT replicas timeout` on a connection of its own, after the call) before it admits
+/// (see [`Client::with_durability`](crate::Client::with_durability)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Durability {
+    /// Replicas that must acknowledge the write.
+    pub replicas: u32,
+    /// How long `WAIT` waits for them (below the client's own timeout, which bounds the call
+    /// and the `WAIT` together).
+    pub timeout: std::time::Duration,
+    /// What an admission that fewer replicas acknowledged becomes.
+    pub short: ShortAck,
+}
+
+/// What a durable client does with an admission fewer replicas acknowledged than it asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShortAck {
+    /// Deny it (the units stay spent on the master: under-admission, never over).
+    Deny,
+    /// Admit it, and count it in [`DurabilityStats::short`].
+    Admit,
+    /// Answer it with the failure policy, as if Redis had not answered.
+    FailurePolicy,
+}
+
+/// What a durable client's admissions met so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DurabilityStats {
+    /// Admissions acknowledged by enough replicas.
+    pub acknowledged: u64,
+    /// Admissions fewer replicas acknowledged in time (then answered as [`ShortAck`] says).
+    pub short: u64,
+}
+
 /// Set on an outcome that did not come from Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Degraded {

@@ -1,0 +1,229 @@
+//! Durable admissions (`Client::with_durability`): an admitting write is acknowledged by the
+//! replica (`WAIT`) before it admits. A replica frozen with SIGSTOP acknowledges nothing: each
+//! short acknowledgement becomes what `ShortAck` says. Then a failover to a replica that fell
+//! behind: what the plain client admitted is admitted again by the new master, what the durable
+//! client admitted is not.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Opts, Server};
+use ratelimit_client::{
+    Algorithm, Client, Degraded, Durability, DurabilityStats, Error, FailurePolicy, Limiter,
+    ModeChoice, Options, ShortAck,
+};
+
+fn bucket() -> Algorithm {
+    Algorithm::TokenBucket {
+        capacity: 10,
+        refill_per_sec: 0.0001,
+    }
+}
+
+fn options() -> Options {
+    Options {
+        timeout: Duration::from_millis(1000),
+        policy: FailurePolicy::FailClosed,
+        mode: ModeChoice::Module,
+        ..Options::default()
+    }
+}
+
+fn durable(server: &Server, short: ShortAck) -> Client<redis::aio::ConnectionManager> {
+    Client::connect(&server.url(), options())
+        .unwrap()
+        .with_durability(Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(100),
+            short,
+        })
+        .unwrap()
+}
+
+fn signal(server: &Server, sig: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(server.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn replication_field(server: &Server, name: &str) -> Option<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut server.connect())
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A master and one replica, both with the module, in sync.
+fn pair() -> (Server, Server) {
+    let module = Opts {
+        module: true,
+        ..Opts::default()
+    };
+    let master = Server::start_with(module, &["--repl-diskless-sync-delay", "0"]);
+    let port = master.port.to_string();
+    let replica = Server::start_with(
+        module,
+        &[
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--repl-diskless-sync-delay",
+            "0",
+        ],
+    );
+    wait_for("the replica to sync", || {
+        redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut replica.connect())
+            .is_ok_and(|i| i.contains("master_link_status:up"))
+    });
+    (master, replica)
+}
+
+#[tokio::test]
+async fn admissions_wait_for_the_replica_and_a_frozen_one_is_short() {
+    let (master, replica) = pair();
+    let deny = durable(&master, ShortAck::Deny);
+    for left in [9, 8, 7] {
+        let o = deny.check("k", &bucket(), 1).await.unwrap();
+        assert!(o.decision.allowed && o.degraded.is_none(), "{o:?}");
+        assert_eq!(o.decision.remaining, left);
+    }
+    assert_eq!(
+        deny.durability_stats(),
+        DurabilityStats {
+            acknowledged: 3,
+            short: 0
+        }
+    );
+
+    signal(&replica, "STOP");
+    // The master took the unit, the replica did not acknowledge it: denied, nothing admitted.
+    let o = deny.check("k", &bucket(), 1).await.unwrap();
+    assert!(!o.decision.allowed, "{o:?}");
+    assert_eq!((o.decision.remaining, o.granted, o.degraded), (6, 0, None));
+    assert_eq!(o.decision.retry_after_ms, 1000);
+    assert_eq!(deny.durability_stats().short, 1);
+    // RL.ALL alike: every limit answers the refusal, as by the first.
+    let both = [("k".to_string(), bucket()), ("k2".to_string(), bucket())];
+    let m = deny.check_all(&both, 1).await.unwrap();
+    assert!(!m.allowed && m.denied_by == 1 && m.granted == 0, "{m:?}");
+    assert!(m.decisions.iter().all(|d| !d.allowed));
+    assert_eq!(deny.durability_stats().short, 2);
+
+    let admit = durable(&master, ShortAck::Admit);
+    let o = admit.check("k", &bucket(), 1).await.unwrap();
+    assert!(o.decision.allowed && o.degraded.is_none(), "{o:?}");
+    assert_eq!(o.decision.remaining, 4);
+    assert_eq!(
+        admit.durability_stats(),
+        DurabilityStats {
+            acknowledged: 0,
+            short: 1
+        }
+    );
+
+    let policy = durable(&master, ShortAck::FailurePolicy);
+    let o = policy.check("k", &bucket(), 1).await.unwrap();
+    assert_eq!(o.degraded, Some(Degraded::FailClosed), "{o:?}");
+    assert!(!o.decision.allowed);
+
+    // A denial writes nothing to wait for: answered without WAIT, counted nowhere.
+    let spent = durable(&master, ShortAck::Deny);
+    let o = spent.check("k", &bucket(), 100).await.unwrap();
+    assert!(!o.decision.allowed);
+    assert_eq!(spent.durability_stats(), DurabilityStats::default());
+    signal(&replica, "CONT");
+
+    // A client that is not made by Client::connect, or a WAIT longer than the call's budget,
+    // is refused.
+    let too_long = Client::connect(&master.url(), options())
+        .unwrap()
+        .with_durability(Durability {
+            replicas: 1,
+            timeout: Duration::from_millis(1000),
+            short: ShortAck::Deny,
+        });
+    assert!(matches!(too_long, Err(Error::Unsupported(_))));
+}
+
+/// The units spent on `key` that the (new) master at `server` knows of.
+async fn spent_on(server: &Server, key: &str) -> i64 {
+    let c = Client::connect(&server.url(), options()).unwrap();
+    let o = Limiter::new(c, bucket()).peek(key).await.unwrap();
+    10 - o.decision.remaining as i64
+}
+
+#[tokio::test]
+async fn a_failover_to_a_lagging_replica_admits_again_only_what_was_not_durable() {
+    let (mut master, replica) = pair();
+    let plain = Client::connect(&master.url(), options()).unwrap();
+    let durable = durable(&master, ShortAck::Deny);
+    let mut admitted = [0i64; 2];
+    for (i, c) in [&plain, &durable].into_iter().enumerate() {
+        for _ in 0..3 {
+            let key = ["plain", "durable"][i];
+            if c.check(key, &bucket(), 1).await.unwrap().decision.allowed {
+                admitted[i] += 1;
+            }
+        }
+    }
+    let written = replication_field(&master, "master_repl_offset").unwrap();
+    wait_for("the replica to catch up", || {
+        replication_field(&replica, "slave_repl_offset") >= Some(written)
+    });
+
+    // The replica is cut off (pointed at a closed port, as a partition would leave it, its data
+    // kept): the master goes on alone, then dies with what it did not send.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(common::free_port())
+        .query(&mut replica.connect())
+        .unwrap();
+    wait_for("the master to lose its replica", || {
+        replication_field(&master, "connected_slaves") == Some(0)
+    });
+    for (i, c) in [&plain, &durable].into_iter().enumerate() {
+        for _ in 0..4 {
+            let key = ["plain", "durable"][i];
+            if c.check(key, &bucket(), 1).await.unwrap().decision.allowed {
+                admitted[i] += 1;
+            }
+        }
+    }
+    master.kill();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica.connect())
+        .unwrap();
+
+    assert_eq!(admitted, [7, 3]);
+    // What the new master will admit again: the admissions it never heard of.
+    let over = [
+        admitted[0] - spent_on(&replica, "plain").await,
+        admitted[1] - spent_on(&replica, "durable").await,
+    ];
+    assert_eq!(
+        over,
+        [4, 0],
+        "over-admission after the failover: plain, durable"
+    );
+    assert_eq!(durable.durability_stats().short, 4);
+}
