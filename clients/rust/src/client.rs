@@ -14,7 +14,7 @@ use crate::algorithm::{Algorithm, Concurrency};
 use crate::batch::{BatchStats, Batches, Batching, Server, Step, signature};
 use crate::breaker::Breaker;
 use crate::deny::DenyCache;
-use crate::durable::Lane;
+use crate::durable::{Lane, Origin};
 use crate::local::{LocalLeases, LocalLimiter};
 use crate::sentinel::SentinelConnection;
 use crate::types::{
@@ -93,8 +93,9 @@ struct Inner {
     breaker: Breaker,
     local: LocalLimiter,
     leases: LocalLeases,
-    /// Where the durable lane opens its connections ([`Client::connect`]'s URL).
-    origin: Option<redis::Client>,
+    /// Where the durable lane opens its connections ([`Client::connect`]'s URL, or
+    /// [`Client::sentinel`]'s Sentinels).
+    origin: Option<Origin>,
 }
 
 /// A lease id unique to this call: a random per-process prefix (seeded by the standard
@@ -153,7 +154,11 @@ impl Client<redis::aio::ConnectionManager> {
         let conn = client
             .get_connection_manager_lazy(config)
             .map_err(Error::Config)?;
-        Ok(Client::with_origin(conn, options, Some(client)))
+        Ok(Client::with_origin(
+            conn,
+            options,
+            Some(Origin::Url(client)),
+        ))
     }
 
     /// [`Client::connect`], then detects the mode at once (within the timeout). If Redis is
@@ -174,7 +179,8 @@ impl Client<SentinelConnection> {
     pub fn sentinel(sentinels: &[&str], master: &str, options: Options) -> Result<Self, Error> {
         let conn =
             SentinelConnection::new(sentinels, master, options.timeout).map_err(Error::Config)?;
-        Ok(Client::new(conn, options))
+        let origin = Origin::Sentinel(conn.clone());
+        Ok(Client::with_origin(conn, options, Some(origin)))
     }
 }
 
@@ -360,7 +366,7 @@ where
         Client::with_origin(conn, options, None)
     }
 
-    fn with_origin(conn: C, options: Options, origin: Option<redis::Client>) -> Self {
+    fn with_origin(conn: C, options: Options, origin: Option<Origin>) -> Self {
         let mode = match options.mode {
             ModeChoice::Auto => MODE_UNKNOWN,
             ModeChoice::Module => MODE_MODULE,
@@ -398,14 +404,15 @@ where
     /// replicas acknowledged: every call that may write (a cost above 0, a partial grant, a
     /// lease) runs on a connection of its own followed by `WAIT replicas timeout`, and an
     /// admission fewer replicas acknowledged in time becomes what [`ShortAck`] says. Denials
-    /// are answered at once. For a client made by [`Client::connect`] (it opens the lane's
-    /// connections to the same URL); `durability.timeout` must be below the client's timeout,
-    /// which bounds the call and the `WAIT` together. See docs/reliability.md for what `WAIT`
+    /// are answered at once. For a client made by [`Client::connect`] or [`Client::sentinel`]
+    /// (the lane opens its connections to the same URL, or to the master the Sentinels name);
+    /// `durability.timeout` must be below the client's timeout, which bounds the call and the
+    /// `WAIT` together. See docs/reliability.md for what `WAIT`
     /// does not promise.
     pub fn with_durability(mut self, durability: Durability) -> Result<Self, Error> {
         let Some(origin) = self.inner.origin.clone() else {
             return Err(Error::Unsupported(
-                "durable admissions need a client made by Client::connect",
+                "durable admissions need a client made by Client::connect or Client::sentinel",
             ));
         };
         if durability.replicas == 0 {

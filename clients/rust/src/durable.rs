@@ -11,14 +11,23 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult};
 
+use crate::sentinel::SentinelConnection;
 use crate::types::{Durability, DurabilityStats};
 
 /// Idle connections kept for the next durable calls; more are opened under load and closed
 /// when they come back to a full lane.
 const IDLE_KEPT: usize = 64;
 
+/// Where the lane opens its connections: the client's URL, or the master the Sentinels name
+/// now (asked again for every new connection, so the lane follows a failover too).
+#[derive(Clone)]
+pub(crate) enum Origin {
+    Url(redis::Client),
+    Sentinel(SentinelConnection),
+}
+
 pub(crate) struct Lane {
-    origin: redis::Client,
+    origin: Origin,
     config: AsyncConnectionConfig,
     pub(crate) durability: Durability,
     idle: Mutex<Vec<MultiplexedConnection>>,
@@ -27,7 +36,7 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    pub(crate) fn new(origin: redis::Client, durability: Durability, timeout: Duration) -> Self {
+    pub(crate) fn new(origin: Origin, durability: Durability, timeout: Duration) -> Self {
         Lane {
             origin,
             config: AsyncConnectionConfig::new()
@@ -49,11 +58,14 @@ impl Lane {
         let idle = self.idle().pop();
         match idle {
             Some(c) => Ok(c),
-            None => {
-                self.origin
-                    .get_multiplexed_async_connection_with_config(&self.config)
-                    .await
-            }
+            None => match &self.origin {
+                Origin::Url(client) => {
+                    client
+                        .get_multiplexed_async_connection_with_config(&self.config)
+                        .await
+                }
+                Origin::Sentinel(s) => s.open_master().await,
+            },
         }
     }
 

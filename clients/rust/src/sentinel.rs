@@ -99,6 +99,11 @@ impl SentinelConnection {
         Err(unavailable(last))
     }
 
+    /// A new connection to the master the Sentinels name now, checked with `ROLE`.
+    pub(crate) async fn open_master(&self) -> redis::RedisResult<MultiplexedConnection> {
+        self.resolve().await
+    }
+
     /// A connection to the master, checked with `ROLE`.
     async fn resolve(&self) -> redis::RedisResult<MultiplexedConnection> {
         let (host, port) = self.master_address().await?;

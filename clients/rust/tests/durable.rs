@@ -6,10 +6,10 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Opts, Server};
+use common::Server;
+use common::replicas::{caught_up, pair, replication_field, signal, wait_for};
 use ratelimit_client::{
     Algorithm, Client, Degraded, Durability, DurabilityStats, Error, FailurePolicy, Limiter,
     ModeChoice, Options, ShortAck,
@@ -36,64 +36,10 @@ fn durable(server: &Server, short: ShortAck) -> Client<redis::aio::ConnectionMan
         .unwrap()
         .with_durability(Durability {
             replicas: 1,
-            timeout: Duration::from_millis(100),
+            timeout: Duration::from_millis(300),
             short,
         })
         .unwrap()
-}
-
-fn signal(server: &Server, sig: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(server.pid().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-fn replication_field(server: &Server, name: &str) -> Option<u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query(&mut server.connect())
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A master and one replica, both with the module, in sync.
-fn pair() -> (Server, Server) {
-    let module = Opts {
-        module: true,
-        ..Opts::default()
-    };
-    let master = Server::start_with(module, &["--repl-diskless-sync-delay", "0"]);
-    let port = master.port.to_string();
-    let replica = Server::start_with(
-        module,
-        &[
-            "--replicaof",
-            "127.0.0.1",
-            &port,
-            "--repl-diskless-sync-delay",
-            "0",
-        ],
-    );
-    wait_for("the replica to sync", || {
-        redis::cmd("INFO")
-            .arg("replication")
-            .query::<String>(&mut replica.connect())
-            .is_ok_and(|i| i.contains("master_link_status:up"))
-    });
-    (master, replica)
 }
 
 #[tokio::test]
@@ -184,10 +130,7 @@ async fn a_failover_to_a_lagging_replica_admits_again_only_what_was_not_durable(
             }
         }
     }
-    let written = replication_field(&master, "master_repl_offset").unwrap();
-    wait_for("the replica to catch up", || {
-        replication_field(&replica, "slave_repl_offset") >= Some(written)
-    });
+    caught_up(&master, &replica);
 
     // The replica is cut off (pointed at a closed port, as a partition would leave it, its data
     // kept): the master goes on alone, then dies with what it did not send.

@@ -7,17 +7,14 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{Opts, Server, free_port, server_binary};
+use common::Server;
+use common::replicas::{MASTER, Sentinel, caught_up, pair, role, wait_for};
 use ratelimit_client::{
     Algorithm, Client, Degraded, Error, FailurePolicy, Limiter, ModeChoice, Options,
     SentinelConnection,
 };
-
-const MASTER: &str = "rl";
 
 fn bucket() -> Algorithm {
     Algorithm::TokenBucket {
@@ -35,139 +32,11 @@ fn options() -> Options {
     }
 }
 
-struct Sentinel {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Sentinel {
-    fn start(master_port: u16) -> Sentinel {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
-                 sentinel monitor {MASTER} 127.0.0.1 {master_port} 1\n\
-                 sentinel down-after-milliseconds {MASTER} 400\n\
-                 sentinel failover-timeout {MASTER} 4000\n",
-                dir = dir.path().display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new(server_binary())
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let s = Sentinel {
-            child,
-            port,
-            _dir: dir,
-        };
-        // Ready when it has found the replica through the master's INFO and reads the
-        // replica's own INFO (a replica it has not read yet is no candidate: NOGOODSLAVE).
-        wait_for("the Sentinel to see the replica", || {
-            let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
-                .arg("REPLICAS")
-                .arg(MASTER)
-                .query(&mut s.connect()?)?;
-            Ok(replicas.iter().any(|fields| {
-                let field = |name: &str| {
-                    fields
-                        .chunks(2)
-                        .find(|kv| kv[0] == name)
-                        .map(|kv| kv[1].as_str())
-                };
-                field("flags") == Some("slave")
-                    && field("master-link-status") == Some("ok")
-                    && field("info-refresh").and_then(|ms| ms.parse::<u64>().ok()) < Some(5000)
-            }))
-        });
-        s
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection()
-    }
-
-    fn master_port(&self) -> u16 {
-        let (_, port): (String, u16) = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(MASTER)
-            .query(&mut self.connect().unwrap())
-            .unwrap();
-        port
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_for(what: &str, mut ready: impl FnMut() -> redis::RedisResult<bool>) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(ready(), Ok(true)) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        sleep(Duration::from_millis(50));
-    }
-}
-
-fn role(server: &Server) -> String {
-    let r: Vec<redis::Value> = redis::cmd("ROLE").query(&mut server.connect()).unwrap();
-    match r.first() {
-        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        other => panic!("ROLE: {other:?}"),
-    }
-}
-
 /// A master and a replica with the module, in sync, and a Sentinel watching them.
 fn setup() -> (Server, Server, Sentinel) {
-    let module = Opts {
-        module: true,
-        ..Opts::default()
-    };
-    let master = Server::start_with(module, &["--repl-diskless-sync-delay", "0"]);
-    let port = master.port.to_string();
-    let replica = Server::start_with(
-        module,
-        &[
-            "--replicaof",
-            "127.0.0.1",
-            &port,
-            "--repl-diskless-sync-delay",
-            "0",
-        ],
-    );
-    wait_for("the replica to sync", || {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut replica.connect())?;
-        Ok(info.contains("master_link_status:up"))
-    });
+    let (master, replica) = pair();
     let sentinel = Sentinel::start(master.port);
     (master, replica, sentinel)
-}
-
-fn replication_field(server: &Server, name: &str) -> Option<u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query(&mut server.connect())
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Three tokens of ten taken through the Sentinels, and the replica caught up with them (its
@@ -178,10 +47,7 @@ async fn spend_three(client: &Client<SentinelConnection>, master: &Server, repli
         assert!(o.decision.allowed && o.degraded.is_none(), "{o:?}");
         assert_eq!(o.decision.remaining, left);
     }
-    let written = replication_field(master, "master_repl_offset").unwrap();
-    wait_for("the replica to catch up", || {
-        Ok(replication_field(replica, "slave_repl_offset") >= Some(written))
-    });
+    caught_up(master, replica);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,7 +63,7 @@ async fn a_sentinel_switch_is_followed() {
         .unwrap();
     // The Sentinel promotes the replica, then turns the old master into its replica.
     wait_for("the old master to become a replica", || {
-        Ok(sentinel.master_port() == replica.port && role(&master) == "slave")
+        sentinel.master_port() == replica.port && role(&master) == "slave"
     });
     assert_eq!(role(&replica), "master");
 

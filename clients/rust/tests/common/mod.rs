@@ -2,6 +2,8 @@
 //! loopback port, and shuts them down on drop.
 #![allow(dead_code)]
 
+pub mod replicas;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -163,7 +165,7 @@ impl Server {
         }
     }
 
-    fn try_connect(&self) -> redis::RedisResult<redis::Connection> {
+    pub fn try_connect(&self) -> redis::RedisResult<redis::Connection> {
         redis::Client::open(self.url())?.get_connection()
     }
 

@@ -1,0 +1,180 @@
+//! Masters, replicas and Sentinels for the failover tests: a master and a replica with the
+//! module, in sync; a Sentinel (the same server binary run with `--sentinel`) watching them.
+
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use super::{Opts, Server, free_port, server_binary};
+
+/// The name the Sentinels know the master by.
+pub const MASTER: &str = "rl";
+
+pub fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// A numeric field of `INFO replication`.
+pub fn replication_field(server: &Server, name: &str) -> Option<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut server.try_connect().ok()?)
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `master` or `slave`.
+pub fn role(server: &Server) -> String {
+    let r: Vec<redis::Value> = redis::cmd("ROLE").query(&mut server.connect()).unwrap();
+    match r.first() {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("ROLE: {other:?}"),
+    }
+}
+
+pub fn signal(server: &Server, sig: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(server.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits until `replica` has every write `master` made so far.
+pub fn caught_up(master: &Server, replica: &Server) {
+    let written = replication_field(master, "master_repl_offset").unwrap();
+    wait_for("the replica to catch up", || {
+        replication_field(replica, "slave_repl_offset") >= Some(written)
+    });
+}
+
+/// A master and one replica, both with the module, in sync.
+pub fn pair() -> (Server, Server) {
+    let module = Opts {
+        module: true,
+        ..Opts::default()
+    };
+    let master = Server::start_with(module, &["--repl-diskless-sync-delay", "0"]);
+    let port = master.port.to_string();
+    let replica = Server::start_with(
+        module,
+        &[
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--repl-diskless-sync-delay",
+            "0",
+        ],
+    );
+    wait_for("the replica to sync", || {
+        redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut replica.connect())
+            .is_ok_and(|i| i.contains("master_link_status:up"))
+    });
+    // Online for the master too (the replica's first acknowledgement came), or WAIT skips it.
+    wait_for("the master to count the replica online", || {
+        redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut master.connect())
+            .is_ok_and(|i| i.contains("state=online"))
+    });
+    (master, replica)
+}
+
+pub struct Sentinel {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Sentinel {
+    /// A Sentinel watching the master at `master_port` (quorum 1, down after 400 ms), ready
+    /// when it has read the replica's own INFO (a replica it has not read is no candidate).
+    pub fn start(master_port: u16) -> Sentinel {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+                 sentinel monitor {MASTER} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {MASTER} 400\n\
+                 sentinel failover-timeout {MASTER} 4000\n",
+                dir = dir.path().display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(server_binary())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Sentinel {
+            child,
+            port,
+            _dir: dir,
+        };
+        wait_for("the Sentinel to see the replica", || s.replica_ready());
+        s
+    }
+
+    fn replica_ready(&self) -> bool {
+        let Ok(mut c) = self.connect() else {
+            return false;
+        };
+        let Ok(replicas) = redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg(MASTER)
+            .query::<Vec<Vec<String>>>(&mut c)
+        else {
+            return false;
+        };
+        replicas.iter().any(|fields| {
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|kv| kv[0] == name)
+                    .map(|kv| kv[1].as_str())
+            };
+            field("flags") == Some("slave")
+                && field("master-link-status") == Some("ok")
+                && field("info-refresh").and_then(|ms| ms.parse::<u64>().ok()) < Some(5000)
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn connect(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection()
+    }
+
+    /// The master's port the Sentinel names now.
+    pub fn master_port(&self) -> u16 {
+        let (_, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(MASTER)
+            .query(&mut self.connect().unwrap())
+            .unwrap();
+        port
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
