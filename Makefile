@@ -16,7 +16,7 @@ DEMO_PORT ?= 8080
 DEMO_REDIS_PORT ?= 6390
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench bench-hot dist clean
+.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench bench-hot failover dist clean
 
 deps:
 	@missing=""; \
@@ -118,6 +118,18 @@ demo: deps
 	echo "open http://127.0.0.1:$(DEMO_PORT)/ (Ctrl-C stops the demo and its redis-server)"; \
 	REDIS_URL=redis://127.0.0.1:$(DEMO_REDIS_PORT) LISTEN=127.0.0.1:$(DEMO_PORT) \
 		$(TARGET_DIR)/release/ratelimit-demo
+
+# The failover bench (clients/rust/tests/failover.rs): Sentinel failovers of a master killed
+# with SIGKILL while every algorithm and RL.ALL take units through the Rust client, its replica
+# fed through a proxy that delays replication by FAILOVER_LAG_MS; the over-admission against an
+# exact ledger, with and without durable admissions (WAIT), FAILOVER_ROUNDS rounds of each. The
+# client's suites run it with 2 rounds (make test); this prints the table of 20 (about 3 minutes).
+FAILOVER_ROUNDS ?= 20
+FAILOVER_LAG_MS ?= 10
+failover: servers
+	$(CARGO) build -p redis-rate-limiter
+	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server FAILOVER_ROUNDS=$(FAILOVER_ROUNDS) \
+		FAILOVER_LAG_MS=$(FAILOVER_LAG_MS) $(CARGO) test -p ratelimit-client --test failover -- --nocapture
 
 # The container backend of the tests (`--features containers`) runs only where a Docker engine
 # is; compiling it here keeps it from rotting.
