@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::replicas::{MASTER, Sentinel, wait_for};
+use common::replicas::{MASTER, Sentinel, caught_up, wait_for};
 use common::{Opts, Server};
 use ratelimit_client::{
     Algorithm, Client, Durability, FailurePolicy, ModeChoice, Options, ShortAck,
@@ -179,6 +179,15 @@ async fn round(durable: bool, lag: Duration) -> Round {
             .query::<String>(&mut master.connect())
             .is_ok_and(|i| i.contains("state=online"))
     });
+    // Online is not streaming yet: after a diskless sync the master holds the stream back until
+    // the replica's first acknowledgement (up to a second later). A write that reaches the
+    // replica shows it flows.
+    let _: () = redis::cmd("SET")
+        .arg("warm-up")
+        .arg(1)
+        .query(&mut master.connect())
+        .unwrap();
+    caught_up(&master, &replica);
     let sentinel = Sentinel::start(master.port);
     let options = Options {
         timeout: Duration::from_millis(500),

@@ -79,13 +79,21 @@ pub fn pair() -> (Server, Server) {
             .query::<String>(&mut replica.connect())
             .is_ok_and(|i| i.contains("master_link_status:up"))
     });
-    // Online for the master too (the replica's first acknowledgement came), or WAIT skips it.
+    // Online for the master too, or WAIT skips it; and streaming: after a diskless sync the
+    // master holds the stream back until the replica's first acknowledgement (up to a second
+    // later), so a write that reaches the replica shows it flows.
     wait_for("the master to count the replica online", || {
         redis::cmd("INFO")
             .arg("replication")
             .query::<String>(&mut master.connect())
             .is_ok_and(|i| i.contains("state=online"))
     });
+    let _: () = redis::cmd("SET")
+        .arg("warm-up")
+        .arg(1)
+        .query(&mut master.connect())
+        .unwrap();
+    caught_up(&master, &replica);
     (master, replica)
 }
 
