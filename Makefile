@@ -120,10 +120,11 @@ demo: deps
 		$(TARGET_DIR)/release/ratelimit-demo
 
 # The failover bench (clients/rust/tests/failover.rs): Sentinel failovers of a master killed
-# with SIGKILL while every algorithm and RL.ALL take units through the Rust client, its replica
-# fed through a proxy that delays replication by FAILOVER_LAG_MS; the over-admission against an
-# exact ledger, with and without durable admissions (WAIT), FAILOVER_ROUNDS rounds of each. The
-# client's suites run it with 2 rounds (make test); this prints the table of 20 (about 3 minutes).
+# with SIGKILL or frozen with SIGSTOP while every algorithm and RL.ALL take units through the Rust
+# client, its replica fed through a proxy that delays replication by FAILOVER_LAG_MS; the
+# over-admission against an exact ledger, with and without durable admissions (WAIT),
+# FAILOVER_ROUNDS rounds of each. The client's suites run it with 2 rounds (make test); this
+# prints the table of 20 (about 6 minutes).
 FAILOVER_ROUNDS ?= 20
 FAILOVER_LAG_MS ?= 10
 failover: servers

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::replicas::{MASTER, Sentinel, caught_up, wait_for};
+use common::replicas::{MASTER, Sentinel, caught_up, signal, wait_for};
 use common::{Opts, Server};
 use ratelimit_client::{
     Algorithm, Client, Durability, FailurePolicy, ModeChoice, Options, ShortAck,
@@ -155,7 +155,7 @@ struct Round {
     latencies: Vec<u64>,
 }
 
-async fn round(durable: bool, lag: Duration) -> Round {
+async fn round(durable: bool, freeze: bool, lag: Duration) -> Round {
     let module = Opts {
         module: true,
         ..Opts::default()
@@ -277,7 +277,13 @@ async fn round(durable: bool, lag: Duration) -> Round {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     by_policy.store(0, Ordering::Relaxed);
-    master.kill();
+    if freeze {
+        // Frozen, not dead: its connections stay open and unanswered until the Sentinel has
+        // promoted the replica (then it is killed, as an operator would fence it).
+        signal(&master, "STOP");
+    } else {
+        master.kill();
+    }
     let at = Instant::now();
     *killed.lock().unwrap() = Some(at);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -290,6 +296,7 @@ async fn round(durable: bool, lag: Duration) -> Round {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::Relaxed);
+    master.kill();
     for t in tasks {
         t.await.unwrap();
     }
@@ -358,22 +365,23 @@ async fn over_admission_across_sentinel_failovers() {
     );
     let names: Vec<&str> = plans().iter().map(|(n, _)| *n).collect();
     println!(
-        "Sentinel failovers (SIGKILL of the master), replication lagging {} ms, {rounds} rounds per mode; \
-         over-admission per round (min / median / max), every round's sum",
+        "Sentinel failovers (the master killed with SIGKILL, or frozen with SIGSTOP), replication \
+         lagging {} ms, {rounds} rounds of each; over-admission per round (min / median / max), \
+         every round's sum",
         lag.as_millis()
     );
     println!(
-        "| mode | {} | total | admitted | unavailable ms (median / max) | policy answers (median) | admitted call µs (p50 / p99) |",
+        "| master | mode | {} | total | admitted | unavailable ms (median / max) | policy answers (median) | admitted call µs (p50 / p99) |",
         names.join(" | ")
     );
     println!(
-        "|---|{}---:|---:|---:|---:|---:|",
+        "|---|---|{}---:|---:|---:|---:|---:|",
         "---:|".repeat(names.len())
     );
-    for durable in [false, true] {
+    for (freeze, durable) in [(false, false), (false, true), (true, false), (true, true)] {
         let mut results = Vec::new();
         for _ in 0..rounds {
-            results.push(round(durable, lag).await);
+            results.push(round(durable, freeze, lag).await);
         }
         let mut cells = Vec::new();
         for p in 0..names.len() {
@@ -399,7 +407,8 @@ async fn over_admission_across_sentinel_failovers() {
         let mut calls: Vec<u64> = results.iter().flat_map(|r| r.latencies.clone()).collect();
         calls.sort_unstable();
         println!(
-            "| {} | {} | {total} | {admitted} | {} / {} | {} | {} / {} |",
+            "| {} | {} | {} | {total} | {admitted} | {} / {} | {} | {} / {} |",
+            if freeze { "SIGSTOP" } else { "SIGKILL" },
             if durable { "durable (WAIT 1)" } else { "plain" },
             cells.join(" | "),
             percentile(&down, 50),
