@@ -63,16 +63,19 @@ run: build $(if $(SERVER),servers)
 # Every crate of the workspace on Redis 7.0: unit tests, the embedded-Lua differential suite, the
 # module's server suites, the client's and the demo in headless Chromium (clients/rust/tests/e2e.rs).
 # Then the examples in Python, Node.js and Go, the module's server suites on every other server
-# of the matrix, the Rust client's on Redis 8.2 (what it adds to the module's own suites is its
-# own code, the same on every server) and its replay of the conformance table on the two Valkeys,
-# so that the table runs on every server for every client; the Go, Python and Node.js packages
-# (each on the whole matrix, see their targets), and a short fuzzing run.
-test: deps servers check-containers
+# of the matrix (with the Rust client's suites of the same names: its replay of the conformance
+# table, cluster, grants, leases, top, so that the table runs on every server for every client),
+# the Rust client's other integration suites on Redis 8.2 (what they add to the module's own
+# suites is the client's own code, the same on every server; its unit and doc tests need no
+# server and ran above); the Go, Python and Node.js packages (each on the whole matrix, see their
+# targets), and a short fuzzing run. Every cargo call here selects the whole workspace, so that
+# its dependencies are built once with one set of features (a `-p` would rebuild them).
+test: deps servers
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
 	$(MAKE) examples
 	$(MAKE) test-servers SERVERS="$(filter-out redis-7.0,$(MATRIX))"
-	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-8.2/server $(CARGO) test -p ratelimit-client --all-targets
-	$(MAKE) test-conformance-rust SERVERS="valkey-8.1 valkey-9.1"
+	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-8.2/server $(CARGO) test --workspace \
+		$(addprefix --test ,$(CLIENT_ONLY_TESTS))
 	$(MAKE) test-go
 	$(MAKE) test-python
 	$(MAKE) test-node
@@ -89,16 +92,18 @@ examples: deps servers
 			$(TARGET_DIR)/debug/libredis_rate_limiter.so || exit 1; \
 	done
 
-# The module's suites that run on a server (every tests/*.rs but the two that need none), on each
-# server of SERVERS in turn: `make test-servers SERVERS=valkey-9.1`.
+# The module's suites that run on a server (every tests/*.rs but those that need none), and the
+# Rust client's suites of the same names, on each server of SERVERS in turn:
+# `make test-servers SERVERS=valkey-9.1`.
 SERVERS ?= $(MATRIX)
 SERVERLESS_TESTS := lua_differential lua_blocks layers bounds
 SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS),$(basename $(notdir $(wildcard tests/*.rs))))
+CLIENT_ONLY_TESTS := $(filter-out $(SERVER_TESTS),$(basename $(notdir $(wildcard clients/rust/tests/*.rs))))
 
 test-servers: servers
 	@for s in $(SERVERS); do \
 		echo "== $$s: $$($(SERVERS_DIR)/$$s/server --version)"; \
-		RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server $(CARGO) test -p redis-rate-limiter \
+		RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server $(CARGO) test --workspace \
 			$(addprefix --test ,$(SERVER_TESTS)) || exit 1; \
 	done
 
@@ -133,7 +138,8 @@ failover: servers
 		FAILOVER_LAG_MS=$(FAILOVER_LAG_MS) $(CARGO) test -p ratelimit-client --test failover -- --nocapture
 
 # The container backend of the tests (`--features containers`) runs only where a Docker engine
-# is; compiling it here keeps it from rotting.
+# is; compiling it keeps it from rotting. `make lint` compiles it too (clippy); `make test` does
+# not, as checking every dependency again with that feature takes about 7 minutes of CI.
 check-containers: deps
 	$(CARGO) check --tests --features containers
 
@@ -294,12 +300,13 @@ $(PY_READY): $(PY_DIR)/requirements/dev.txt $(PY_DIR)/requirements/runtime.txt
 python-lua:
 	$(PYTHON3) $(PY_DIR)/tools/sync_lua.py
 
-test-python: build servers $(PY_READY)
+test-python: servers $(PY_READY)
+	$(CARGO) build -p redis-rate-limiter
 	cd $(PY_DIR) && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
 	@for s in $(MATRIX); do \
 		echo "== Python suite on $$s"; \
 		if [ $$s = redis-7.0 ]; then set -- ; frameworks=all; else set -- -m "not heavy"; frameworks=; fi; \
-		(cd $(PY_DIR) && RL_MODULE=$(CURDIR)/$(MODULE) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
+		(cd $(PY_DIR) && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
 			RL_PY_FRAMEWORKS=$$frameworks .venv/bin/pytest -q "$$@") || exit 1; \
 	done
 
@@ -327,7 +334,7 @@ NODE_ONCE := build/tests/bundle.test.js build/tests/client.test.js build/tests/r
 	build/tests/pack.test.js tests/native.test.mjs
 NODE_LTS_TESTS := build/tests/conformance.test.js build/tests/client.test.js \
 	build/tests/store.test.js build/tests/http.test.js tests/native.test.mjs
-NODE_ON = cd $(NODE_DIR) && RL_MODULE=$(abspath $(MODULE)) RL_REDIS_SERVER=$(SERVERS_DIR)/$(1)/server
+NODE_ON = cd $(NODE_DIR) && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$(1)/server
 
 .PHONY: node-deps node-lts test-node dist-node
 
@@ -339,7 +346,8 @@ node-deps:
 node-lts:
 	cd $(NODE_DIR)/tests/lts && npm ci --no-audit --no-fund --loglevel=error
 
-test-node: build servers node-deps node-lts
+test-node: servers node-deps node-lts
+	$(CARGO) build -p redis-rate-limiter
 	cd $(NODE_DIR) && node scripts/build.mjs test && node_modules/.bin/tsc -p tsconfig.json
 	@for s in $(MATRIX); do \
 		echo "== Node $$(node --version) on $$s"; \

