@@ -29,12 +29,15 @@ pub fn replication_field(server: &Server, name: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// `master` or `slave`.
-pub fn role(server: &Server) -> String {
-    let r: Vec<redis::Value> = redis::cmd("ROLE").query(&mut server.connect()).unwrap();
+/// `master` or `slave`; `None` when the server did not answer (a Sentinel reconfiguring it
+/// closes its client connections, the one asking included).
+pub fn role(server: &Server) -> Option<String> {
+    let r: Vec<redis::Value> = redis::cmd("ROLE")
+        .query(&mut server.try_connect().ok()?)
+        .ok()?;
     match r.first() {
-        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        other => panic!("ROLE: {other:?}"),
+        Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
     }
 }
 
