@@ -437,28 +437,30 @@ where
             .map_or_else(DurabilityStats::default, |l| l.stats())
     }
 
-    /// What an admission fewer replicas acknowledged becomes; `Err`: the failure policy
-    /// answers it.
-    fn short_ack(
-        &self,
-        lane: &Lane,
-        d: &mut Decision,
-        granted: &mut u64,
-    ) -> Result<(), RedisError> {
+    /// The durable lane, for a call that may write (a cost above 0, a partial grant, a lease).
+    fn lane_for(&self, take: Take, lease: Option<&str>) -> Option<&Lane> {
+        let writes = take != Take::Cost(0) || lease.is_some();
+        self.durable.as_deref().filter(|_| writes)
+    }
+
+    /// Whether an admission fewer replicas acknowledged is denied (`ShortAck::Deny`) rather
+    /// than admitted; `Err`: the failure policy answers it.
+    fn short_ack_denies(lane: &Lane) -> Result<bool, RedisError> {
         match lane.durability.short {
-            ShortAck::Admit => Ok(()),
-            ShortAck::Deny => {
-                d.allowed = false;
-                d.retry_after_ms =
-                    i64::try_from(self.inner.options.fail_closed_retry_ms).unwrap_or(i64::MAX);
-                *granted = 0;
-                Ok(())
-            }
+            ShortAck::Admit => Ok(false),
+            ShortAck::Deny => Ok(true),
             ShortAck::FailurePolicy => Err(RedisError::from((
                 redis::ErrorKind::Io,
                 "fewer replicas acknowledged the write than asked",
             ))),
         }
+    }
+
+    /// `d` turned into the refusal of an admission the replicas did not acknowledge.
+    fn refuse(&self, d: &mut Decision) {
+        d.allowed = false;
+        d.retry_after_ms =
+            i64::try_from(self.inner.options.fail_closed_retry_ms).unwrap_or(i64::MAX);
     }
 
     /// This client (and the clones made from it afterwards) taking leased batches for hot keys,
@@ -636,13 +638,13 @@ where
         take: Take,
         lease: Option<&str>,
     ) -> Result<(Decision, u64, Mode), RedisError> {
-        let writes = take != Take::Cost(0) || lease.is_some();
-        if let Some(lane) = self.durable.as_ref().filter(|_| writes) {
+        if let Some(lane) = self.lane_for(take, lease) {
             let mut conn = lane.take().await?;
             let (mut d, mut granted, mode) =
                 self.send_one(&mut conn, key, algo, take, lease).await?;
-            if d.allowed && !lane.acknowledged(&mut conn).await? {
-                self.short_ack(lane, &mut d, &mut granted)?;
+            if d.allowed && !lane.acknowledged(&mut conn).await? && Self::short_ack_denies(lane)? {
+                self.refuse(&mut d);
+                granted = 0;
             }
             lane.put(conn);
             return Ok((d, granted, mode));
@@ -739,21 +741,13 @@ where
         take: Take,
         lease: Option<&str>,
     ) -> Result<(Multi, Mode), RedisError> {
-        let writes = take != Take::Cost(0) || lease.is_some();
-        if let Some(lane) = self.durable.as_ref().filter(|_| writes) {
+        if let Some(lane) = self.lane_for(take, lease) {
             let mut conn = lane.take().await?;
             let (mut m, mode) = self.send_all(&mut conn, limits, take, lease).await?;
-            if m.0 && !lane.acknowledged(&mut conn).await? {
+            if m.0 && !lane.acknowledged(&mut conn).await? && Self::short_ack_denies(lane)? {
                 // Denied as by the first limit, every limit answering the same refusal.
-                let mut granted = m.3;
-                for d in &mut m.2 {
-                    let mut g = granted;
-                    self.short_ack(lane, d, &mut g)?;
-                    granted = g;
-                }
-                if lane.durability.short == ShortAck::Deny {
-                    m = (false, 1, m.2, 0);
-                }
+                m.2.iter_mut().for_each(|d| self.refuse(d));
+                (m.0, m.1, m.3) = (false, 1, 0);
             }
             lane.put(conn);
             return Ok((m, mode));

@@ -101,11 +101,6 @@ impl SentinelConnection {
 
     /// A new connection to the master the Sentinels name now, checked with `ROLE`.
     pub(crate) async fn open_master(&self) -> redis::RedisResult<MultiplexedConnection> {
-        self.resolve().await
-    }
-
-    /// A connection to the master, checked with `ROLE`.
-    async fn resolve(&self) -> redis::RedisResult<MultiplexedConnection> {
         let (host, port) = self.master_address().await?;
         let client = redis::Client::open(format!("redis://{host}:{port}"))?;
         let mut c = client
@@ -125,7 +120,7 @@ impl SentinelConnection {
         if let Some(c) = &cur.1 {
             return Ok((cur.0, c.clone()));
         }
-        let c = self.resolve().await?;
+        let c = self.open_master().await?;
         cur.0 += 1;
         cur.1 = Some(c.clone());
         Ok((cur.0, c))
