@@ -22,8 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::replicas::{MASTER, Sentinel, caught_up, signal, wait_for};
-use common::{Opts, Server};
+use common::replicas::{MASTER, Sentinel, master, replica_of, signal};
 use ratelimit_client::{
     Algorithm, Client, Durability, FailurePolicy, ModeChoice, Options, ShortAck,
 };
@@ -156,38 +155,9 @@ struct Round {
 }
 
 async fn round(durable: bool, freeze: bool, lag: Duration) -> Round {
-    let module = Opts {
-        module: true,
-        ..Opts::default()
-    };
-    let mut master = Server::start_with(module, &["--repl-diskless-sync-delay", "0"]);
+    let mut master = master();
     let (proxy, accepting) = lagging_proxy(master.port, lag).await;
-    let proxy = proxy.to_string();
-    let replica = Server::start_with(
-        module,
-        &[
-            "--replicaof",
-            "127.0.0.1",
-            &proxy,
-            "--repl-diskless-sync-delay",
-            "0",
-        ],
-    );
-    wait_for("the master to count the replica online", || {
-        redis::cmd("INFO")
-            .arg("replication")
-            .query::<String>(&mut master.connect())
-            .is_ok_and(|i| i.contains("state=online"))
-    });
-    // Online is not streaming yet: after a diskless sync the master holds the stream back until
-    // the replica's first acknowledgement (up to a second later). A write that reaches the
-    // replica shows it flows.
-    let _: () = redis::cmd("SET")
-        .arg("warm-up")
-        .arg(1)
-        .query(&mut master.connect())
-        .unwrap();
-    caught_up(&master, &replica);
+    let replica = replica_of(&master, proxy);
     let sentinel = Sentinel::start(master.port);
     let options = Options {
         timeout: Duration::from_millis(500),

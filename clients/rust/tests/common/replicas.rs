@@ -58,16 +58,26 @@ pub fn caught_up(master: &Server, replica: &Server) {
     });
 }
 
-/// A master and one replica, both with the module, in sync.
-pub fn pair() -> (Server, Server) {
-    let module = Opts {
-        module: true,
-        ..Opts::default()
-    };
-    let master = Server::start_with(module, &["--repl-diskless-sync-delay", "0"]);
-    let port = master.port.to_string();
+/// A master with the module, ready for replicas (no delay before a diskless sync).
+pub fn master() -> Server {
+    Server::start_with(
+        Opts {
+            module: true,
+            ..Opts::default()
+        },
+        &["--repl-diskless-sync-delay", "0"],
+    )
+}
+
+/// A replica with the module of `master`, reaching it at `upstream_port` (the master's, or a
+/// proxy's in front of it), in sync and streaming.
+pub fn replica_of(master: &Server, upstream_port: u16) -> Server {
+    let port = upstream_port.to_string();
     let replica = Server::start_with(
-        module,
+        Opts {
+            module: true,
+            ..Opts::default()
+        },
         &[
             "--replicaof",
             "127.0.0.1",
@@ -96,7 +106,14 @@ pub fn pair() -> (Server, Server) {
         .arg(1)
         .query(&mut master.connect())
         .unwrap();
-    caught_up(&master, &replica);
+    caught_up(master, &replica);
+    replica
+}
+
+/// A master and one replica, both with the module, in sync.
+pub fn pair() -> (Server, Server) {
+    let master = master();
+    let replica = replica_of(&master, master.port);
     (master, replica)
 }
 
