@@ -561,40 +561,35 @@ fn redis_exporter_exports_the_counters_and_the_top_keys() {
     }
 }
 
+/// `promtool <verb> rules <file>`, which must succeed: its output.
+fn run_promtool(promtool: &Path, verb: &str, file: &Path) -> String {
+    let out = Command::new(promtool)
+        .args([verb, "rules"])
+        .arg(file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     let Some(promtool) = on_path("promtool") else {
         eprintln!("skipped: promtool is not installed (make deps installs Debian's prometheus)");
         return;
     };
-    let rules = monitoring_dir().join("alerts.yml");
-    let out = Command::new(&promtool)
-        .args(["check", "rules"])
-        .arg(&rules)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_promtool(&promtool, "check", &monitoring_dir().join("alerts.yml"));
     assert!(stdout.contains("SUCCESS: 5 rules found"), "{stdout}");
 
     // Each alert fires, with its labels and annotations, on the series the unit tests feed it,
     // and not on their neighbours (a denied key named like a counter among them).
     let tests = monitoring_dir().join("alerts_test.yml");
-    let out = Command::new(&promtool)
-        .args(["test", "rules"])
-        .arg(&tests)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_promtool(&promtool, "test", &tests);
     assert_eq!(
         stdout.lines().map(str::trim).collect::<Vec<_>>(),
         [
