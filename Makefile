@@ -124,12 +124,13 @@ demo: deps
 	REDIS_URL=redis://127.0.0.1:$(DEMO_REDIS_PORT) LISTEN=127.0.0.1:$(DEMO_PORT) \
 		$(TARGET_DIR)/release/ratelimit-demo
 
-# The failover bench (clients/rust/tests/failover.rs): Sentinel failovers of a master killed
-# with SIGKILL or frozen with SIGSTOP while every algorithm and RL.ALL take units through the Rust
-# client, its replica fed through a proxy that delays replication by FAILOVER_LAG_MS; the
-# over-admission against an exact ledger, with and without durable admissions (WAIT),
-# FAILOVER_ROUNDS rounds of each. The client's suites run it with 2 rounds (make test); this
-# prints the table of 20 (about 6 minutes).
+# The failover bench (clients/rust/tests/failover.rs): failovers by Sentinel and by Redis
+# Cluster (CLUSTER FAILOVER FORCE) of a master killed with SIGKILL or frozen with SIGSTOP while
+# every algorithm, RL.ALL, leases and reservations take units through the Rust client, its
+# replica fed through a proxy that delays replication by FAILOVER_LAG_MS; the over-admission
+# against an exact ledger, with and without durable admissions (WAIT), FAILOVER_ROUNDS rounds of
+# each. The client's suites run it with 1 round of each row (make test); this prints the table of 20
+# (about 12 minutes). FAILOVER_SETUP=sentinel or cluster runs one setup.
 FAILOVER_ROUNDS ?= 20
 FAILOVER_LAG_MS ?= 10
 failover: servers

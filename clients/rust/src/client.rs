@@ -8,11 +8,13 @@ use std::sync::{Arc, LazyLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
+use redis::cluster::ClusterClient;
 use redis::{RedisError, Script, Value};
 
 use crate::algorithm::{Algorithm, Concurrency};
 use crate::batch::{BatchStats, Batches, Batching, Server, Step, signature};
 use crate::breaker::Breaker;
+use crate::cluster::FollowingClusterConnection;
 use crate::deny::DenyCache;
 use crate::durable::{Lane, Origin};
 use crate::local::{LocalLeases, LocalLimiter};
@@ -167,6 +169,28 @@ impl Client<redis::aio::ConnectionManager> {
         let client = Client::connect(url, options)?;
         client.detect().await;
         Ok(client)
+    }
+}
+
+impl Client<FollowingClusterConnection> {
+    /// A client for the Redis Cluster whose nodes include `urls` (`redis://host:port` each):
+    /// keys are routed by slot, and the routing follows `MOVED` and a failover, even of a master
+    /// that froze (see [`FollowingClusterConnection`]); several keys in one call need a common
+    /// hash tag. The client's timeout bounds each call; connects at once.
+    pub async fn cluster(urls: &[&str], options: Options) -> Result<Self, Error> {
+        let client = ClusterClient::builder(urls.iter().copied())
+            .connection_timeout(options.timeout)
+            .response_timeout(options.timeout)
+            .build()
+            .map_err(Error::Config)?;
+        let conn = FollowingClusterConnection::new(client.clone())
+            .await
+            .map_err(Error::Config)?;
+        Ok(Client::with_origin(
+            conn,
+            options,
+            Some(Origin::Cluster(Box::new(client))),
+        ))
     }
 }
 
@@ -404,15 +428,16 @@ where
     /// replicas acknowledged: every call that may write (a cost above 0, a partial grant, a
     /// lease) runs on a connection of its own followed by `WAIT replicas timeout`, and an
     /// admission fewer replicas acknowledged in time becomes what [`ShortAck`] says. Denials
-    /// are answered at once. For a client made by [`Client::connect`] or [`Client::sentinel`]
-    /// (the lane opens its connections to the same URL, or to the master the Sentinels name);
+    /// are answered at once. For a client made by [`Client::connect`], [`Client::sentinel`] or
+    /// [`Client::cluster`] (the lane opens its connections to the same URL, to the master the
+    /// Sentinels name, or to the cluster, where `WAIT` goes to the key's master);
     /// `durability.timeout` must be below the client's timeout, which bounds the call and the
     /// `WAIT` together. See docs/reliability.md for what `WAIT`
     /// does not promise.
     pub fn with_durability(mut self, durability: Durability) -> Result<Self, Error> {
         let Some(origin) = self.inner.origin.clone() else {
             return Err(Error::Unsupported(
-                "durable admissions need a client made by Client::connect or Client::sentinel",
+                "durable admissions need a client made by Client::connect, Client::sentinel or Client::cluster",
             ));
         };
         if durability.replicas == 0 {
@@ -642,7 +667,10 @@ where
             let mut conn = lane.take().await?;
             let (mut d, mut granted, mode) =
                 self.send_one(&mut conn, key, algo, take, lease).await?;
-            if d.allowed && !lane.acknowledged(&mut conn).await? && Self::short_ack_denies(lane)? {
+            if d.allowed
+                && !lane.acknowledged(&mut conn, key).await?
+                && Self::short_ack_denies(lane)?
+            {
                 self.refuse(&mut d);
                 granted = 0;
             }
@@ -744,7 +772,8 @@ where
         if let Some(lane) = self.lane_for(take, lease) {
             let mut conn = lane.take().await?;
             let (mut m, mode) = self.send_all(&mut conn, limits, take, lease).await?;
-            if m.0 && !lane.acknowledged(&mut conn).await? && Self::short_ack_denies(lane)? {
+            let first = limits.first().map_or("", |(k, _)| k.as_str());
+            if m.0 && !lane.acknowledged(&mut conn, first).await? && Self::short_ack_denies(lane)? {
                 // Denied as by the first limit, every limit answering the same refusal.
                 m.2.iter_mut().for_each(|d| self.refuse(d));
                 (m.0, m.1, m.3) = (false, 1, 0);

@@ -13,7 +13,8 @@
 //!   partial grant; [`Client::with_deny_cache`]: denials repeated in the process until their
 //!   `retry_after_ms` has passed.
 //! - [`Client::sentinel`]: a client that follows the master a set of Sentinels name across
-//!   failovers ([`SentinelConnection`]).
+//!   failovers ([`SentinelConnection`]); [`Client::cluster`]: a Redis Cluster client that
+//!   follows redirections and failovers ([`FollowingClusterConnection`]).
 //! - [`Client::with_durability`]: admissions acknowledged by replicas (`WAIT`) before they admit.
 //! - [`Client::top`]: the keys with the most denials on the server (`RL.TOP`, module only).
 //! - [`middleware`]: HTTP rate limiting with the standard response headers, and shadow policies
@@ -23,6 +24,7 @@ mod algorithm;
 mod batch;
 mod breaker;
 mod client;
+mod cluster;
 mod deny;
 mod durable;
 mod lease;
@@ -38,6 +40,7 @@ pub use algorithm::{Algorithm, Concurrency};
 pub use batch::{BatchStats, Batching};
 pub use breaker::BreakerConfig;
 pub use client::{Client, Limiter};
+pub use cluster::FollowingClusterConnection;
 pub use lease::{Lease, LeaseOutcome, MultiLeaseOutcome};
 pub use reservation::{MultiReservationOutcome, Reservation, ReservationOutcome};
 pub use sentinel::SentinelConnection;

@@ -67,6 +67,11 @@ pub struct Durability {
     pub timeout: std::time::Duration,
     /// What an admission that fewer replicas acknowledged becomes.
     pub short: ShortAck,
+    /// Whether the replicas must have the write in their append-only file too (`WAITAOF 0
+    /// replicas timeout`: fsynced, so a replica that restarts keeps it), not only in memory.
+    /// Replicas without `appendonly yes` never acknowledge it. A server without `WAITAOF`
+    /// (before Redis 7.2) gets `WAIT`.
+    pub aof: bool,
 }
 
 /// What a durable client does with an admission fewer replicas acknowledged than it asked.

@@ -4,24 +4,12 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{Opts, Server};
+use common::{Opts, Server, cluster_port};
 use ratelimit_client::{Algorithm, Client, Concurrency, Mode, ModeChoice, Options};
-
-/// A port whose cluster bus port (+10000) is free too.
-fn cluster_port() -> u16 {
-    loop {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        if p < 55_000 && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
-            return p;
-        }
-    }
-}
 
 struct Cluster {
     nodes: Vec<Server>,

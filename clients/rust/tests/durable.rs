@@ -2,14 +2,17 @@
 //! replica (`WAIT`) before it admits. A replica frozen with SIGSTOP acknowledges nothing: each
 //! short acknowledgement becomes what `ShortAck` says. Then a failover to a replica that fell
 //! behind: what the plain client admitted is admitted again by the new master, what the durable
-//! client admitted is not.
+//! client admitted is not. With `aof`, the replicas' append-only files must have the write
+//! (`WAITAOF`), where the server has the command.
 
 mod common;
 
 use std::time::Duration;
 
 use common::Server;
-use common::replicas::{caught_up, pair, replication_field, signal, wait_for};
+use common::replicas::{
+    caught_up, master, pair, replica_with, replication_field, signal, wait_for,
+};
 use ratelimit_client::{
     Algorithm, Client, Degraded, Durability, DurabilityStats, Error, FailurePolicy, Limiter,
     ModeChoice, Options, ShortAck,
@@ -38,6 +41,7 @@ fn durable(server: &Server, short: ShortAck) -> Client<redis::aio::ConnectionMan
             replicas: 1,
             timeout: Duration::from_millis(300),
             short,
+            aof: false,
         })
         .unwrap()
 }
@@ -105,6 +109,7 @@ async fn admissions_wait_for_the_replica_and_a_frozen_one_is_short() {
             replicas: 1,
             timeout: Duration::from_millis(1000),
             short: ShortAck::Deny,
+            aof: false,
         });
     assert!(matches!(too_long, Err(Error::Unsupported(_))));
 }
@@ -169,4 +174,80 @@ async fn a_failover_to_a_lagging_replica_admits_again_only_what_was_not_durable(
         "over-admission after the failover: plain, durable"
     );
     assert_eq!(durable.durability_stats().short, 4);
+}
+
+#[tokio::test]
+async fn aof_admissions_wait_for_the_append_only_files_where_the_server_has_waitaof() {
+    // Two replicas: one writes an append-only file (fsynced on every write), one does not.
+    let master = master();
+    let with_aof = replica_with(
+        &master,
+        master.port,
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
+    // After its full sync a replica rewrites its file, and acknowledges nothing fsynced until
+    // that is done.
+    wait_for("the replica's append-only file", || {
+        redis::cmd("INFO")
+            .arg("persistence")
+            .query::<String>(&mut with_aof.connect())
+            .is_ok_and(|i| {
+                [
+                    "aof_enabled:1",
+                    "aof_rewrite_in_progress:0",
+                    "aof_rewrite_scheduled:0",
+                ]
+                .iter()
+                .all(|f| i.contains(f))
+            })
+    });
+    let _without = replica_with(&master, master.port, &[]);
+    let waitaof: redis::Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("WAITAOF")
+        .query(&mut master.connect())
+        .unwrap();
+    let has_waitaof =
+        matches!(&waitaof, redis::Value::Array(a) if a.first() != Some(&redis::Value::Nil));
+    let aof = |replicas| {
+        Client::connect(&master.url(), options())
+            .unwrap()
+            .with_durability(Durability {
+                replicas,
+                timeout: Duration::from_millis(300),
+                short: ShortAck::Deny,
+                aof: true,
+            })
+            .unwrap()
+    };
+    // One replica's file has it: admitted, by WAITAOF or (before 7.2) WAIT.
+    let one = aof(1);
+    let o = one.check("one", &bucket(), 1).await.unwrap();
+    assert!(o.decision.allowed && o.degraded.is_none(), "{o:?}");
+    assert_eq!(
+        one.durability_stats(),
+        DurabilityStats {
+            acknowledged: 1,
+            short: 0
+        }
+    );
+    // Both replicas' files: only one has a file, so WAITAOF falls short and the admission is
+    // denied; WAIT counts both replicas' memory and admits.
+    let two = aof(2);
+    let o = two.check("two", &bucket(), 1).await.unwrap();
+    assert_eq!(o.decision.allowed, !has_waitaof, "{o:?}");
+    assert_eq!(
+        two.durability_stats(),
+        if has_waitaof {
+            DurabilityStats {
+                acknowledged: 0,
+                short: 1,
+            }
+        } else {
+            DurabilityStats {
+                acknowledged: 1,
+                short: 0,
+            }
+        }
+    );
 }

@@ -3,17 +3,22 @@
 //! (`SENTINEL FAILOVER`) turns the old master into a replica: the call that meets it fails with
 //! `READONLY`, the next one reaches the new master. A master killed with SIGKILL: the calls are
 //! answered by the failure policy until the Sentinel has promoted the replica, then reach it.
+//! On a Redis Cluster (`Client::cluster`): a manual `CLUSTER FAILOVER` turns the master into a
+//! replica that answers `MOVED`, which the next call follows; a frozen master (SIGSTOP) answers
+//! nothing, and once its replica took over (`CLUSTER FAILOVER FORCE`) the calls reach it.
 //! Either way the new master carries on from the state replicated to it, to the token.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Server;
-use common::replicas::{MASTER, Sentinel, caught_up, pair, role, wait_for};
+use common::replicas::{
+    ClusterWithReplica, MASTER, Sentinel, caught_up, force_failover, pair, role, signal, wait_for,
+};
+use common::{Server, cluster_port};
 use ratelimit_client::{
-    Algorithm, Client, Degraded, Error, FailurePolicy, Limiter, ModeChoice, Options,
-    SentinelConnection,
+    Algorithm, Client, Degraded, Error, FailurePolicy, FollowingClusterConnection, Limiter,
+    ModeChoice, Options, SentinelConnection,
 };
 
 fn bucket() -> Algorithm {
@@ -160,4 +165,67 @@ async fn a_master_turned_replica_answers_readonly_and_the_next_call_asks_the_sen
     assert!(o.decision.allowed && o.degraded.is_none(), "{o:?}");
     assert_eq!(o.decision.remaining, 6);
     assert!(!client.breaker_open());
+}
+
+/// A cluster whose first master has a replica, a client of it, and three tokens of ten taken
+/// from a key of that master, the replica caught up with them.
+async fn cluster_spent_three() -> (ClusterWithReplica, Client<FollowingClusterConnection>) {
+    let port = cluster_port();
+    let cluster = ClusterWithReplica::start(port, port);
+    let urls = cluster.urls(port);
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = Client::cluster(&urls, options()).await.unwrap();
+    for left in [9, 8, 7] {
+        let o = client.check("k", &bucket(), 1).await.unwrap();
+        assert!(o.decision.allowed && o.degraded.is_none(), "{o:?}");
+        assert_eq!(o.decision.remaining, left);
+    }
+    caught_up(&cluster.master, &cluster.replica);
+    (cluster, client)
+}
+
+/// The next calls on `k`: the one that meets the failover may be answered by the policy, then
+/// the new master answers from where the old one was.
+async fn carries_on(client: &Client<FollowingClusterConnection>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let o = loop {
+        let o = client.check("k", &bucket(), 1).await.unwrap();
+        if o.degraded.is_none() {
+            break o;
+        }
+        assert_eq!(o.degraded, Some(Degraded::FailClosed));
+        assert!(
+            Instant::now() < deadline,
+            "the client never reached the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(o.decision.allowed, "{o:?}");
+    assert_eq!(o.decision.remaining, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_is_followed_through_moved() {
+    let (cluster, client) = cluster_spent_three().await;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query(&mut cluster.replica.connect())
+        .unwrap();
+    wait_for("the replica to take over", || {
+        role(&cluster.replica).as_deref() == Some("master")
+            && role(&cluster.master).as_deref() == Some("slave")
+    });
+    // The old master, a replica now, redirects: the first call follows the MOVED itself.
+    let o = client.check("k", &bucket(), 1).await.unwrap();
+    assert!(o.degraded.is_none(), "{o:?}");
+    assert_eq!(o.decision.remaining, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_cluster_master_is_followed_once_its_replica_took_over() {
+    let (cluster, client) = cluster_spent_three().await;
+    signal(&cluster.master, "STOP");
+    force_failover(&cluster.replica);
+    carries_on(&client).await;
+    signal(&cluster.master, "CONT");
 }

@@ -44,6 +44,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free port whose cluster bus port (+10000) is free too.
+pub fn cluster_port() -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+        let p = l.local_addr().expect("free port").port();
+        if p < 55_000 && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
 #[derive(Clone, Copy, Default)]
 pub struct Opts {
     pub module: bool,

@@ -1,11 +1,12 @@
 //! Masters, replicas and Sentinels for the failover tests: a master and a replica with the
-//! module, in sync; a Sentinel (the same server binary run with `--sentinel`) watching them.
+//! module, in sync; a Sentinel (the same server binary run with `--sentinel`) watching them; a
+//! Redis Cluster whose first master has a replica.
 
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use super::{Opts, Server, free_port, server_binary};
+use super::{Opts, Server, cluster_port, free_port, server_binary};
 
 /// The name the Sentinels know the master by.
 pub const MASTER: &str = "rl";
@@ -72,19 +73,26 @@ pub fn master() -> Server {
 /// A replica with the module of `master`, reaching it at `upstream_port` (the master's, or a
 /// proxy's in front of it), in sync and streaming.
 pub fn replica_of(master: &Server, upstream_port: u16) -> Server {
+    replica_with(master, upstream_port, &[])
+}
+
+/// [`replica_of`] with more arguments for the replica (`--appendonly yes`...).
+pub fn replica_with(master: &Server, upstream_port: u16, extra: &[&str]) -> Server {
     let port = upstream_port.to_string();
+    let mut args = vec![
+        "--replicaof",
+        "127.0.0.1",
+        &port,
+        "--repl-diskless-sync-delay",
+        "0",
+    ];
+    args.extend_from_slice(extra);
     let replica = Server::start_with(
         Opts {
             module: true,
             ..Opts::default()
         },
-        &[
-            "--replicaof",
-            "127.0.0.1",
-            &port,
-            "--repl-diskless-sync-delay",
-            "0",
-        ],
+        &args,
     );
     wait_for("the replica to sync", || {
         redis::cmd("INFO")
@@ -205,4 +213,142 @@ impl Drop for Sentinel {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A Redis Cluster of three masters with the module: the first holds slots 0 to 16381 (every
+/// key the tests use but a few) and has a replica; the other two hold one slot each, so that
+/// they vote when the replica asks to take over (`CLUSTER FAILOVER FORCE`).
+pub struct ClusterWithReplica {
+    pub master: Server,
+    pub replica: Server,
+    pub voters: Vec<Server>,
+}
+
+/// The slots of the cluster's first master.
+pub const MASTER_SLOTS: u16 = 16382;
+
+fn cluster_cmd(server: &Server, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut c = redis::cmd("CLUSTER");
+    for a in args {
+        c.arg(*a);
+    }
+    c.query(&mut server.try_connect()?)
+}
+
+impl ClusterWithReplica {
+    /// The master listens on `master_port`; the cluster and its clients reach it at
+    /// `announced_port` (its own, or a proxy's in front of it), and so does its replica.
+    pub fn start(master_port: u16, announced_port: u16) -> ClusterWithReplica {
+        let node = |port: u16, extra: &[&str]| {
+            Server::start_with(
+                Opts {
+                    module: true,
+                    cluster: true,
+                    port: Some(port),
+                    ..Opts::default()
+                },
+                extra,
+            )
+        };
+        let announced = announced_port.to_string();
+        let bus = (master_port + 10_000).to_string();
+        let master = node(
+            master_port,
+            &[
+                "--cluster-announce-port",
+                &announced,
+                "--cluster-announce-bus-port",
+                &bus,
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+        );
+        let voters: Vec<Server> = (0..2).map(|_| node(cluster_port(), &[])).collect();
+        let replica = node(cluster_port(), &["--repl-diskless-sync-delay", "0"]);
+        let last = (MASTER_SLOTS - 1).to_string();
+        cluster_cmd(&master, &["ADDSLOTSRANGE", "0", &last]).unwrap();
+        for (i, v) in voters.iter().enumerate() {
+            let slot = (MASTER_SLOTS + i as u16).to_string();
+            cluster_cmd(v, &["ADDSLOTS", &slot]).unwrap();
+        }
+        for other in voters.iter().chain([&replica]) {
+            cluster_cmd(&master, &["MEET", "127.0.0.1", &other.port.to_string()]).unwrap();
+        }
+        let id = |s: &Server| -> String {
+            redis::from_redis_value(cluster_cmd(s, &["MYID"]).unwrap()).unwrap()
+        };
+        let master_id = id(&master);
+        let all = [&master, &replica, &voters[0], &voters[1]];
+        wait_for("the cluster to form", || {
+            all.iter().all(|s| {
+                cluster_cmd(s, &["INFO"])
+                    .ok()
+                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                    .is_some_and(|i| {
+                        i.contains("cluster_state:ok") && i.contains("cluster_known_nodes:4")
+                    })
+            })
+        });
+        cluster_cmd(&replica, &["REPLICATE", &master_id]).unwrap();
+        let replica_id = id(&replica);
+        wait_for("every node to know the replica", || {
+            all.iter().all(|s| {
+                cluster_cmd(s, &["NODES"])
+                    .ok()
+                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                    .is_some_and(|nodes| {
+                        nodes.lines().any(|l| {
+                            l.starts_with(&replica_id)
+                                && l.contains("slave")
+                                && l.contains(&master_id)
+                        })
+                    })
+            })
+        });
+        wait_for("the replica to sync", || {
+            replication_info(&replica).is_some_and(|i| i.contains("master_link_status:up"))
+        });
+        wait_for("the master to count the replica online", || {
+            replication_info(&master).is_some_and(|i| i.contains("state=online"))
+        });
+        // A write in the master's slots that reaches the replica: the stream flows.
+        let _: () = redis::cmd("SET")
+            .arg("warm-up")
+            .arg(1)
+            .query(&mut master.connect())
+            .unwrap();
+        caught_up(&master, &replica);
+        ClusterWithReplica {
+            master,
+            replica,
+            voters,
+        }
+    }
+
+    /// The nodes a client starts from: the master's announced address, the others'.
+    pub fn urls(&self, announced_port: u16) -> Vec<String> {
+        std::iter::once(format!("redis://127.0.0.1:{announced_port}"))
+            .chain(
+                [&self.replica, &self.voters[0], &self.voters[1]]
+                    .iter()
+                    .map(|s| s.url()),
+            )
+            .collect()
+    }
+}
+
+/// `CLUSTER FAILOVER FORCE` on a cluster's `replica` (its master is dead or frozen: no
+/// handshake with it, the other masters vote), until it is a master.
+pub fn force_failover(replica: &Server) {
+    cluster_cmd(replica, &["FAILOVER", "FORCE"]).unwrap();
+    wait_for("the replica to take over", || {
+        role(replica).as_deref() == Some("master")
+    });
+}
+
+fn replication_info(server: &Server) -> Option<String> {
+    redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut server.try_connect().ok()?)
+        .ok()
 }
