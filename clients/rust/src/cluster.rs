@@ -48,10 +48,10 @@ fn unanswered(e: &RedisError) -> bool {
     e.code().is_none()
 }
 
-/// Drops the connection of `generation` unless disarmed: when the command fails without an
-/// answer, or when the caller stops waiting for it.
+/// Drops the connection of `generation` unless disarmed, and opens a new one: when the command
+/// fails without an answer, or when the caller stops waiting for it.
 struct Watch<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     generation: u64,
     armed: bool,
 }
@@ -62,9 +62,32 @@ impl Drop for Watch<'_> {
             let mut cur = self.shared.current();
             if cur.generation == self.generation {
                 cur.conn = None;
+                reopen(self.shared, &mut cur);
             }
         }
     }
+}
+
+/// Opens a new connection in the background, unless one is being opened (or there is no
+/// runtime to open it on: the next command does).
+fn reopen(shared: &Arc<Shared>, cur: &mut Current) {
+    if cur.opening {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    cur.opening = true;
+    let shared = shared.clone();
+    runtime.spawn(async move {
+        let opened = shared.client.get_async_connection().await;
+        let mut cur = shared.current();
+        cur.opening = false;
+        if let Ok(c) = opened {
+            cur.generation += 1;
+            cur.conn = Some(c);
+        }
+    });
 }
 
 impl Shared {
@@ -89,8 +112,9 @@ impl FollowingClusterConnection {
         })
     }
 
-    /// The current connection and a watch on it; without one, opens one in the background
-    /// (a frozen node among the seeds can hold that for the connection timeout) and fails.
+    /// The current connection and a watch on it; without one (the last failed to open), opens
+    /// one in the background (a frozen node among the seeds can hold that for the connection
+    /// timeout) and fails.
     fn connection(&self) -> redis::RedisResult<(Watch<'_>, ClusterConnection)> {
         let mut cur = self.shared.current();
         if let Some(c) = &cur.conn {
@@ -101,19 +125,7 @@ impl FollowingClusterConnection {
             };
             return Ok((watch, c.clone()));
         }
-        if !cur.opening {
-            cur.opening = true;
-            let shared = self.shared.clone();
-            tokio::spawn(async move {
-                let opened = shared.client.get_async_connection().await;
-                let mut cur = shared.current();
-                cur.opening = false;
-                if let Ok(c) = opened {
-                    cur.generation += 1;
-                    cur.conn = Some(c);
-                }
-            });
-        }
+        reopen(&self.shared, &mut cur);
         Err(RedisError::from((
             ErrorKind::Io,
             "reconnecting to the cluster (reading its slots again)",

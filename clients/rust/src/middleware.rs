@@ -408,20 +408,19 @@ fn ceil_secs(ms: u64) -> u64 {
 }
 
 fn header(v: String) -> HeaderValue {
-    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    // The string's buffer becomes the value's, without a copy.
+    HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 /// Policy names go into structured-field strings: keep them to safe characters.
-fn sf_string(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_graphic() && c != '"' && c != '\\' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+fn push_sf_string(out: &mut String, name: &str) {
+    out.extend(name.chars().map(|c| {
+        if c.is_ascii_graphic() && c != '"' && c != '\\' {
+            c
+        } else {
+            '_'
+        }
+    }));
 }
 
 /// The response fields for these policies and decisions. A concurrency limit's policy has the
@@ -432,37 +431,32 @@ pub fn rate_limit_headers(
     legacy: bool,
     headers: &mut HeaderMap,
 ) {
-    let policy = policies
-        .iter()
-        .zip(&outcome.decisions)
-        .map(|(p, d)| match p.algorithm {
-            Algorithm::Concurrency(_) => format!(
-                "\"{}\";q={};qu=\"concurrent-requests\"",
-                sf_string(&p.name),
-                d.limit
-            ),
-            _ => format!(
-                "\"{}\";q={};w={}",
-                sf_string(&p.name),
-                d.limit,
-                p.algorithm.window_secs()
-            ),
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let state = policies
-        .iter()
-        .zip(&outcome.decisions)
-        .map(|(p, d)| {
-            format!(
-                "\"{}\";r={};t={}",
-                sf_string(&p.name),
-                d.remaining,
-                ceil_secs(d.reset_after_ms)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    use std::fmt::Write;
+    // Each field written into one string (writing into a String cannot fail).
+    let mut policy = String::with_capacity(48 * policies.len());
+    let mut state = String::with_capacity(40 * policies.len());
+    for (i, (p, d)) in policies.iter().zip(&outcome.decisions).enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        policy.push('"');
+        push_sf_string(&mut policy, &p.name);
+        let _ = match p.algorithm {
+            Algorithm::Concurrency(_) => {
+                write!(policy, "\";q={};qu=\"concurrent-requests\"", d.limit)
+            }
+            _ => write!(policy, "\";q={};w={}", d.limit, p.algorithm.window_secs()),
+        };
+        state.push('"');
+        push_sf_string(&mut state, &p.name);
+        let _ = write!(
+            state,
+            "\";r={};t={}",
+            d.remaining,
+            ceil_secs(d.reset_after_ms)
+        );
+    }
     headers.insert("ratelimit-policy", header(policy));
     headers.insert("ratelimit", header(state));
     if legacy && let Some(d) = tightest(policies, outcome) {
@@ -675,8 +669,13 @@ where
                 })
                 .collect();
             let estimate = cfg.estimate(&class);
-            let (enforced, shadows): (Vec<usize>, Vec<usize>) =
-                (0..policies.len()).partition(|&i| !policies[i].shadow);
+            // Without shadow policies (the usual route) nothing to sort out.
+            let (enforced, shadows): (Vec<usize>, Vec<usize>) = if policies.iter().any(|p| p.shadow)
+            {
+                (0..policies.len()).partition(|&i| !policies[i].shadow)
+            } else {
+                (Vec::new(), Vec::new())
+            };
             // Without shadow policies (the usual route) the enforced ones are all of them.
             let (e_policies, e_limits): (Cow<[Policy]>, Cow<[Limit]>) = if shadows.is_empty() {
                 (Cow::Borrowed(&policies[..]), Cow::Borrowed(&limits[..]))
