@@ -23,9 +23,14 @@ Markdown table.
 With --top it measures only what tracking the most-denied keys (RL.TOP) adds to a denial:
 ratelimit.top-slots 128 against 0, on a hot key and on keys that all ran out first.
 
+With --breakdown it shows where RL.GCRA's instructions go on each path (admitted and denied on a
+hot key, a new key): inside the command's function, the instructions of every function it calls
+(inclusive, per call, from callgrind_annotate), the module API's and the server's by name, and
+the module's own code as what is left.
+
 Usage: python3 benches/callgrind.py [--module PATH] [--lua-dir DIR] [--server PATH]
                                     [--calls N] [--only SUBSTRING] [--top] [--proc] [--sim]
-                                    [--floor-module PATH]
+                                    [--floor-module PATH] [--breakdown]
 """
 
 from __future__ import annotations
@@ -84,10 +89,12 @@ def events_per_call(server: str, module: Path, setup: list[list[str]],
                     call: list[str], calls: int, random_keys: bool, collect: str = "call",
                     sim: bool = False, load_args: tuple[str, ...] = (),
                     keyspace: int = 100_000_000, prefill: int = 0,
-                    floor_module: Path | None = None) -> dict[str, float]:
+                    floor_module: Path | None = None,
+                    annotate: list[str] | None = None) -> dict[str, float]:
     """Runs `call` `calls` times (after `setup`, and after `prefill` untimed calls of the same
     command over the same keyspace) and returns callgrind's events per call (`Ir`, and with
-    `sim` the cache and branch events) inside the function `collect`."""
+    `sim` the cache and branch events) inside the function `collect`. With `annotate`, the
+    lines of `callgrind_annotate --inclusive=yes` over the run are appended to it."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         port = free_port()
@@ -132,6 +139,13 @@ def events_per_call(server: str, module: Path, setup: list[list[str]],
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if annotate is not None:
+            for inclusive in ("yes", "no"):
+                annotate.append(f"inclusive: {inclusive}")
+                annotate.extend(subprocess.run(
+                    ["callgrind_annotate", f"--inclusive={inclusive}", "--threshold=100",
+                     str(out)], capture_output=True, text=True, check=True).stdout.splitlines())
+            annotate.append(f"calls: {done}")
         names: list[str] = []
         totals: list[int] = []
         for line in out.read_text().splitlines():
@@ -163,6 +177,8 @@ def main() -> None:
                     help="also simulate caches and branches: I1 misses, mispredicted branches")
     ap.add_argument("--floor-module", type=Path,
                     help="benches/floor_module.c built: adds FLOOR.ADMIT and FLOOR.DENY")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only RL.GCRA's paths, function by function inside the command")
     a = ap.parse_args()
     module = a.module.resolve()
     floor_module = a.floor_module.resolve() if a.floor_module else None
@@ -183,6 +199,10 @@ def main() -> None:
                              collected(call), a.sim, floor_module=floor_module, **load)
         rows.append((label, case, ev))
         print(f"{label:32} {case:10} {ev['Ir']:10,.0f}", file=sys.stderr, flush=True)
+
+    if a.breakdown:
+        breakdown(a.server, module, dispatcher, a.calls)
+        return
 
     if a.top:
         # Denials with tracking on and off: a hot key (tracked, and the latest denied), and keys
@@ -235,6 +255,56 @@ def main() -> None:
         if a.sim:
             line += f" {ev['I1mr']:,.1f} | {ev['Bcm'] + ev['Bim']:,.1f} |"
         print(line)
+
+
+# One line of `callgrind_annotate --inclusive=yes`: "1,234 (12.3%)  file:function [object]".
+ANNOTATED = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(?:\S*?:)?(.+?)(?: \[(.*)\])?$")
+
+
+def breakdown(server: str, module: Path, dispatcher: str, calls: int) -> None:
+    """RL.GCRA's instructions per call on each path, by the functions the command's dispatcher
+    calls: each server function (the module API's `RM_*` and what they call) and each of the
+    module's that counts at least 1% of the path, inclusive of what it calls."""
+    paths = [
+        ("admitted, hot key", [["RL.GCRA", "hot", "1000", "500000", "1"]],
+         ["RL.GCRA", "hot", "1000", "500000", "1"], False),
+        ("denied, hot key", [["RL.GCRA", "hot", "0", "1", "1000"]],
+         ["RL.GCRA", "hot", "0", "1", "1000"], False),
+        ("new key", [], ["RL.GCRA", "k:__rand_int__", "100", "1", "1"], True),
+    ]
+    for label, setup, call, random_keys in paths:
+        lines: list[str] = []
+        ev = events_per_call(server, module, setup, call, calls, random_keys, dispatcher,
+                             annotate=lines)
+        done = int(lines[-1].split()[1])
+        rows = []
+        own = 0.0
+        inclusive = True
+        for line in lines:
+            if line.startswith("inclusive: "):
+                inclusive = line.endswith("yes")
+            m = ANNOTATED.match(line)
+            if not m or m.group(2).strip() == "PROGRAM TOTALS":
+                continue
+            ir = int(m.group(1).replace(",", "")) / done
+            name, obj = m.group(2).strip(), (m.group(3) or "")
+            if not inclusive:
+                if "libredis_rate_limiter" in obj:
+                    own += ir
+                continue
+            # The callers above the dispatcher count all of it; addresses without a name help
+            # nobody.
+            above = ir >= ev["Ir"] * 0.9995 and name != dispatcher
+            if ir >= ev["Ir"] * 0.01 and not above and not name.startswith("0x"):
+                where = "module" if "libredis_rate_limiter" in obj else "server"
+                rows.append((ir, name, where))
+        print(f"\n{label}: {ev['Ir']:,.0f} instructions per call in {dispatcher}: "
+              f"{own:,.0f} in the module's own code, {ev['Ir'] - own:,.0f} in the server's "
+              f"(the module API and what it calls)\n")
+        print("| function (inclusive of what it calls) | in | instructions per call | share |")
+        print("|---|---|---:|---:|")
+        for ir, name, where in rows:
+            print(f"| `{name[:90]}` | {where} | {ir:,.0f} | {100 * ir / ev['Ir']:.1f}% |")
 
 
 if __name__ == "__main__":

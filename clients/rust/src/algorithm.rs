@@ -135,7 +135,10 @@ impl Algorithm {
     /// writes them, without allocating each).
     ///
     /// [`params`]: Algorithm::params
-    pub(crate) fn write_params(&self, out: &mut String) {
+    /// The parameters as they identify the limit in the client's tables (a batch's, a
+    /// denial's): integers in decimal, each `f64` by its bits in hex (exact as the decimal
+    /// form, without formatting a float on every call).
+    pub(crate) fn write_identity(&self, out: &mut String) {
         use std::fmt::Write;
         // Writing into a String cannot fail.
         let _ = match *self {
@@ -146,16 +149,22 @@ impl Algorithm {
             | Algorithm::LeakyBucket {
                 capacity,
                 leak_per_sec: r,
-            } => write!(out, " {capacity} {r}"),
+            } => write!(out, " {capacity} {:x}", r.to_bits()),
             Algorithm::FixedWindow { limit, window_sec }
             | Algorithm::SlidingWindow { limit, window_sec }
-            | Algorithm::SlidingLog { limit, window_sec } => write!(out, " {limit} {window_sec}"),
+            | Algorithm::SlidingLog { limit, window_sec } => {
+                write!(out, " {limit} {:x}", window_sec.to_bits())
+            }
             Algorithm::Gcra {
                 max_burst,
                 count_per_period,
                 period_sec,
-            } => write!(out, " {max_burst} {count_per_period} {period_sec}"),
-            Algorithm::Concurrency(c) => write!(out, " {} {}", c.limit, c.lease_sec),
+            } => write!(
+                out,
+                " {max_burst} {count_per_period} {:x}",
+                period_sec.to_bits()
+            ),
+            Algorithm::Concurrency(c) => write!(out, " {} {:x}", c.limit, c.lease_sec.to_bits()),
         };
     }
 
@@ -218,8 +227,8 @@ mod tests {
         };
         assert_eq!(a.params(), vec!["10".to_string(), "0.0000001".to_string()]);
         let mut written = String::new();
-        a.write_params(&mut written);
-        assert_eq!(written, " 10 0.0000001");
+        a.write_identity(&mut written);
+        assert_eq!(written, format!(" 10 {:x}", 0.0000001f64.to_bits()));
         assert_eq!(a.keyword(), "TOKENBUCKET");
         let g = Algorithm::Gcra {
             max_burst: 4,

@@ -854,7 +854,7 @@ pub(crate) fn signature(limits: &[(String, Algorithm)]) -> String {
     for (k, a) in limits {
         // Writing into a String cannot fail.
         let _ = write!(s, "{}:{k} {}", k.len(), a.keyword());
-        a.write_params(&mut s);
+        a.write_identity(&mut s);
         s.push('\n');
     }
     s

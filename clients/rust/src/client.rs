@@ -1124,14 +1124,15 @@ where
             {
                 return self.decide_hot(limits, cost).await;
             }
-            return self.decide_all(limits, cost, None).await;
+            // Boxed, as in `decide_hot`: the hot path's future stays small.
+            return Box::pin(self.decide_all(limits, cost, None)).await;
         }
         if cost > 0 {
             return Err(Error::Unsupported(
                 "concurrency limits take a lease: Client::acquire_all",
             ));
         }
-        self.decide_all(limits, 0, Some(&new_lease_id())).await
+        Box::pin(self.decide_all(limits, 0, Some(&new_lease_id()))).await
     }
 
     /// Several limits in one call (one alone with its own command, except a concurrency limit
@@ -1333,8 +1334,10 @@ where
         if let Some(o) = denies.and_then(|d| d.lookup(&sig, cost)) {
             return Ok(cooperate(o).await);
         }
+        // The calls to Redis are boxed: their state would make every answer's future as large,
+        // and it is copied whole when the future is made.
         if refill && let Some(b) = &self.batches {
-            if let Some(o) = b.refill(&sig, limits, cost, self.denies.as_ref()).await? {
+            if let Some(o) = Box::pin(b.refill(&sig, limits, cost, self.denies.as_ref())).await? {
                 return Ok(o);
             }
             // The refill that came first may have been denied meanwhile.
@@ -1343,7 +1346,7 @@ where
             }
         }
         let sent = tokio::time::Instant::now();
-        let o = self.decide_all(limits, cost, None).await?;
+        let o = Box::pin(self.decide_all(limits, cost, None)).await?;
         if let Some(d) = denies {
             d.record(&sig, cost, &o, sent);
         }

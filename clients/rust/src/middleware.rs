@@ -457,20 +457,28 @@ pub fn rate_limit_headers(
             ceil_secs(d.reset_after_ms)
         );
     }
-    headers.insert("ratelimit-policy", header(policy));
-    headers.insert("ratelimit", header(state));
+    headers.insert(RATELIMIT_POLICY, header(policy));
+    headers.insert(RATELIMIT, header(state));
     if legacy && let Some(d) = tightest(policies, outcome) {
-        headers.insert("ratelimit-limit", header(d.limit.to_string()));
-        headers.insert("ratelimit-remaining", header(d.remaining.to_string()));
+        headers.insert(RATELIMIT_LIMIT, header(d.limit.to_string()));
+        headers.insert(RATELIMIT_REMAINING, header(d.remaining.to_string()));
         headers.insert(
-            "ratelimit-reset",
+            RATELIMIT_RESET,
             header(ceil_secs(d.reset_after_ms).to_string()),
         );
     }
     if let Some(g) = outcome.degraded {
-        headers.insert("ratelimit-degraded", HeaderValue::from_static(g.as_str()));
+        headers.insert(RATELIMIT_DEGRADED, HeaderValue::from_static(g.as_str()));
     }
 }
+
+// The fields' names, made once (a `&str` name is parsed and checked on every insert).
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+const RATELIMIT_DEGRADED: HeaderName = HeaderName::from_static("ratelimit-degraded");
 
 /// The limit that decided: the one that denied, else the enforced one with the fewest units
 /// left (shadow policies never decide; with no enforced policy there is none).
@@ -616,8 +624,8 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     if limits.iter().any(|(_, a)| a.concurrency().is_some()) {
-        client
-            .acquire_all(limits, cost)
+        // Boxed: a lease's call would make the future of every request as large.
+        Box::pin(client.acquire_all(limits, cost))
             .await
             .map(|o| (o.outcome, o.lease))
     } else {
@@ -734,7 +742,7 @@ where
                 for &i in &shadows {
                     let one = std::slice::from_ref(&limits[i]);
                     // A shadow limit that Redis refuses is left out; it never fails a request.
-                    let Ok((o, l)) = decide(&shared.client, one, estimate).await else {
+                    let Ok((o, l)) = Box::pin(decide(&shared.client, one, estimate)).await else {
                         continue;
                     };
                     let name = &policies[i].name;
@@ -754,7 +762,7 @@ where
             } else if !shadows.is_empty() {
                 let s_limits: Vec<(String, Algorithm)> =
                     shadows.iter().map(|&i| limits[i].clone()).collect();
-                if let Ok(o) = shared.client.check_all(&s_limits, 0).await {
+                if let Ok(o) = Box::pin(shared.client.check_all(&s_limits, 0)).await {
                     for (&i, d) in shadows.iter().zip(&o.decisions) {
                         let one = MultiOutcome {
                             allowed: d.allowed,
@@ -781,19 +789,20 @@ where
                 if let Some(&ActualCost(actual)) = resp.extensions().get::<ActualCost>()
                     && actual != estimate
                 {
-                    settle(
+                    // Boxed, as the other calls a request rarely makes (shadows, leases).
+                    Box::pin(settle(
                         &shared,
                         &e_policies,
                         &e_limits,
                         estimate,
                         actual,
                         &mut outcome,
-                    )
+                    ))
                     .await;
                     for (i, o, consumed) in &mut shadowed {
                         if *consumed {
                             let (p, l) = (&policies[*i..=*i], &limits[*i..=*i]);
-                            settle(&shared, p, l, estimate, actual, o).await;
+                            Box::pin(settle(&shared, p, l, estimate, actual, o)).await;
                         }
                     }
                 }
