@@ -598,6 +598,25 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
             ""
         ]
     );
+
+    // The rules on the clients' own series (the Rust client's tests check that its layer
+    // exports what they use).
+    let stdout = run_promtool(
+        &promtool,
+        "check",
+        &monitoring_dir().join("client_alerts.yml"),
+    );
+    assert!(stdout.contains("SUCCESS: 2 rules found"), "{stdout}");
+    let tests = monitoring_dir().join("client_alerts_test.yml");
+    let stdout = run_promtool(&promtool, "test", &tests);
+    assert_eq!(
+        stdout.lines().map(str::trim).collect::<Vec<_>>(),
+        [
+            format!("Unit Testing:  {}", tests.display()).as_str(),
+            "SUCCESS",
+            ""
+        ]
+    );
 }
 
 /// The selectors checked above are what the rules mean: a wrong name or matcher would match

@@ -376,6 +376,24 @@ where
     pub fn metrics(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
     }
+
+    /// What to serve on `/metrics`: the layer's counters ([`Metrics::render_prometheus`]), then
+    /// `ratelimit_breaker_open`, 1 while the client's circuit breaker is open (Redis failed
+    /// repeatedly and the failure policy answers without asking it), else 0
+    /// (`docs/monitoring/client_alerts.yml` alerts on it).
+    pub fn render_prometheus(&self) -> String {
+        let mut out = self.shared.metrics.render_prometheus();
+        out.push_str(
+            "# HELP ratelimit_breaker_open Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.\n\
+             # TYPE ratelimit_breaker_open gauge\n",
+        );
+        out.push_str(if self.shared.client.breaker_open() {
+            "ratelimit_breaker_open 1\n"
+        } else {
+            "ratelimit_breaker_open 0\n"
+        });
+        out
+    }
 }
 
 impl<S, C> Layer<S> for RateLimitLayer<C> {

@@ -405,6 +405,70 @@ async fn degraded_responses_say_so() {
     }
 }
 
+/// `RateLimitLayer::render_prometheus`: the counters, then the breaker's state, which opens
+/// after three calls Redis did not answer; every series the clients' alert rules
+/// (docs/monitoring/client_alerts.yml) select is there.
+#[tokio::test]
+async fn the_layer_exports_the_breaker_and_every_series_the_client_alerts_use() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let client = Client::connect(&url, Options::default()).unwrap();
+    let (router, layer) = app(client, false);
+    let r = send(&router, get_req("/", "erin", None)).await;
+    assert_eq!(r.header("ratelimit-degraded"), Some("fail-open"));
+    assert!(!layer.client().breaker_open());
+    let text = layer.render_prometheus();
+    assert!(text.ends_with(
+        "# HELP ratelimit_breaker_open Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.\n\
+         # TYPE ratelimit_breaker_open gauge\n\
+         ratelimit_breaker_open 0\n"
+    ), "{text}");
+    assert!(text.starts_with(&layer.metrics().render_prometheus()));
+    for _ in 0..2 {
+        send(&router, get_req("/", "erin", None)).await;
+    }
+    assert!(layer.client().breaker_open());
+    let text = layer.render_prometheus();
+    assert!(text.ends_with("ratelimit_breaker_open 1\n"), "{text}");
+    assert!(
+        text.contains("ratelimit_decisions_total{limit=\"per-minute\",outcome=\"degraded\"} 3\n"),
+        "{text}"
+    );
+
+    // The series the rules select, with their label matchers, each among those lines.
+    let rules = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs/monitoring/client_alerts.yml"),
+    )
+    .unwrap();
+    let selector = regex::Regex::new(r"\b(ratelimit_[a-z_]+)(\{([^}]*)\})?").unwrap();
+    let mut checked = 0;
+    for expr in rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+    {
+        for m in selector.captures_iter(expr) {
+            let name = &m[1];
+            let labels: Vec<String> = m
+                .get(3)
+                .map(|l| {
+                    l.as_str()
+                        .split(',')
+                        .map(|kv| kv.trim().to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert!(
+                text.lines().any(|line| line.starts_with(name)
+                    && line[name.len()..].starts_with([' ', '{'])
+                    && labels.iter().all(|kv| line.contains(kv.as_str()))),
+                "{name} {labels:?} not exported:\n{text}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 2, "{rules}");
+}
+
 #[tokio::test]
 async fn routes_without_limits_pass_untouched() {
     let (_server, client) = started();
