@@ -821,6 +821,8 @@ def seed_log(server: Server, key: str, size: int) -> None:
             score = base - i * step
             args += [str(score), f"{score}:0"]
         commands.append(resp(args))
+    # With an expiry, as every log the module writes has (a set without one is refused).
+    commands.append(resp(["PEXPIRE", key, "3600000"]))
     text = server.cli("--pipe", stdin=b"".join(commands), check=False)
     if f"replies: {len(commands)}" not in text or "errors: 0" not in text:
         raise SystemExit(f"seeding a log of {size} failed: {text}")
