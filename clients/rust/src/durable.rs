@@ -97,13 +97,9 @@ impl Lane {
         }
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<LaneConnection>> {
-        lock(&self.idle)
-    }
-
     /// An idle connection of the lane, or a new one.
     pub(crate) async fn take(&self) -> RedisResult<LaneConnection> {
-        let idle = self.idle().pop();
+        let idle = lock(&self.idle).pop();
         match idle {
             Some(c) => Ok(c),
             None => match &self.origin {
@@ -129,7 +125,7 @@ impl Lane {
                             e.to_string(),
                         ))
                     })??;
-                    self.idle().pop().ok_or_else(|| {
+                    lock(&self.idle).pop().ok_or_else(|| {
                         redis::RedisError::from((
                             redis::ErrorKind::Io,
                             "the new cluster connection was taken by another call",
@@ -142,7 +138,7 @@ impl Lane {
 
     /// Puts back a connection whose calls all answered (one that failed is dropped).
     pub(crate) fn put(&self, c: LaneConnection) {
-        let mut idle = self.idle();
+        let mut idle = lock(&self.idle);
         if idle.len() < IDLE_KEPT {
             idle.push(c);
         }

@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster_port;
-use common::replicas::{ClusterWithReplica, MASTER, Sentinel, force_failover, replica_of, signal};
+use common::replicas::{
+    ClusterWithReplica, MASTER, Sentinel, force_failover, master_at, replica_of, signal,
+};
 use ratelimit_client::{
     Algorithm, Client, Concurrency, Durability, FailurePolicy, Lease, ModeChoice, Options, ShortAck,
 };
@@ -57,8 +59,7 @@ fn bucket() -> Algorithm {
 
 /// The loads: a name, and what a request takes.
 fn plans() -> Vec<(&'static str, Plan)> {
-    let window = |limit| (limit, LONG);
-    let (limit, window_sec) = window(CAPACITY);
+    let (limit, window_sec) = (CAPACITY, LONG);
     vec![
         ("tokenbucket", Plan::Limits(vec![bucket()])),
         (
@@ -302,14 +303,7 @@ async fn round(setup: Setup, is_durable: bool, freeze: bool, lag: Duration) -> R
     let (proxy, accepting) = lagging_proxy(master_port, lag).await;
     let r = match setup {
         Setup::Sentinel => {
-            let mut master = common::Server::start_with(
-                common::Opts {
-                    module: true,
-                    port: Some(master_port),
-                    ..common::Opts::default()
-                },
-                &["--repl-diskless-sync-delay", "0"],
-            );
+            let mut master = master_at(master_port);
             let replica = replica_of(&master, proxy);
             let sentinel = Sentinel::start(master.port);
             let connect = || Client::sentinel(&[&sentinel.url()], MASTER, options()).unwrap();

@@ -21,11 +21,8 @@ pub fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
 
 /// A numeric field of `INFO replication`.
 pub fn replication_field(server: &Server, name: &str) -> Option<u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query(&mut server.try_connect().ok()?)
-        .ok()?;
-    info.lines()
+    replication_info(server)?
+        .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
         .and_then(|v| v.trim().parse().ok())
 }
@@ -61,9 +58,15 @@ pub fn caught_up(master: &Server, replica: &Server) {
 
 /// A master with the module, ready for replicas (no delay before a diskless sync).
 pub fn master() -> Server {
+    master_at(free_port())
+}
+
+/// [`master`] on `port`.
+pub fn master_at(port: u16) -> Server {
     Server::start_with(
         Opts {
             module: true,
+            port: Some(port),
             ..Opts::default()
         },
         &["--repl-diskless-sync-delay", "0"],
@@ -94,28 +97,27 @@ pub fn replica_with(master: &Server, upstream_port: u16, extra: &[&str]) -> Serv
         },
         &args,
     );
+    streaming(master, &replica);
+    replica
+}
+
+/// Waits until `replica` is in sync with `master` and the stream flows: online for the master
+/// too, or WAIT skips it; and streaming: after a diskless sync the master holds the stream back
+/// until the replica's first acknowledgement (up to a second later), so a write that reaches
+/// the replica shows it flows. (The write's key is in the slots of a cluster's first master.)
+fn streaming(master: &Server, replica: &Server) {
     wait_for("the replica to sync", || {
-        redis::cmd("INFO")
-            .arg("replication")
-            .query::<String>(&mut replica.connect())
-            .is_ok_and(|i| i.contains("master_link_status:up"))
+        replication_info(replica).is_some_and(|i| i.contains("master_link_status:up"))
     });
-    // Online for the master too, or WAIT skips it; and streaming: after a diskless sync the
-    // master holds the stream back until the replica's first acknowledgement (up to a second
-    // later), so a write that reaches the replica shows it flows.
     wait_for("the master to count the replica online", || {
-        redis::cmd("INFO")
-            .arg("replication")
-            .query::<String>(&mut master.connect())
-            .is_ok_and(|i| i.contains("state=online"))
+        replication_info(master).is_some_and(|i| i.contains("state=online"))
     });
     let _: () = redis::cmd("SET")
         .arg("warm-up")
         .arg(1)
         .query(&mut master.connect())
         .unwrap();
-    caught_up(master, &replica);
-    replica
+    caught_up(master, replica);
 }
 
 /// A master and one replica, both with the module, in sync.
@@ -227,6 +229,11 @@ pub struct ClusterWithReplica {
 /// The slots of the cluster's first master.
 pub const MASTER_SLOTS: u16 = 16382;
 
+/// The text `CLUSTER <what>` answers (`INFO`, `NODES`), `None` when the node did not answer.
+fn cluster_text(server: &Server, what: &str) -> Option<String> {
+    redis::from_redis_value(cluster_cmd(server, &[what]).ok()?).ok()
+}
+
 fn cluster_cmd(server: &Server, args: &[&str]) -> redis::RedisResult<redis::Value> {
     let mut c = redis::cmd("CLUSTER");
     for a in args {
@@ -281,43 +288,23 @@ impl ClusterWithReplica {
         let all = [&master, &replica, &voters[0], &voters[1]];
         wait_for("the cluster to form", || {
             all.iter().all(|s| {
-                cluster_cmd(s, &["INFO"])
-                    .ok()
-                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
-                    .is_some_and(|i| {
-                        i.contains("cluster_state:ok") && i.contains("cluster_known_nodes:4")
-                    })
+                cluster_text(s, "INFO").is_some_and(|i| {
+                    i.contains("cluster_state:ok") && i.contains("cluster_known_nodes:4")
+                })
             })
         });
         cluster_cmd(&replica, &["REPLICATE", &master_id]).unwrap();
         let replica_id = id(&replica);
         wait_for("every node to know the replica", || {
             all.iter().all(|s| {
-                cluster_cmd(s, &["NODES"])
-                    .ok()
-                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
-                    .is_some_and(|nodes| {
-                        nodes.lines().any(|l| {
-                            l.starts_with(&replica_id)
-                                && l.contains("slave")
-                                && l.contains(&master_id)
-                        })
+                cluster_text(s, "NODES").is_some_and(|nodes| {
+                    nodes.lines().any(|l| {
+                        l.starts_with(&replica_id) && l.contains("slave") && l.contains(&master_id)
                     })
+                })
             })
         });
-        wait_for("the replica to sync", || {
-            replication_info(&replica).is_some_and(|i| i.contains("master_link_status:up"))
-        });
-        wait_for("the master to count the replica online", || {
-            replication_info(&master).is_some_and(|i| i.contains("state=online"))
-        });
-        // A write in the master's slots that reaches the replica: the stream flows.
-        let _: () = redis::cmd("SET")
-            .arg("warm-up")
-            .arg(1)
-            .query(&mut master.connect())
-            .unwrap();
-        caught_up(&master, &replica);
+        streaming(&master, &replica);
         ClusterWithReplica {
             master,
             replica,
