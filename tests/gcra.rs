@@ -251,3 +251,32 @@ fn wrong_type_and_corrupt_state_are_reported_not_overwritten() {
     // The string layout: parts missing, extra or not numbers.
     assert_corrupt_values_reported(&mut c, GCRA, &["4", "10", "1"], values);
 }
+
+/// On Redis 7.2+ and Valkey a call decides at the time the server read as the call started, so
+/// every call of one script decides at the script's instant (as the server judges its expiries);
+/// Redis 7.0 has no such time for modules, and its calls read the clock each.
+#[test]
+fn the_calls_of_one_script_decide_at_its_start_where_the_server_keeps_that_time() {
+    let s = Server::start();
+    let mut c = s.connect();
+    // Deny twice, some milliseconds of busy script apart (a loop: on 7.2+ and Valkey `TIME`
+    // replies that same start time too, so the script cannot wait for it to move).
+    let script = "redis.call('RL.GCRA', KEYS[1], 0, 1, 1000)
+        local first = redis.call('RL.GCRA', KEYS[1], 0, 1, 1000)
+        local x = 0
+        for i = 1, 10000000 do x = x + i end
+        local second = redis.call('RL.GCRA', KEYS[1], 0, 1, 1000)
+        return {first[1], first[3], second[1], second[3]}";
+    let got = ints(&cmd(&mut c, &["EVAL", script, "1", "frozen"]));
+    assert_eq!((got[0], got[2]), (0, 0), "both denied: {got:?}");
+    let (name, version) = server_identity(&mut c);
+    if name == "redis" && version.starts_with("7.0.") {
+        assert!(
+            got[1] > got[3],
+            "7.0 reads the clock for each call: {got:?}"
+        );
+    } else {
+        assert_eq!(got[1], got[3], "{name} {version}: one instant: {got:?}");
+        assert!(got[1] > 999_000, "{got:?}");
+    }
+}

@@ -63,9 +63,18 @@ fn read_clock() -> i64 {
     if TEST_CLOCK_ON.load(Ordering::Relaxed) {
         return TEST_CLOCK_US.load(Ordering::Relaxed);
     }
-    // Redis 7.2+ exports its clock; on 7.0 the process clock is the same clock (the module runs
-    // inside redis-server, and TIME reads it with gettimeofday).
-    // SAFETY: a plain read of a function pointer written once, at module load.
+    // Redis 7.2+ and Valkey keep the time the running command started at (the time `call()`
+    // read before the command, the one every key expiry of that command is judged by; frozen for
+    // the whole of a script or a transaction, as the server freezes it for expiries there): read
+    // without asking the clock again. Failing that, the clock itself (`Microseconds`); on 7.0 the
+    // process clock is the same clock (the module runs inside redis-server, and TIME reads it
+    // with gettimeofday).
+    // SAFETY: plain reads of function pointers written once, at module load.
+    if let Some(cached) = unsafe { raw::RedisModule_CachedMicroseconds } {
+        // SAFETY: takes no arguments, only reads the server's cached time.
+        return unsafe { cached() };
+    }
+    // SAFETY: as above.
     if let Some(micros) = unsafe { raw::RedisModule_Microseconds } {
         // SAFETY: takes no arguments, only reads the clock.
         return unsafe { micros() };

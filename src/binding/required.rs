@@ -1,7 +1,8 @@
 //! The module APIs the commands call, checked once at load: a server that lacks one refuses the
 //! module, with the missing names in its log, rather than answering calls with an error after it
 //! loaded fine. The optional ones are detected here too and said in the log: without
-//! `Microseconds` the module reads the same clock through the process, without the ACL category
+//! `CachedMicroseconds` the module reads the clock for every call (`Microseconds`, or without it
+//! the same clock through the process), without the ACL category
 //! APIs the commands are in no category, without `SetCommandInfo` they have no `COMMAND DOCS`.
 //! The test clock's command filter APIs are checked when `TESTCLOCK` asks for them.
 
@@ -79,6 +80,7 @@ pub fn required() -> Vec<(&'static str, bool)> {
 /// APIs the module does without, and what it does instead.
 pub fn optional() -> Vec<(&'static str, bool)> {
     presence!(
+        RedisModule_CachedMicroseconds,
         RedisModule_Microseconds,
         RedisModule_AddACLCategory,
         RedisModule_SetCommandACLCategories,
