@@ -139,9 +139,9 @@ impl Algorithm {
     /// denial's): integers in decimal, each `f64` by its bits in hex (exact as the decimal
     /// form, without formatting a float on every call).
     pub(crate) fn write_identity(&self, out: &mut String) {
-        use std::fmt::Write;
-        // Writing into a String cannot fail.
-        let _ = match *self {
+        use crate::text::{push_hex, push_u64};
+        // Written without the formatter: a batched request writes its limits' identities.
+        let (integers, float): (&[u64], f64) = match self {
             Algorithm::TokenBucket {
                 capacity,
                 refill_per_sec: r,
@@ -149,23 +149,31 @@ impl Algorithm {
             | Algorithm::LeakyBucket {
                 capacity,
                 leak_per_sec: r,
-            } => write!(out, " {capacity} {:x}", r.to_bits()),
+            } => (std::slice::from_ref(capacity), *r),
             Algorithm::FixedWindow { limit, window_sec }
             | Algorithm::SlidingWindow { limit, window_sec }
             | Algorithm::SlidingLog { limit, window_sec } => {
-                write!(out, " {limit} {:x}", window_sec.to_bits())
+                (std::slice::from_ref(limit), *window_sec)
             }
             Algorithm::Gcra {
                 max_burst,
                 count_per_period,
                 period_sec,
-            } => write!(
-                out,
-                " {max_burst} {count_per_period} {:x}",
-                period_sec.to_bits()
-            ),
-            Algorithm::Concurrency(c) => write!(out, " {} {:x}", c.limit, c.lease_sec.to_bits()),
+            } => {
+                for v in [*max_burst, *count_per_period] {
+                    out.push(' ');
+                    push_u64(out, v);
+                }
+                (&[], *period_sec)
+            }
+            Algorithm::Concurrency(c) => (std::slice::from_ref(&c.limit), c.lease_sec),
         };
+        for &v in integers {
+            out.push(' ');
+            push_u64(out, v);
+        }
+        out.push(' ');
+        push_hex(out, float.to_bits());
     }
 
     /// The limit the commands report (field 5).
@@ -218,6 +226,67 @@ impl Algorithm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identity_is_the_integers_then_the_float_bits_in_hexadecimal() {
+        let cases = [
+            (
+                Algorithm::TokenBucket {
+                    capacity: 10,
+                    refill_per_sec: 2.5,
+                },
+                format!(" 10 {:x}", 2.5f64.to_bits()),
+            ),
+            (
+                Algorithm::LeakyBucket {
+                    capacity: 0,
+                    leak_per_sec: 0.001,
+                },
+                format!(" 0 {:x}", 0.001f64.to_bits()),
+            ),
+            (
+                Algorithm::FixedWindow {
+                    limit: u64::MAX,
+                    window_sec: 60.0,
+                },
+                format!(" {} {:x}", u64::MAX, 60f64.to_bits()),
+            ),
+            (
+                Algorithm::SlidingWindow {
+                    limit: 7,
+                    window_sec: 1.0,
+                },
+                format!(" 7 {:x}", 1f64.to_bits()),
+            ),
+            (
+                Algorithm::SlidingLog {
+                    limit: 100,
+                    window_sec: 3600.0,
+                },
+                format!(" 100 {:x}", 3600f64.to_bits()),
+            ),
+            (
+                Algorithm::Gcra {
+                    max_burst: 5,
+                    count_per_period: 12,
+                    period_sec: 0.5,
+                },
+                format!(" 5 12 {:x}", 0.5f64.to_bits()),
+            ),
+            (
+                Algorithm::from(Concurrency {
+                    limit: 3,
+                    lease_sec: 2.5,
+                }),
+                format!(" 3 {:x}", 2.5f64.to_bits()),
+            ),
+        ];
+        for (a, want) in cases {
+            let mut got = String::new();
+            a.write_identity(&mut got);
+            assert_eq!(got, want, "{a:?}");
+        }
+    }
 
     #[test]
     fn params_are_plain_decimals() {

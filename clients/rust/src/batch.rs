@@ -849,11 +849,13 @@ impl<S> Drop for Batches<S> {
 
 /// The key of a table entry: the keys, algorithms and parameters of the limits, in order.
 pub(crate) fn signature(limits: &[(String, Algorithm)]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(limits.iter().map(|(k, _)| k.len() + 48).sum());
+    let mut s = String::with_capacity(limits.iter().map(|(k, _)| k.len() + 64).sum());
     for (k, a) in limits {
-        // Writing into a String cannot fail.
-        let _ = write!(s, "{}:{k} {}", k.len(), a.keyword());
+        crate::text::push_u64(&mut s, k.len() as u64);
+        s.push(':');
+        s.push_str(k);
+        s.push(' ');
+        s.push_str(a.keyword());
         a.write_identity(&mut s);
         s.push('\n');
     }

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod middleware;
 mod reservation;
 mod sentinel;
+mod text;
 mod types;
 
 pub use algorithm::{Algorithm, Concurrency};

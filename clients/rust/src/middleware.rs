@@ -427,6 +427,17 @@ fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
+/// `prefix:{who}:class:name`: the caller's part in braces, so that every limit of one caller
+/// is in one cluster slot.
+fn redis_key(prefix: &str, who: &str, class: &str, name: &str) -> String {
+    let mut k = String::with_capacity(prefix.len() + who.len() + class.len() + name.len() + 5);
+    for (part, after) in [(prefix, ":{"), (who, "}:"), (class, ":"), (name, "")] {
+        k.push_str(part);
+        k.push_str(after);
+    }
+    k
+}
+
 fn header(v: String) -> HeaderValue {
     // The string's buffer becomes the value's, without a copy.
     HeaderValue::try_from(v).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
@@ -451,8 +462,8 @@ pub fn rate_limit_headers(
     legacy: bool,
     headers: &mut HeaderMap,
 ) {
-    use std::fmt::Write;
-    // Each field written into one string (writing into a String cannot fail).
+    use crate::text::push_u64;
+    // Each field written into one string, without the formatter.
     let mut policy = String::with_capacity(48 * policies.len());
     let mut state = String::with_capacity(40 * policies.len());
     for (i, (p, d)) in policies.iter().zip(&outcome.decisions).enumerate() {
@@ -462,20 +473,21 @@ pub fn rate_limit_headers(
         }
         policy.push('"');
         push_sf_string(&mut policy, &p.name);
-        let _ = match p.algorithm {
-            Algorithm::Concurrency(_) => {
-                write!(policy, "\";q={};qu=\"concurrent-requests\"", d.limit)
+        policy.push_str("\";q=");
+        push_u64(&mut policy, d.limit);
+        match p.algorithm {
+            Algorithm::Concurrency(_) => policy.push_str(";qu=\"concurrent-requests\""),
+            _ => {
+                policy.push_str(";w=");
+                push_u64(&mut policy, p.algorithm.window_secs());
             }
-            _ => write!(policy, "\";q={};w={}", d.limit, p.algorithm.window_secs()),
-        };
+        }
         state.push('"');
         push_sf_string(&mut state, &p.name);
-        let _ = write!(
-            state,
-            "\";r={};t={}",
-            d.remaining,
-            ceil_secs(d.reset_after_ms)
-        );
+        state.push_str("\";r=");
+        push_u64(&mut state, d.remaining);
+        state.push_str(";t=");
+        push_u64(&mut state, ceil_secs(d.reset_after_ms));
     }
     headers.insert(RATELIMIT_POLICY, header(policy));
     headers.insert(RATELIMIT, header(state));
@@ -691,7 +703,7 @@ where
                 .iter()
                 .map(|p| {
                     (
-                        format!("{}:{{{}}}:{}:{}", cfg.prefix, who, class, p.name),
+                        redis_key(&cfg.prefix, &who, &class, &p.name),
                         p.algorithm.clone(),
                     )
                 })
