@@ -207,15 +207,18 @@ bench: deps servers
 # build) on Redis 7.0: unbatched, with the deny cache, with leased batches, and both, from one
 # process of 64 tasks and from 4 processes of 16, offered far below the limit, far above it, and
 # a flood on a denied key: requests/s, client-side p50/p99, server calls per admitted and per
-# denied request, admissions against the exact limit (about 2 minutes once built; HOT_SECONDS per
-# run, default 3).
+# denied request, admissions against the exact limit; below the limit also its two floors (no
+# limit at all, and no limit with the draft headers), in HOT_ROUNDS interleaved rounds (about 5
+# minutes once built; HOT_SECONDS per run, default 3).
 HOT_SECONDS ?= 3
+HOT_ROUNDS ?= 3
 
 bench-hot: deps servers
 	$(CARGO) build --release -p redis-rate-limiter
 	$(CARGO) run --release -p ratelimit-client --example hot_key -- \
 		--server $(SERVERS_DIR)/redis-7.0/server \
-		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so --seconds $(HOT_SECONDS)
+		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so --seconds $(HOT_SECONDS) \
+		--rounds $(HOT_ROUNDS)
 
 # A release tarball in target/dist: the module with its SHA-256, the Lua twins, a redis.conf
 # snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).

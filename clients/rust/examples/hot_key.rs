@@ -1,10 +1,11 @@
 //! `make bench-hot`: one hot key through the HTTP middleware, unbatched, with the deny cache,
-//! batched, and both, from one process of 64 tasks and from 4 processes of 16, side by side:
+//! batched, and both, from one process of 64 tasks and from 4 processes of 16, side by side
+//! (below the limit also the floors: no limit at all, and no limit with the draft headers):
 //! requests per second and client-side latency, server calls per admitted and per denied
 //! request, and what was admitted against the exact limit.
 //!
 //! ```text
-//! hot_key --server <redis-server> --module <libredis_rate_limiter.so> [--seconds 3]
+//! hot_key --server <redis-server> --module <libredis_rate_limiter.so> [--seconds 3] [--rounds 3]
 //! ```
 //!
 //! It starts its own redis-server with the module (no test clock), and for each run starts the
@@ -23,16 +24,19 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use http::Request;
-use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer};
-use ratelimit_client::{Algorithm, Batching, Client, FailurePolicy, Options};
+use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer, rate_limit_headers};
+use ratelimit_client::{
+    Algorithm, Batching, Client, Decision, FailurePolicy, MultiOutcome, Options,
+};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -120,8 +124,13 @@ async fn worker(args: &[String]) {
     )
     .unwrap_or_else(|e| panic!("{url}: {e}"));
     client.detect().await;
-    // "no limit": the route has no limit, the layer lets it through untouched (its floor).
-    let class = if variant == "no limit" { "other" } else { "*" };
+    // "no limit": the route has no limit, the layer lets it through untouched (its floor);
+    // "headers only" adds the draft headers to that (the floor with the output a limit owes).
+    let class = if variant == "no limit" || variant == "headers only" {
+        "other"
+    } else {
+        "*"
+    };
     let mut b = RateLimitLayer::builder(client)
         .key(KeySource::Header(http::HeaderName::from_static(
             "x-api-key",
@@ -133,9 +142,44 @@ async fn worker(args: &[String]) {
         b = b.batching(Batching::new());
     }
     let layer = b.build();
-    let router = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer.clone());
+    let router = if variant == "headers only" {
+        // The floor of any limited route: no limit, but the handler's response carries the
+        // draft headers an admitted request gets (written by the middleware's own function).
+        // Made once and only read (a shared count per request would be a cost of its own).
+        static FIELDS: OnceLock<(Vec<Policy>, MultiOutcome)> = OnceLock::new();
+        FIELDS.get_or_init(|| {
+            let decision = Decision {
+                allowed: true,
+                remaining: 999_999_999,
+                retry_after_ms: 0,
+                reset_after_ms: 1,
+                limit: 1_000_000_000,
+            };
+            let outcome = MultiOutcome {
+                allowed: true,
+                denied_by: 0,
+                decisions: vec![decision],
+                degraded: None,
+                mode: None,
+                granted: 1,
+                answered_locally: None,
+            };
+            (vec![Policy::new("hot", algorithm(&scenario))], outcome)
+        });
+        Router::new().route(
+            "/",
+            get(|| async {
+                let mut response = "ok".into_response();
+                if let Some((policies, outcome)) = FIELDS.get() {
+                    rate_limit_headers(policies, outcome, false, response.headers_mut());
+                }
+                response
+            }),
+        )
+    } else {
+        Router::new().route("/", get(|| async { "ok" }))
+    };
+    let router = router.layer(layer.clone());
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -433,6 +477,10 @@ async fn main() {
     let seconds: f64 = arg(&args, "--seconds")
         .and_then(|s| s.parse().ok())
         .unwrap_or(3.0);
+    let rounds: usize = arg(&args, "--rounds")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let r = start_redis(&server, &module);
     let version = match redis_cmd(&r, &["INFO", "server"]) {
         Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b)
@@ -444,7 +492,8 @@ async fn main() {
     println!(
         "one hot key through the middleware, {seconds} s per run, redis-server {version} on 127.0.0.1 \
          (module mode), policy fail-closed, timeout 2 s; batches: defaults (detected at 100 calls/s, \
-         lease 200 ms, 8 to {MAX_BATCH} units, at most 1/8 of what remains)\n"
+         lease 200 ms, 8 to {MAX_BATCH} units, at most 1/8 of what remains); below the limit, the \
+         run of median requests/s of {rounds} interleaved rounds\n"
     );
     println!(
         "| scenario | processes × tasks | variant | requests | requests/s | p50 µs | p99 µs | admitted | exact | over | under | Redis counted | server calls | calls / admitted | calls / denied |"
@@ -456,6 +505,7 @@ async fn main() {
             let variants: &[&'static str] = if scenario == "below" {
                 &[
                     "no limit",
+                    "headers only",
                     "unbatched",
                     "deny cache",
                     "batched",
@@ -464,8 +514,18 @@ async fn main() {
             } else {
                 &["unbatched", "deny cache", "batched", "batched + deny cache"]
             };
-            for &variant in variants {
-                let row = run(&r, scenario, variant, processes, tasks, seconds);
+            // Below the limit the rows are compared for throughput: its variants run in
+            // `rounds` interleaved rounds, and each keeps the round of its median requests/s.
+            let rounds = if scenario == "below" { rounds } else { 1 };
+            let mut runs: Vec<Vec<Row>> = variants.iter().map(|_| Vec::new()).collect();
+            for _ in 0..rounds {
+                for (&variant, done) in variants.iter().zip(runs.iter_mut()) {
+                    done.push(run(&r, scenario, variant, processes, tasks, seconds));
+                }
+            }
+            for mut done in runs {
+                done.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+                let row = done.swap_remove(done.len() / 2);
                 let (over, under) = match row.exact {
                     Some(e) => (
                         row.admitted.saturating_sub(e).to_string(),
@@ -521,6 +581,16 @@ async fn main() {
                 u.rps,
                 ratio(b.calls, b.admitted)
             );
+            for floor in ["no limit", "headers only"] {
+                if let Some(f) = find("below", p, floor) {
+                    println!(
+                        "below, {p} process(es): {floor} {:.0} requests/s = {:.1}x unbatched; batched reaches {:.0}% of it",
+                        f.rps,
+                        f.rps / u.rps.max(1.0),
+                        100.0 * b.rps / f.rps.max(1.0)
+                    );
+                }
+            }
         }
         for v in ["deny cache", "batched + deny cache"] {
             if let Some(f) = find("flood", p, v) {
