@@ -184,6 +184,7 @@ async fn worker(args: &[String]) {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     tokio::time::sleep(Duration::from_millis(start_ms.saturating_sub(now_ms))).await;
+    let cpu_at_start = process_cpu_us();
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let (admitted, denied, other) = (
         Arc::new(AtomicU64::new(0)),
@@ -230,6 +231,7 @@ async fn worker(args: &[String]) {
             }
         }
     }
+    let cpu_us = process_cpu_us().saturating_sub(cpu_at_start);
     let stats = layer.client().batch_stats();
     let returned = layer.client().close().await;
     let counts = layer.metrics().counts("hot");
@@ -244,6 +246,7 @@ async fn worker(args: &[String]) {
         "returned_at_end": returned,
         "lapsed": stats.lapsed + (stats.held - returned),
         "refills": stats.refills,
+        "cpu_us": cpu_us,
         "hist": hist.into_iter().map(|(b, n)| json!([b, n])).collect::<Vec<_>>(),
     });
     println!("{out}");
@@ -303,6 +306,36 @@ fn redis_cmd(r: &Redis, args: &[&str]) -> redis::RedisResult<redis::Value> {
 }
 
 /// Calls of the limiter commands (and returns) since the last `CONFIG RESETSTAT`.
+/// The CPU time of this process, user and system, all threads (from /proc, 100 ticks a second).
+fn process_cpu_us() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, from the third (state): utime and stime are the 14th
+    // and 15th.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks * 10_000
+}
+
+/// The server's CPU time, user and system, from `INFO cpu`.
+fn server_cpu_us(r: &Redis) -> u64 {
+    let info = match redis_cmd(r, &["INFO", "cpu"]) {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(redis::Value::VerbatimString { text, .. }) => text,
+        _ => String::new(),
+    };
+    let secs: f64 = info
+        .lines()
+        .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum();
+    (secs * 1e6) as u64
+}
+
 fn server_calls(r: &Redis) -> u64 {
     let info = match redis_cmd(r, &["INFO", "commandstats"]) {
         Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
@@ -343,6 +376,9 @@ struct Row {
     degraded: u64,
     p50_us: f64,
     p99_us: f64,
+    /// CPU time per request of the workers and the server together: what the requests/s come
+    /// down to once the cores are busy, without the machine's moments in it.
+    cpu_us: f64,
 }
 
 fn run(
@@ -361,6 +397,7 @@ fn run(
         let _ = redis_cmd(r, &[algo.command(), KEY, &params[0], &params[1], "1"]);
     }
     let _ = redis_cmd(r, &["CONFIG", "RESETSTAT"]);
+    let server_cpu_before = server_cpu_us(r);
     let exe = std::env::current_exe().expect("this binary");
     let start = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -402,6 +439,7 @@ fn run(
         })
         .collect();
     let calls = server_calls(r);
+    let server_cpu = server_cpu_us(r).saturating_sub(server_cpu_before);
     let sum = |f: &str| outs.iter().map(|o| o[f].as_u64().unwrap_or(0)).sum::<u64>();
     let mut hist: BTreeMap<usize, u64> = BTreeMap::new();
     for o in &outs {
@@ -445,6 +483,7 @@ fn run(
         degraded: sum("degraded"),
         p50_us: percentile(&hist, 0.50) / 1000.0,
         p99_us: percentile(&hist, 0.99) / 1000.0,
+        cpu_us: (sum("cpu_us") + server_cpu) as f64 / requests.max(1) as f64,
     }
 }
 
@@ -496,9 +535,9 @@ async fn main() {
          run of median requests/s of {rounds} interleaved rounds\n"
     );
     println!(
-        "| scenario | processes × tasks | variant | requests | requests/s | p50 µs | p99 µs | admitted | exact | over | under | Redis counted | server calls | calls / admitted | calls / denied |"
+        "| scenario | processes × tasks | variant | requests | requests/s | CPU µs / request | p50 µs | p99 µs | admitted | exact | over | under | Redis counted | server calls | calls / admitted | calls / denied |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for scenario in ["below", "above", "flood"] {
         for (processes, tasks) in [(1, 64), (4, 16)] {
@@ -534,13 +573,14 @@ async fn main() {
                     None => ("-".to_string(), 0),
                 };
                 println!(
-                    "| {} | {} × {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} × {} | {} | {} | {:.0} | {:.2} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     row.scenario,
                     row.processes,
                     row.tasks,
                     row.variant,
                     row.requests,
                     row.rps,
+                    row.cpu_us,
                     row.p50_us,
                     row.p99_us,
                     row.admitted,
@@ -591,6 +631,20 @@ async fn main() {
                     );
                 }
             }
+            // CPU per request, workers and server: the throughput ratio once the cores are
+            // busy, steadier than requests/s.
+            let per = |v: &str| find("below", p, v).map_or(0.0, |r| r.cpu_us);
+            let unbatched_cpu = per("unbatched");
+            println!(
+                "below, {p} process(es), CPU µs per request (workers and server): unbatched {:.2}, batched {:.2} ({:.1}x fewer), no limit {:.2} ({:.1}x), headers only {:.2} ({:.1}x)",
+                unbatched_cpu,
+                per("batched"),
+                unbatched_cpu / per("batched").max(1e-9),
+                per("no limit"),
+                unbatched_cpu / per("no limit").max(1e-9),
+                per("headers only"),
+                unbatched_cpu / per("headers only").max(1e-9),
+            );
         }
         for v in ["deny cache", "batched + deny cache"] {
             if let Some(f) = find("flood", p, v) {
