@@ -141,7 +141,7 @@ impl Algorithm {
     pub(crate) fn write_identity(&self, out: &mut String) {
         use crate::text::{push_hex, push_u64};
         // Written without the formatter: a batched request writes its limits' identities.
-        let (integers, float): (&[u64], f64) = match self {
+        let (first, second, float) = match *self {
             Algorithm::TokenBucket {
                 capacity,
                 refill_per_sec: r,
@@ -149,26 +149,18 @@ impl Algorithm {
             | Algorithm::LeakyBucket {
                 capacity,
                 leak_per_sec: r,
-            } => (std::slice::from_ref(capacity), *r),
+            } => (capacity, None, r),
             Algorithm::FixedWindow { limit, window_sec }
             | Algorithm::SlidingWindow { limit, window_sec }
-            | Algorithm::SlidingLog { limit, window_sec } => {
-                (std::slice::from_ref(limit), *window_sec)
-            }
+            | Algorithm::SlidingLog { limit, window_sec } => (limit, None, window_sec),
             Algorithm::Gcra {
                 max_burst,
                 count_per_period,
                 period_sec,
-            } => {
-                for v in [*max_burst, *count_per_period] {
-                    out.push(' ');
-                    push_u64(out, v);
-                }
-                (&[], *period_sec)
-            }
-            Algorithm::Concurrency(c) => (std::slice::from_ref(&c.limit), c.lease_sec),
+            } => (max_burst, Some(count_per_period), period_sec),
+            Algorithm::Concurrency(c) => (c.limit, None, c.lease_sec),
         };
-        for &v in integers {
+        for v in std::iter::once(first).chain(second) {
             out.push(' ');
             push_u64(out, v);
         }
