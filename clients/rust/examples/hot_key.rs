@@ -305,7 +305,6 @@ fn redis_cmd(r: &Redis, args: &[&str]) -> redis::RedisResult<redis::Value> {
     redis::cmd(args[0]).arg(&args[1..]).query(&mut c)
 }
 
-/// Calls of the limiter commands (and returns) since the last `CONFIG RESETSTAT`.
 /// The CPU time of this process, user and system, all threads (from /proc, 100 ticks a second).
 fn process_cpu_us() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -321,14 +320,18 @@ fn process_cpu_us() -> u64 {
     ticks * 10_000
 }
 
-/// The server's CPU time, user and system, from `INFO cpu`.
-fn server_cpu_us(r: &Redis) -> u64 {
-    let info = match redis_cmd(r, &["INFO", "cpu"]) {
+/// One section of `INFO`, as text (empty if the server did not answer).
+fn info(r: &Redis, section: &str) -> String {
+    match redis_cmd(r, &["INFO", section]) {
         Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
         Ok(redis::Value::VerbatimString { text, .. }) => text,
         _ => String::new(),
-    };
-    let secs: f64 = info
+    }
+}
+
+/// The server's CPU time, user and system, from `INFO cpu`.
+fn server_cpu_us(r: &Redis) -> u64 {
+    let secs: f64 = info(r, "cpu")
         .lines()
         .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
         .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
@@ -336,13 +339,10 @@ fn server_cpu_us(r: &Redis) -> u64 {
     (secs * 1e6) as u64
 }
 
+/// Calls of the limiter commands (and returns) since the last `CONFIG RESETSTAT`.
 fn server_calls(r: &Redis) -> u64 {
-    let info = match redis_cmd(r, &["INFO", "commandstats"]) {
-        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-        Ok(redis::Value::VerbatimString { text, .. }) => text,
-        _ => String::new(),
-    };
-    info.lines()
+    info(r, "commandstats")
+        .lines()
         .filter(|l| l.starts_with("cmdstat_rl."))
         .filter_map(|l| {
             l.split("calls=")
@@ -521,13 +521,10 @@ async fn main() {
         .unwrap_or(3)
         .max(1);
     let r = start_redis(&server, &module);
-    let version = match redis_cmd(&r, &["INFO", "server"]) {
-        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b)
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:").map(str::to_string))
-            .unwrap_or_default(),
-        _ => String::new(),
-    };
+    let version = info(&r, "server")
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:").map(str::to_string))
+        .unwrap_or_default();
     println!(
         "one hot key through the middleware, {seconds} s per run, redis-server {version} on 127.0.0.1 \
          (module mode), policy fail-closed, timeout 2 s; batches: defaults (detected at 100 calls/s, \
