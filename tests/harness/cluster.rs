@@ -12,7 +12,7 @@ use super::{Options, Server, info_field};
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 
 /// A port below 55535 whose cluster bus port (+10000) is free too.
-fn cluster_port() -> u16 {
+pub(super) fn cluster_port() -> u16 {
     let _ = NEXT_PORT.compare_exchange(
         0,
         20_000 + (std::process::id() % 500) as u16 * 20,
@@ -40,7 +40,6 @@ impl Cluster {
         let nodes: Vec<Server> = (0..masters * (1 + replicas))
             .map(|_| {
                 Server::with(Options {
-                    port: Some(cluster_port()),
                     extra: [
                         "--cluster-enabled",
                         "yes",

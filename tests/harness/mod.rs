@@ -86,7 +86,8 @@ pub struct Options {
     pub extra: Vec<String>,
     /// Do not load the module (for `MODULE LOAD` tests).
     pub without_module: bool,
-    /// A fixed TCP port (cluster nodes need one whose bus port, +10000, is free too).
+    /// A fixed TCP port; without one, the harness picks a free one (for a cluster node, one whose
+    /// bus port, +10000, is free too).
     pub port: Option<u16>,
 }
 
@@ -176,12 +177,42 @@ impl Server {
     }
 
     /// Starts a server in `dir` (reusing its data files, for restart tests).
+    ///
+    /// A port chosen here can be taken by another process between the check and the server's
+    /// bind: then it tries again on another one.
     pub fn start_in(dir: tempfile::TempDir, opts: Options) -> Server {
         if let Some(image) = container_image() {
             return Self::start_container(&image, dir, &opts);
         }
+        let mut dir = dir;
+        let mut attempt = 1;
+        loop {
+            let port = opts.port.unwrap_or_else(|| {
+                if opts.extra.iter().any(|a| a == "--cluster-enabled") {
+                    cluster::cluster_port()
+                } else {
+                    free_port()
+                }
+            });
+            let mut server = Self::spawn_local(dir, port, &opts);
+            match server.wait_ready() {
+                Ok(()) => return server,
+                Err(log)
+                    if opts.port.is_none()
+                        && attempt < 5
+                        && log.contains("Address already in use") =>
+                {
+                    attempt += 1;
+                    dir = server.stop();
+                    let _ = std::fs::remove_file(dir.path().join("redis.log"));
+                }
+                Err(log) => panic!("redis-server did not start: {log}"),
+            }
+        }
+    }
+
+    fn spawn_local(dir: tempfile::TempDir, port: u16, opts: &Options) -> Server {
         let socket = dir.path().join("redis.sock");
-        let port = opts.port.unwrap_or_else(free_port);
         let mut args: Vec<String> = vec![
             "--port".into(),
             port.to_string(),
@@ -194,7 +225,7 @@ impl Server {
             "--enable-module-command".into(),
             "local".into(),
         ];
-        args.extend(common_args(dir.path(), &module_path(), &opts));
+        args.extend(common_args(dir.path(), &module_path(), opts));
         let binary = server_binary();
         let child = Command::new(&binary)
             .args(&args)
@@ -207,14 +238,12 @@ impl Server {
                     binary.display()
                 )
             });
-        let mut server = Server {
+        Server {
             process: Some(Process::Local(child)),
             dir,
             port,
             target: Target::Unix(socket),
-        };
-        server.wait_ready();
-        server
+        }
     }
 
     #[cfg(feature = "containers")]
@@ -226,7 +255,9 @@ impl Server {
             port,
             target: Target::Tcp { host, port },
         };
-        server.wait_ready();
+        if let Err(log) = server.wait_ready() {
+            panic!("the container did not start: {log}");
+        }
         server
     }
 
@@ -235,22 +266,21 @@ impl Server {
         unreachable!("container_image() refuses RL_REDIS_IMAGE without the containers feature")
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits until the server answers PING; its log when it exited or took longer than 10 s.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut c) = self.try_connect()
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
-                return;
+                return Ok(());
             }
             if !self.is_running() {
-                panic!("the server exited; log:\n{}", self.log());
+                return Err(format!("it exited; log:\n{}", self.log()));
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start; log:\n{}",
-                self.log()
-            );
+            if Instant::now() > deadline {
+                return Err(format!("no answer in 10 s; log:\n{}", self.log()));
+            }
             sleep(Duration::from_millis(20));
         }
     }

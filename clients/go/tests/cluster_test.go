@@ -51,7 +51,7 @@ func startCluster(t *testing.T, module bool) []*server {
 	var nodes []*server
 	var addrs []string
 	for i := 0; i < 3; i++ {
-		n := start(t, serverOpts{module: module, cluster: true, port: clusterPort()})
+		n := start(t, serverOpts{module: module, cluster: true})
 		nodes = append(nodes, n)
 		addrs = append(addrs, n.addr())
 	}

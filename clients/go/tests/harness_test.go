@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -113,11 +114,28 @@ func (s *server) kill() {
 
 func (s *server) signal(sig syscall.Signal) error { return s.proc.Signal(sig) }
 
-// launch starts a server in dir and waits until it answers PING.
+// launch starts a server in dir and waits until it answers PING. A port it chose itself (a pair
+// for a cluster node) can be taken by another process between the check and the server's bind:
+// then it tries again on another one, with the files of the failed start removed.
 func launch(dir string, o serverOpts) (*server, error) {
-	if o.port == 0 {
-		o.port = freePort()
+	if o.port != 0 {
+		return launchOn(dir, o)
 	}
+	for attempt := 1; ; attempt++ {
+		o.port = freePort()
+		if o.cluster {
+			o.port = clusterPort()
+		}
+		s, err := launchOn(dir, o)
+		if err == nil || attempt >= 5 || !strings.Contains(err.Error(), "Address already in use") {
+			return s, err
+		}
+		os.Remove(filepath.Join(dir, "redis.log"))
+		os.Remove(filepath.Join(dir, "nodes.conf"))
+	}
+}
+
+func launchOn(dir string, o serverOpts) (*server, error) {
 	args := []string{"--port", strconv.Itoa(o.port), "--bind", "127.0.0.1", "--dir", dir,
 		"--logfile", filepath.Join(dir, "redis.log"), "--save", "", "--appendonly", "no"}
 	if o.module {

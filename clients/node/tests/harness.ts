@@ -96,10 +96,23 @@ export class Server {
     this.dir = mkdtempSync(join(tmpdir(), 'rl-node-'));
   }
 
+  /**
+   * Starts a server. A port the harness chose (a pair for a cluster node) can be taken by another
+   * process between the check and the server's bind: then it tries again on another one.
+   */
   static async start(options: ServerOptions = {}): Promise<Server> {
-    const s = new Server(options.port ?? (await freePort()), options);
-    await s.launch();
-    return s;
+    for (let attempt = 1; ; attempt++) {
+      const port = options.port ?? (options.cluster ? await clusterPort() : await freePort());
+      const s = new Server(port, options);
+      try {
+        await s.launch();
+        return s;
+      } catch (e) {
+        const taken = s.log.includes('Address already in use');
+        await s.stop();
+        if (options.port !== undefined || !taken || attempt >= 5) throw e;
+      }
+    }
   }
 
   get url(): string {
@@ -280,7 +293,7 @@ export class Cluster {
 
   static async start(module: boolean): Promise<Cluster> {
     const nodes: Server[] = [];
-    for (let i = 0; i < 3; i++) nodes.push(await Server.start({ module, cluster: true, port: await clusterPort() }));
+    for (let i = 0; i < 3; i++) nodes.push(await Server.start({ module, cluster: true }));
     const out = spawnSync(
       'redis-cli',
       ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'],

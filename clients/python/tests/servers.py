@@ -75,7 +75,7 @@ class Server:
         self.port = port or free_port(pair=cluster)
         args = [
             server_binary(),
-            "--port", str(self.port),
+            "--port", "",
             "--bind", "127.0.0.1",
             "--dir", self.dir,
             "--logfile", os.path.join(self.dir, "server.log"),
@@ -98,7 +98,20 @@ class Server:
         args += extra or []
         self.args = args
         self.process: subprocess.Popen[bytes] | None = None
-        self.start()
+        # A port chosen here (a pair for a cluster node) can be taken by another process between
+        # the check and the server's bind: then it tries again on another one.
+        for attempt in range(1, 6):
+            args[2] = str(self.port)
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if port is not None or attempt == 5 or "Address already in use" not in self.log():
+                    raise
+                self.kill()
+                for leftover in ("server.log", "nodes.conf"):
+                    Path(self.dir, leftover).unlink(missing_ok=True)
+                self.port = free_port(pair=cluster)
 
     def start(self) -> None:
         """Starts (or starts again, on the same port and directory) and waits until it answers."""

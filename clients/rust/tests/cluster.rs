@@ -8,7 +8,7 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{Opts, Server, cluster_port};
+use common::{Opts, Server};
 use ratelimit_client::{Algorithm, Client, Concurrency, Mode, ModeChoice, Options};
 
 struct Cluster {
@@ -22,7 +22,6 @@ impl Cluster {
                 Server::start(Opts {
                     module,
                     cluster: true,
-                    port: Some(cluster_port()),
                     ..Opts::default()
                 })
             })

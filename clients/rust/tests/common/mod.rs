@@ -94,9 +94,36 @@ impl Server {
     }
 
     /// [`Server::start`] with more arguments for the server (`--replicaof host port`...).
+    ///
+    /// A port chosen here (a pair for a cluster node) can be taken by another process between the
+    /// check and the server's bind: then it tries again on another one.
     pub fn start_with(opts: Opts, extra: &[&str]) -> Server {
+        let mut attempt = 1;
+        loop {
+            let port = opts.port.unwrap_or_else(|| {
+                if opts.cluster {
+                    cluster_port()
+                } else {
+                    free_port()
+                }
+            });
+            match Self::try_start(opts, port, extra) {
+                Ok(s) => return s,
+                Err(log)
+                    if opts.port.is_none()
+                        && attempt < 5
+                        && log.contains("Address already in use") =>
+                {
+                    attempt += 1
+                }
+                Err(log) => panic!("redis-server did not start; log:\n{log}"),
+            }
+        }
+    }
+
+    /// A started server, or its log when it exited or did not answer in time.
+    fn try_start(opts: Opts, port: u16, extra: &[&str]) -> Result<Server, String> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = opts.port.unwrap_or_else(free_port);
         let mut args: Vec<String> = [
             "--port",
             &port.to_string(),
@@ -150,28 +177,31 @@ impl Server {
             dir,
             port,
         };
-        s.wait_ready();
-        s
+        s.wait_ready()?;
+        Ok(s)
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits until the server answers PING; its log when it exited or took longer than 10 s.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut c) = self.try_connect()
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
-                return;
+                return Ok(());
             }
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("redis-server exited with {status}; log:\n{}", self.log());
+                return Err(format!("exited with {status}\n{}", self.log()));
             }
-            assert!(Instant::now() < deadline, "redis-server did not start");
+            if Instant::now() > deadline {
+                return Err(format!("no answer in 10 s\n{}", self.log()));
+            }
             sleep(Duration::from_millis(20));
         }
     }

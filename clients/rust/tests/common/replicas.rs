@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use super::{Opts, Server, cluster_port, free_port, server_binary};
+use super::{Opts, Server, free_port, server_binary};
 
 /// The name the Sentinels know the master by.
 pub const MASTER: &str = "rl";
@@ -246,12 +246,12 @@ impl ClusterWithReplica {
     /// The master listens on `master_port`; the cluster and its clients reach it at
     /// `announced_port` (its own, or a proxy's in front of it), and so does its replica.
     pub fn start(master_port: u16, announced_port: u16) -> ClusterWithReplica {
-        let node = |port: u16, extra: &[&str]| {
+        let node = |port: Option<u16>, extra: &[&str]| {
             Server::start_with(
                 Opts {
                     module: true,
                     cluster: true,
-                    port: Some(port),
+                    port,
                     ..Opts::default()
                 },
                 extra,
@@ -260,7 +260,7 @@ impl ClusterWithReplica {
         let announced = announced_port.to_string();
         let bus = (master_port + 10_000).to_string();
         let master = node(
-            master_port,
+            Some(master_port),
             &[
                 "--cluster-announce-port",
                 &announced,
@@ -270,8 +270,8 @@ impl ClusterWithReplica {
                 "0",
             ],
         );
-        let voters: Vec<Server> = (0..2).map(|_| node(cluster_port(), &[])).collect();
-        let replica = node(cluster_port(), &["--repl-diskless-sync-delay", "0"]);
+        let voters: Vec<Server> = (0..2).map(|_| node(None, &[])).collect();
+        let replica = node(None, &["--repl-diskless-sync-delay", "0"]);
         let last = (MASTER_SLOTS - 1).to_string();
         cluster_cmd(&master, &["ADDSLOTSRANGE", "0", &last]).unwrap();
         for (i, v) in voters.iter().enumerate() {
