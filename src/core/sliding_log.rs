@@ -63,10 +63,17 @@ pub fn view<L: Log>(params: &Params, now_us: i64, log: &L) -> Result<View, L::Er
         return Ok(View::default());
     }
     let newest = log.score_from_newest(0)?;
-    let in_window = log.count_above(window_start(params, now_us))?;
+    let start = window_start(params, now_us);
     let now = now_us as f64;
-    let tied = match newest {
-        Some(n) if n >= now => log.count_at(n)?,
+    // One entry: the newest is all there is to count, without reading the log again.
+    let only = if len == 1 { newest } else { None };
+    let in_window = match only {
+        Some(n) => i64::from(n > start),
+        None => log.count_above(start)?,
+    };
+    let tied = match (newest, only) {
+        (Some(n), Some(_)) if n >= now => 1,
+        (Some(n), None) if n >= now => log.count_at(n)?,
         _ => 0,
     };
     Ok(View {
@@ -137,8 +144,14 @@ pub fn decide<L: Log>(
         // Enough room once the k-th oldest entry in the window has left it, k = count + cost -
         // limit: the window's entries are the newest `count`, so that one is `limit - cost`
         // places before the newest.
-        log.score_from_newest(limit - cost)?
-            .map_or(-1, |s| lua_integer(leaves_after_ms(params, s, now)))
+        let rank = limit - cost;
+        // The newest entry (a cost of the whole limit) was read already.
+        let leaving = if rank == 0 {
+            view.newest
+        } else {
+            log.score_from_newest(rank)?
+        };
+        leaving.map_or(-1, |s| lua_integer(leaves_after_ms(params, s, now)))
     };
     let reset_after_ms = match view.newest {
         _ if admits => lua_integer(leaves_after_ms(params, t, now)),
