@@ -16,9 +16,10 @@ misses and mispredicted branches per call, which cost time that instruction coun
 
 Cases: for every limiter of numbers and CL.THROTTLE, an admitted call on a hot key, a denied call
 on a hot key and a call on a new key, for the module and its Lua twin (EVALSHA); HSET as the
-floor. With --floor-module PATH (benches/floor_module.c, built by `make bench`) also FLOOR.ADMIT
-and FLOOR.DENY on a hot key: only the server calls of an admitted and a denied call. Prints a
-Markdown table.
+floor; RL.SLIDINGLOG denied on a hot key of one entry. With --floor-module PATH
+(benches/floor_module.c, built by `make bench`) also FLOOR.ADMIT, FLOOR.DENY and FLOOR.LOGDENY
+on a hot key: only the server calls of an admitted call, a denied one and a denied one on a
+sorted set. Prints a Markdown table.
 
 With --top it measures only what tracking the most-denied keys (RL.TOP) adds to a denial:
 ratelimit.top-slots 128 against 0, on a hot key and on keys that all ran out first.
@@ -224,6 +225,11 @@ def main() -> None:
             measure("FLOOR.DENY (server calls only)", "denied",
                     [["SET", "hot", "0 1796156770512147", "PX", "100000000"]],
                     ["FLOOR.DENY", "hot"])
+            # A one-entry sliding log, as RL.SLIDINGLOG writes it.
+            measure("FLOOR.LOGDENY (server calls only)", "denied",
+                    [["ZADD", "hot", "1796156770512147", "1796156770512147:0"],
+                     ["PEXPIRE", "hot", "100000000"]],
+                    ["FLOOR.LOGDENY", "hot"])
         for command, script, admit, deny, new in CASES:
             source = (a.lua_dir / script).read_text()
             for twin in (False, True):
@@ -242,6 +248,10 @@ def main() -> None:
                 measure(label, "admitted", setup_load + [argv("hot", admit)], argv("hot", admit))
                 measure(label, "denied", setup_load + [argv("hot", deny)], argv("hot", deny))
                 measure(label, "new key", setup_load, argv("k:__rand_int__", new), random_keys=True)
+        # The sliding log's denial on a hot key of one entry (its admitted calls grow a set,
+        # which the table of `make bench` times instead).
+        hot_log = ["RL.SLIDINGLOG", "hot", "1", "1000"]
+        measure("RL.SLIDINGLOG", "denied", [hot_log], hot_log)
 
     where = "in the command's function" if a.proc else "inside call()"
     if a.sim:

@@ -9,6 +9,9 @@
  *                    when absent), set the expiry, signal and notify `set` and `expire`, propagate
  *                    `SET key value PXAT ms`, reply an array of five integers
  *   FLOOR.DENY key   open, read the value in place, reply an array of five integers
+ *   FLOOR.LOGDENY key  what a denied RL.SLIDINGLOG call on a one-entry log cannot skip: open,
+ *                    read the expiry (a log without one is not the module's), read the newest
+ *                    entry of the sorted set, reply an array of five integers
  *
  * Built against redismodule.h of the redis-module crate (see the Makefile's bench target). */
 
@@ -99,6 +102,25 @@ static int floor_deny(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return REDISMODULE_OK;
 }
 
+static int floor_log_deny(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    static const long long denied[5] = {0, 0, 999996, 999996, 1};
+    if (argc != 2) return RedisModule_WrongArity(ctx);
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_ZSET &&
+        RedisModule_GetAbsExpire(key) != REDISMODULE_NO_EXPIRE &&
+        RedisModule_ValueLength(key) > 0 &&
+        RedisModule_ZsetLastInScoreRange(key, REDISMODULE_NEGATIVE_INFINITE,
+                                         REDISMODULE_POSITIVE_INFINITE, 0, 0) == REDISMODULE_OK) {
+        double score = 0;
+        RedisModuleString *member = RedisModule_ZsetRangeCurrentElement(key, &score);
+        if (member != NULL) RedisModule_FreeString(ctx, member);
+        RedisModule_ZsetRangeStop(key);
+    }
+    reply_five(ctx, denied);
+    RedisModule_CloseKey(key);
+    return REDISMODULE_OK;
+}
+
 int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv;
     (void)argc;
@@ -109,6 +131,8 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
     if (RedisModule_CreateCommand(ctx, "floor.admit", floor_admit, "write fast", 1, 1, 1) ==
             REDISMODULE_ERR ||
         RedisModule_CreateCommand(ctx, "floor.deny", floor_deny, "write fast", 1, 1, 1) ==
+            REDISMODULE_ERR ||
+        RedisModule_CreateCommand(ctx, "floor.logdeny", floor_log_deny, "write fast", 1, 1, 1) ==
             REDISMODULE_ERR)
         return REDISMODULE_ERR;
     return REDISMODULE_OK;

@@ -15,7 +15,9 @@ divided by the native denial.
 With --floor-module PATH (benches/floor_module.c, built by `make bench`) the same server also
 runs FLOOR.ADMIT and FLOOR.DENY: only the module-API calls an admitted and a denied call on a
 hot key make (open, read in place, rewrite, expiry, events, one propagated SET, five integers
-replied), so the table shows what no module command can go below, next to the native command.
+replied), so the table shows what no module command can go below, next to the native command;
+and FLOOR.LOGDENY, the calls a denial on a sorted set (RL.SLIDINGLOG's) cannot skip, the floor
+of that limiter's row in the denials table.
 
 Usage: python3 benches/native_gcra.py --server PATH [--module PATH] [--floor-module PATH]
                                       [--rounds N] [--budget S]
@@ -76,6 +78,13 @@ def case(command: str, path: str, args: str) -> sb.Case:
 
 # A denied token bucket's value on the floor module's key: the same length, a time far ahead.
 FLOOR_DENY_SETUP = ["SET", "deny", "0 1796156770512147", "PX", "100000000"]
+# A one-entry sliding log as RL.SLIDINGLOG writes it: one member `<t>:0` at score t, an expiry.
+FLOOR_LOG_SETUP = [
+    ["ZADD", "logdeny", "1796156770512147", "1796156770512147:0"],
+    ["PEXPIRE", "logdeny", "100000000"],
+]
+# The floor of each limiter's denial: the sorted-set one for the sliding log, else the string one.
+DENIAL_FLOOR = {"RL.SLIDINGLOG": "FLOOR.LOGDENY"}
 
 
 def build(server: sb.Server, floor: bool) -> list[sb.Case]:
@@ -85,7 +94,10 @@ def build(server: sb.Server, floor: bool) -> list[sb.Case]:
     if floor:
         deny = case("FLOOR.DENY", "deny", "")
         deny.setup = [FLOOR_DENY_SETUP]
-        cases += [case("FLOOR.ADMIT", "hot", ""), deny, case("FLOOR.ADMIT", "new", "")]
+        log_deny = case("FLOOR.LOGDENY", "deny", "")
+        log_deny.setup = FLOOR_LOG_SETUP
+        log_deny.argv = ["FLOOR.LOGDENY", "logdeny"]
+        cases += [case("FLOOR.ADMIT", "hot", ""), deny, log_deny, case("FLOOR.ADMIT", "new", "")]
     for _, path, args in PATHS:
         cases.append(case("GCRA", path, args))
         for command in COMPARED:
@@ -130,12 +142,17 @@ def render(cases: list[sb.Case]) -> list[str]:
         f"`HSET` on a hot key: {hset:.3f} µs; native `GCRA` denied / `HSET`: "
         f"{native['deny'] / hset:.2f}x",
         "",
-        "| denied, hot key | µs per call | ÷ native `GCRA` denied |",
-        "|---|---:|---:|",
+        "| denied, hot key | µs per call | ÷ native `GCRA` denied |"
+        + (" module-API floor | ÷ native |" if floor["deny"] else ""),
+        "|---|---:|---:|" + ("---:|---:|" if floor["deny"] else ""),
     ]
     for command, _ in DENIALS:
         us = median(by[(command, "deny")])
-        lines.append(f"| `{command}` | {us:.3f} | {us / native['deny']:.2f}x |")
+        line = f"| `{command}` | {us:.3f} | {us / native['deny']:.2f}x |"
+        f = by.get((DENIAL_FLOOR.get(command, "FLOOR.DENY"), "deny"))
+        if f:
+            line += f" {median(f):.3f} | {median(f) / native['deny']:.2f}x |"
+        lines.append(line)
     return lines
 
 
