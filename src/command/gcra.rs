@@ -207,7 +207,7 @@ fn narrow(v: i128) -> i64 {
 
 /// A time below 2^53, exact as a double (the stored form, as in the Lua twin).
 fn exact_f64(v: i128) -> f64 {
-    v as f64
+    gcra::to_f64(v)
 }
 
 #[cfg(test)]

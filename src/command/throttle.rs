@@ -170,7 +170,7 @@ pub fn cell_seconds(ns: i128) -> i64 {
     let secs = gcra::div(ns, 1_000_000_000);
     let nanos = gcra::rem(ns, 1_000_000_000);
     // Both parts are below 2^53 (exact); the sum and the truncation are redis-cell's rounding.
-    let mut s = (secs as f64 + nanos as f64 / 1e9) as i64;
+    let mut s = (gcra::to_f64(secs) + gcra::to_f64(nanos) / 1e9) as i64;
     if gcra::div(nanos, 1_000_000) > 0 {
         s += 1;
     }
@@ -185,7 +185,7 @@ pub fn cell_remaining(p: &gcra::Params, ttl: i128) -> i64 {
         return 0;
     }
     // Both below 2^54 by the tolerance bound; rounded to doubles once, as redis-cell does.
-    let next_us = gcra::div(next, 1000) as f64;
+    let next_us = gcra::to_f64(gcra::div(next, 1000));
     let interval_us = (p.interval / 1000) as f64;
     (next_us / interval_us) as i64
 }

@@ -98,6 +98,16 @@ pub fn rem(a: i128, b: i64) -> i128 {
     }
 }
 
+/// `a as f64` (rounded to nearest), from 64 bits when `a` fits: a conversion from 128 bits is a
+/// call into the compiler's runtime, about 45 instructions. (`black_box` keeps the optimiser from
+/// seeing that both arms give the same number and keeping only the 128-bit one.)
+pub fn to_f64(a: i128) -> f64 {
+    match i64::try_from(a) {
+        Ok(a) => a as f64,
+        Err(_) => std::hint::black_box(a) as f64,
+    }
+}
+
 pub fn remaining(p: &Params, ttl: i128) -> i128 {
     let ttl = if ttl < 0 { 0 } else { ttl };
     let free = i128::from(p.tolerance) - ttl;
@@ -128,6 +138,12 @@ mod tests {
                 assert_eq!(div(a, b), a / i128::from(b), "{a} / {b}");
                 assert_eq!(rem(a, b), a % i128::from(b), "{a} % {b}");
             }
+            assert_eq!(to_f64(a).to_bits(), (a as f64).to_bits(), "{a} as f64");
+        }
+        // Rounded the same way past 2^53, where doubles are no longer every integer.
+        for a in [(1i128 << 53) + 1, (1i128 << 54) + 3, i128::from(i64::MAX) - 511] {
+            assert_eq!(to_f64(a).to_bits(), (a as f64).to_bits(), "{a} as f64");
+            assert_eq!(to_f64(-a).to_bits(), (-a as f64).to_bits(), "-{a} as f64");
         }
     }
 
