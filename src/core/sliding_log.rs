@@ -66,14 +66,13 @@ pub fn view<L: Log>(params: &Params, now_us: i64, log: &L) -> Result<View, L::Er
     let start = window_start(params, now_us);
     let now = now_us as f64;
     // One entry: the newest is all there is to count, without reading the log again.
-    let only = if len == 1 { newest } else { None };
-    let in_window = match only {
-        Some(n) => i64::from(n > start),
-        None => log.count_above(start)?,
+    let in_window = match newest {
+        Some(n) if len == 1 => i64::from(n > start),
+        _ => log.count_above(start)?,
     };
-    let tied = match (newest, only) {
-        (Some(n), Some(_)) if n >= now => 1,
-        (Some(n), None) if n >= now => log.count_at(n)?,
+    let tied = match newest {
+        Some(n) if n >= now && len == 1 => 1,
+        Some(n) if n >= now => log.count_at(n)?,
         _ => 0,
     };
     Ok(View {
