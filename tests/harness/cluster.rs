@@ -40,16 +40,7 @@ impl Cluster {
         let nodes: Vec<Server> = (0..masters * (1 + replicas))
             .map(|_| {
                 Server::with(Options {
-                    extra: [
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ]
-                    .map(String::from)
-                    .to_vec(),
+                    cluster: true,
                     ..Options::default()
                 })
             })

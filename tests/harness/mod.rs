@@ -89,6 +89,8 @@ pub struct Options {
     /// A fixed TCP port; without one, the harness picks a free one (for a cluster node, one whose
     /// bus port, +10000, is free too).
     pub port: Option<u16>,
+    /// A cluster node (`--cluster-enabled yes`, its own `nodes.conf`, a 2 s node timeout).
+    pub cluster: bool,
 }
 
 /// Where the tests connect to a server.
@@ -155,6 +157,18 @@ fn common_args(dir: &Path, module: &Path, opts: &Options) -> Vec<String> {
             args.push("TESTCLOCK".into());
         }
     }
+    if opts.cluster {
+        for a in [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ] {
+            args.push(a.into());
+        }
+    }
     args.extend(opts.extra.iter().cloned());
     args
 }
@@ -188,7 +202,7 @@ impl Server {
         let mut attempt = 1;
         loop {
             let port = opts.port.unwrap_or_else(|| {
-                if opts.extra.iter().any(|a| a == "--cluster-enabled") {
+                if opts.cluster {
                     cluster::cluster_port()
                 } else {
                     free_port()
