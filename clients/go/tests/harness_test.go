@@ -122,9 +122,10 @@ func launch(dir string, o serverOpts) (*server, error) {
 		return launchOn(dir, o)
 	}
 	for attempt := 1; ; attempt++ {
-		o.port = freePort()
 		if o.cluster {
 			o.port = clusterPort()
+		} else {
+			o.port = freePort()
 		}
 		s, err := launchOn(dir, o)
 		if err == nil || attempt >= 5 || !strings.Contains(err.Error(), "Address already in use") {
