@@ -141,7 +141,11 @@ mod tests {
             assert_eq!(to_f64(a).to_bits(), (a as f64).to_bits(), "{a} as f64");
         }
         // Rounded the same way past 2^53, where doubles are no longer every integer.
-        for a in [(1i128 << 53) + 1, (1i128 << 54) + 3, i128::from(i64::MAX) - 511] {
+        for a in [
+            (1i128 << 53) + 1,
+            (1i128 << 54) + 3,
+            i128::from(i64::MAX) - 511,
+        ] {
             assert_eq!(to_f64(a).to_bits(), (a as f64).to_bits(), "{a} as f64");
             assert_eq!(to_f64(-a).to_bits(), (-a as f64).to_bits(), "-{a} as f64");
         }
