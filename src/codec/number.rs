@@ -371,43 +371,63 @@ impl<const N: usize> std::fmt::Write for ByteWriter<N> {
 
 /// Decimal text of an integer, without allocating; returns the used length of `buf`.
 pub fn format_i64(value: i64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
-    let mut n = value.unsigned_abs();
+    let n = value.unsigned_abs();
     let sign = usize::from(value < 0);
-    let len = sign + n.checked_ilog10().map_or(1, |l| l as usize + 1);
+    let digits = n.checked_ilog10().map_or(1, |l| l as usize + 1);
     if sign == 1
         && let Some(slot) = buf.first_mut()
     {
         *slot = b'-';
     }
-    // Two digits at a time from the last, straight into place.
-    let mut at = len;
-    while n >= 10 {
-        let pair = (n % 100) as usize * 2;
-        n /= 100;
-        at -= 2;
-        if let (Some(dst), Some(src)) = (buf.get_mut(at..at + 2), DIGIT_PAIRS.get(pair..pair + 2)) {
-            dst.copy_from_slice(src);
-        }
+    // Groups of eight digits (a timestamp in microseconds is two): the leading group, of 1 to 8
+    // digits, then 0 to 2 whole ones. Every group is one 8-byte store, left to right: the
+    // leading one's bytes past its digits are overwritten by the next group (`buf` has room).
+    let whole_groups = (digits - 1) / 8;
+    let lead_digits = digits - 8 * whole_groups;
+    let mut groups = [0u32; 2];
+    let mut lead = n;
+    for slot in groups.iter_mut().take(whole_groups).rev() {
+        *slot = (lead % EIGHT_DIGITS) as u32;
+        lead /= EIGHT_DIGITS;
     }
-    if at > sign
-        && let Some(slot) = buf.get_mut(at - 1)
-    {
-        *slot = b'0' + n as u8;
+    let word = u64::from_le_bytes(eight_ascii_digits(lead as u32)) >> (8 * (8 - lead_digits));
+    put8(buf, sign, word.to_le_bytes());
+    let mut at = sign + lead_digits;
+    for &group in groups.iter().take(whole_groups) {
+        put8(buf, at, eight_ascii_digits(group));
+        at += 8;
     }
-    len
+    sign + digits
 }
 
-/// "00" to "99", for writing integers two digits at a time.
-const DIGIT_PAIRS: [u8; 200] = {
-    let mut table = [0u8; 200];
-    let mut i = 0;
-    while i < 100 {
-        table[2 * i] = b'0' + (i / 10) as u8;
-        table[2 * i + 1] = b'0' + (i % 10) as u8;
-        i += 1;
+/// Eight bytes into `buf` at `at` (every caller stays within its 32 bytes).
+fn put8(buf: &mut [u8; G17_MAX_LEN], at: usize, bytes: [u8; 8]) {
+    if let Some(dst) = buf.get_mut(at..).and_then(|b| b.first_chunk_mut::<8>()) {
+        *dst = bytes;
     }
-    table
-};
+}
+
+const EIGHT_DIGITS: u64 = 100_000_000;
+
+/// The eight decimal digits of `n < 10^8` (leading zeros included) as ASCII, in three rounds of
+/// lane arithmetic on one word instead of eight divisions: the number is split into two groups
+/// of four digits, each into two of two, each into two digits, every lane divided by 100 or 10
+/// through a multiplication and a shift that is exact for the lane's range.
+fn eight_ascii_digits(n: u32) -> [u8; 8] {
+    let n = u64::from(n);
+    // Lanes of 32 bits: the first four digits in the low lane, the last four in the high one
+    // (the low byte is written first).
+    let fours = (n / 10_000) | ((n % 10_000) << 32);
+    // x / 100 == (x * 10486) >> 20 for x < 43,699; lanes stay below 10^4 * 10486 < 2^27.
+    let hundreds = ((fours * 10_486) >> 20) & ((0x7F << 32) | 0x7F);
+    // Lanes of 16 bits: each group's first two digits low, last two high.
+    let twos = ((fours - 100 * hundreds) << 16) | hundreds;
+    // x / 10 == (x * 103) >> 10 for x < 179; lanes stay below 99 * 103 < 2^14.
+    let tens = ((twos * 103) >> 10) & 0x000F_000F_000F_000F;
+    // Lanes of 8 bits: one digit each.
+    let digits = ((twos - 10 * tens) << 8) | tens;
+    (digits | 0x3030_3030_3030_3030).to_le_bytes()
+}
 
 /// Convenience for tests and cold paths.
 pub fn g17_string(value: f64) -> String {
@@ -510,6 +530,26 @@ mod tests {
         assert_eq!(g17_string(-42.0), "-42");
         assert_eq!(g17_string(1e17), "1e+17");
         assert_eq!(g17_string(1e-5), "1.0000000000000001e-05");
+    }
+
+    #[test]
+    fn eight_digit_groups_are_the_digits_of_the_number() {
+        // Every number below 10^5 (every lane value of the last groups), then a stride through
+        // the rest of 0..10^8 that meets every residue of the lanes, and the ends.
+        let check = |n: u32| {
+            assert_eq!(
+                eight_ascii_digits(n),
+                *format!("{n:08}").as_bytes().first_chunk::<8>().unwrap(),
+                "{n}"
+            );
+        };
+        (0..100_000).for_each(check);
+        (0..100_000_000).step_by(9_973).for_each(check);
+        for n in [
+            99_999_999, 99_990_000, 10_000_000, 9_999_999, 12_345_678, 90_000_009,
+        ] {
+            check(n);
+        }
     }
 
     #[test]
