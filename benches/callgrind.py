@@ -29,9 +29,16 @@ hot key, a new key): inside the command's function, the instructions of every fu
 (inclusive, per call, from callgrind_annotate), the module API's and the server's by name, and
 the module's own code as what is left.
 
+With --breakdown --native (and --server naming a redis-server built with the native GCRA command,
+see benches/native_gcra.py) the same paths of the native `GCRA` are counted too, split into its
+own work (its arguments parsed, its stored number read, the decision: `NATIVE_OWN`) and the
+server calls it makes; with --floor-module also FLOOR.ADMIT / FLOOR.DENY on the same paths. The
+sum of the floor and the native command's own work is what a module whose own code cost exactly
+what the built-in command's does would take: the least this module could hope for.
+
 Usage: python3 benches/callgrind.py [--module PATH] [--lua-dir DIR] [--server PATH]
                                     [--calls N] [--only SUBSTRING] [--top] [--proc] [--sim]
-                                    [--floor-module PATH] [--breakdown]
+                                    [--floor-module PATH] [--breakdown [--native]]
 """
 
 from __future__ import annotations
@@ -145,7 +152,8 @@ def events_per_call(server: str, module: Path, setup: list[list[str]],
                 annotate.append(f"inclusive: {inclusive}")
                 annotate.extend(subprocess.run(
                     ["callgrind_annotate", f"--inclusive={inclusive}", "--threshold=100",
-                     str(out)], capture_output=True, text=True, check=True).stdout.splitlines())
+                     "--auto=no", str(out)],
+                    capture_output=True, text=True, check=True).stdout.splitlines())
             annotate.append(f"calls: {done}")
         names: list[str] = []
         totals: list[int] = []
@@ -180,6 +188,9 @@ def main() -> None:
                     help="benches/floor_module.c built: adds FLOOR.ADMIT and FLOOR.DENY")
     ap.add_argument("--breakdown", action="store_true",
                     help="only RL.GCRA's paths, function by function inside the command")
+    ap.add_argument("--native", action="store_true",
+                    help="with --breakdown: --server has the native GCRA; count it, its own work "
+                         "apart, and the floor module's calls on the same paths")
     a = ap.parse_args()
     module = a.module.resolve()
     floor_module = a.floor_module.resolve() if a.floor_module else None
@@ -202,7 +213,7 @@ def main() -> None:
         print(f"{label:32} {case:10} {ev['Ir']:10,.0f}", file=sys.stderr, flush=True)
 
     if a.breakdown:
-        breakdown(a.server, module, dispatcher, a.calls)
+        breakdown(a.server, module, dispatcher, a.calls, floor_module, a.native)
         return
 
     if a.top:
@@ -271,10 +282,50 @@ def main() -> None:
 ANNOTATED = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(?:\S*?:)?(.+?)(?: \[(.*)\])?$")
 
 
-def breakdown(server: str, module: Path, dispatcher: str, calls: int) -> None:
+# The native GCRA's own work, by the functions that do it (self cost): its arguments parsed
+# (`getRangeLongFromObjectOrReply` and the conversions under it), its stored number read, the
+# decision (`gcraCommand`'s own code, and what the compiler inlined into it from the files of
+# those conversions). Everything else it runs is a server call a module makes too: the key looked
+# up and written, the expiry, the events, the propagated command, the reply.
+NATIVE_OWN = re.compile(
+    r"^(string2ll|string2l|string2d|fast_float\w*|getLongLongFromObject|getLongFromObject\w*|"
+    r"getRangeLongFromObject\w*|getPositiveLongFromObject\w*|getDoubleFromObject\w*|"
+    r"getLongLongFromGCRAObject|__ceil\w*|ceil|__errno_location|__ctype_b_loc)"
+    r"(\.part\.\d+|\.constprop\.\d+|\.isra\.\d+|\.lto_priv\.\d+)*$")
+NATIVE_OWN_FILES = ("gcra.c", "object.c", "util.c", "fast_float_strtod.c")
+# One line of `callgrind_annotate --inclusive=no`, with the file: "1,234 (12.3%)  file:function".
+SELF_COST = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S*?):(.+?)(?: \[(.*)\])?$")
+
+
+def native_split(server: str, module: Path, setup, call, calls: int,
+                 random_keys: bool) -> tuple[float, float]:
+    """The native GCRA's instructions per call in `gcraCommand`, and of them its own work."""
+    lines: list[str] = []
+    ev = events_per_call(server, module, setup, call, calls, random_keys, "gcraCommand",
+                         annotate=lines)
+    done = int(lines[-1].split()[1])
+    own = 0.0
+    inclusive = True
+    for line in lines:
+        if line.startswith("inclusive: "):
+            inclusive = line.endswith("yes")
+            continue
+        m = SELF_COST.match(line)
+        if inclusive or not m or "TOTALS" in line:
+            continue
+        path, name = m.group(2), m.group(3).strip()
+        file = path.rsplit("/", 1)[-1]
+        if NATIVE_OWN.match(name) or (name == "gcraCommand" and file in NATIVE_OWN_FILES):
+            own += int(m.group(1).replace(",", "")) / done
+    return ev["Ir"], own
+
+
+def breakdown(server: str, module: Path, dispatcher: str, calls: int,
+              floor_module: Path | None = None, native: bool = False) -> None:
     """RL.GCRA's instructions per call on each path, by the functions the command's dispatcher
     calls: each server function (the module API's `RM_*` and what they call) and each of the
-    module's that counts at least 1% of the path, inclusive of what it calls."""
+    module's that counts at least 1% of the path, inclusive of what it calls. With `native`, the
+    native GCRA's own work and the floor's server calls on the same paths, and their sum."""
     paths = [
         ("admitted, hot key", [["RL.GCRA", "hot", "1000", "500000", "1"]],
          ["RL.GCRA", "hot", "1000", "500000", "1"], False),
@@ -282,6 +333,14 @@ def breakdown(server: str, module: Path, dispatcher: str, calls: int) -> None:
          ["RL.GCRA", "hot", "0", "1", "1000"], False),
         ("new key", [], ["RL.GCRA", "k:__rand_int__", "100", "1", "1"], True),
     ]
+    floors = {
+        "admitted, hot key": ([], ["FLOOR.ADMIT", "hot"], False),
+        # A denied token bucket's key: the same length of value, an expiry far ahead.
+        "denied, hot key": ([["SET", "hot", "0 1796156770512147", "PX", "100000000"]],
+                            ["FLOOR.DENY", "hot"], False),
+        "new key": ([], ["FLOOR.ADMIT", "k:__rand_int__"], True),
+    }
+    bounds = []
     for label, setup, call, random_keys in paths:
         lines: list[str] = []
         ev = events_per_call(server, module, setup, call, calls, random_keys, dispatcher,
@@ -307,6 +366,11 @@ def breakdown(server: str, module: Path, dispatcher: str, calls: int) -> None:
             above = ir >= ev["Ir"] * 0.9995 and name != dispatcher
             if ir >= ev["Ir"] * 0.01 and not above and not name.startswith("0x"):
                 where = "module" if "libredis_rate_limiter" in obj else "server"
+                # A server built with debug information names the file too, and code the
+                # compiler inlined counts once under each file it came from: keep them apart.
+                file = SELF_COST.match(line)
+                if file and file.group(2) != "???":
+                    name = f"{file.group(2).rsplit('/', 1)[-1]}:{name}"
                 rows.append((ir, name, where))
         print(f"\n{label}: {ev['Ir']:,.0f} instructions per call in {dispatcher}: "
               f"{own:,.0f} in the module's own code, {ev['Ir'] - own:,.0f} in the server's "
@@ -315,6 +379,32 @@ def breakdown(server: str, module: Path, dispatcher: str, calls: int) -> None:
         print("|---|---|---:|---:|")
         for ir, name, where in rows:
             print(f"| `{name[:90]}` | {where} | {ir:,.0f} | {100 * ir / ev['Ir']:.1f}% |")
+        if native:
+            native_setup = [["GCRA", *c[1:]] for c in setup]
+            total, own_native = native_split(server, module, native_setup, ["GCRA", *call[1:]],
+                                             calls, random_keys)
+            floor = None
+            if floor_module:
+                f_setup, f_call, f_random = floors[label]
+                floor = events_per_call(server, module, f_setup, f_call, calls, f_random,
+                                        dispatcher, floor_module=floor_module)["Ir"]
+            bounds.append((label, total, own_native, floor, ev["Ir"], own))
+    if bounds:
+        print("\nThe native GCRA on the same paths (instructions per call in `gcraCommand`), its "
+              "own work (`NATIVE_OWN`), the floor module's server calls, and their sum: a module "
+              "whose own code cost what the native command's does\n")
+        print("| path | native | of it, its own work | floor module | floor + native's own work "
+              "| ÷ native | RL.GCRA | of it, the module's own code | ÷ native |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, total, own_native, floor, ours, own in bounds:
+            if floor is None:
+                f_cell = least = ratio = "-"
+            else:
+                f_cell = f"{floor:,.0f}"
+                least = f"{floor + own_native:,.0f}"
+                ratio = f"{(floor + own_native) / total:.2f}x"
+            print(f"| {label} | {total:,.0f} | {own_native:,.0f} | {f_cell} | {least} | {ratio} "
+                  f"| {ours:,.0f} | {own:,.0f} | {ours / total:.2f}x |")
 
 
 if __name__ == "__main__":
