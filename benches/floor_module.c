@@ -5,9 +5,11 @@
  * next to the rate-limiter module, so its rows show what no module command doing these writes
  * and replies can go below on that server.
  *
- *   FLOOR.ADMIT key  memory check, open, read the value in place, rewrite it in place (or set it
- *                    when absent), set the expiry, signal and notify `set` and `expire`, propagate
- *                    `SET key value PXAT ms`, reply an array of five integers
+ *   FLOOR.ADMIT key [ttl_ms]  memory check, open, read the value in place, rewrite it in place
+ *                    (or set it when absent), set the expiry ttl_ms ahead (1 by default, a full
+ *                    token bucket's; a window's key lives for its window), signal and notify `set`
+ *                    and `expire`, propagate `SET key value PXAT ms`, reply an array of five
+ *                    integers
  *   FLOOR.DENY key   open, read the value in place, reply an array of five integers
  *   FLOOR.LOGDENY key  what a denied RL.SLIDINGLOG call on a one-entry log cannot skip: open,
  *                    read the expiry (a log without one is not the module's), read the newest
@@ -52,7 +54,11 @@ static int reply_five(RedisModuleCtx *ctx, const long long *values) {
 
 static int floor_admit(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     static const long long admitted[5] = {1, 99, 0, 1, 100};
-    if (argc != 2) return RedisModule_WrongArity(ctx);
+    if (argc != 2 && argc != 3) return RedisModule_WrongArity(ctx);
+    long long ttl_ms = 1;
+    if (argc == 3 && (RedisModule_StringToLongLong(argv[2], &ttl_ms) != REDISMODULE_OK ||
+                      ttl_ms < 1 || ttl_ms > 100000000))
+        return RedisModule_ReplyWithError(ctx, "ERR ttl_ms must be an integer from 1 to 100000000");
     if (RedisModule_GetUsedMemoryRatio() > 1)
         return RedisModule_ReplyWithError(ctx, "OOM command not allowed");
     RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
@@ -76,7 +82,7 @@ static int floor_admit(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         RedisModule_StringSet(key, s);
         RedisModule_FreeString(ctx, s);
     }
-    long long at = now_ms() + 1;
+    long long at = now_ms() + ttl_ms;
     RedisModule_SetAbsExpire(key, at);
     RedisModule_SignalModifiedKey(ctx, argv[1]);
     RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_STRING, "set", argv[1]);

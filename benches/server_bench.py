@@ -26,11 +26,14 @@ With --floor-module PATH (benches/floor_module.c, built by `make bench`) the sam
 loads a small C module whose FLOOR.ADMIT and FLOOR.DENY make only the server calls of an
 admitted and of a denied RL.TOKENBUCKET call on a hot key (open, read in place, rewrite in
 place, expiry, keyspace events, one propagated SET, five integers replied): the least any module
-command doing that work costs on this server.
+command doing that work costs on this server. FLOOR.ADMIT also runs on new keys, the way a limiter
+writes a key it has not seen, for each limiter with keys named and living as that limiter's (up
+to 1 ms, 1 to 2 ms, 1,000 ms): a twin's new-key time divided by that row is the most the twin ÷
+module ratio of that limiter could be, whatever the module's own code cost.
 
 Usage: python3 benches/server_bench.py [--module PATH] [--redis-cell PATH] [--quick]
                                        [--rounds N] [--budget SECONDS] [--log-sizes-only]
-                                       [--top-only] [--floor-module PATH]
+                                       [--top-only] [--new-keys-only] [--floor-module PATH]
 
 It also times RL.SLIDINGLOG and its twin on a key holding 10 entries and one holding 9,000,
 admitted and denied (pipelined calls on a seeded key, INFO commandstats per call).
@@ -701,7 +704,10 @@ FLOOR_MODULE_CASES = [
 
 
 def floor_module_cases() -> list[Case]:
-    return [
+    """The floor module's hot-key rows, then for every limiter an admitted call on new keys
+    named as that limiter's new-key rows name theirs (a key's length moves the server's cost),
+    living as long as that limiter's do (`NEW_KEY_LIFE_MS`)."""
+    cases = [
         Case(
             label=f"{command} (server calls only)",
             args="",
@@ -714,6 +720,22 @@ def floor_module_cases() -> list[Case]:
         )
         for command, setup in FLOOR_MODULE_CASES
     ]
+    for lim in LIMITERS:
+        tag = lim.command.split(".")[-1].lower()
+        ttl_ms = NEW_KEY_LIFE_MS.get(lim.command, "2")
+        cases.append(
+            Case(
+                label="FLOOR.ADMIT (server calls only)",
+                args=f"ttl {ttl_ms} ms",
+                keys="new",
+                argv=["FLOOR.ADMIT", f"rl:{tag}:admit:{{__rand_int__}}", ttl_ms],
+                stat="floor.admit",
+                limiter="FLOOR.ADMIT",
+                lua=False,
+                note=f"keys named as {lim.command}'s",
+            )
+        )
+    return cases
 
 
 def build_cell_cases(cell: Server) -> list[Case]:
@@ -1104,6 +1126,9 @@ def render(cases: list[Case], memory: list[tuple[str, str, int, float, int]]) ->
             f"{min(c.usec):.2f}–{max(c.usec):.2f} | {rps:,.0f}{unit} | "
             f"{fmt_ratio(vs_floor)} | {fmt_ratio(vs_module)} |"
         )
+    lines += new_key_bound(cases, med)
+    if not memory:
+        return lines
     lines += [
         "",
         "| memory | arguments | keys | used_memory per key (bytes) | MEMORY USAGE of one key |",
@@ -1111,6 +1136,54 @@ def render(cases: list[Case], memory: list[tuple[str, str, int, float, int]]) ->
     ]
     for label, args, keys, per_key, sample in memory:
         lines.append(f"| {label} | `{args}` | {keys:,} | {per_key:.1f} | {sample} |")
+    return lines
+
+
+# How long a key written on a new key lives with the arguments of the new-key rows, as the floor
+# module's `ttl_ms` (its key expires at the current millisecond + ttl_ms): a GCRA's time is
+# reached within the millisecond; a refilled bucket, a 1 ms log window or lease expire at the
+# next millisecond + 1; a fixed window lives its second; a sliding window 1 to 2 s (its floor
+# here, of 1 s, is lower than its own). The floor module's row of that key life is the least any
+# module can take there: the server's work on a keyspace of that many live keys.
+NEW_KEY_LIFE_MS = {
+    "RL.GCRA": "1",
+    "CL.THROTTLE": "1",
+    "RL.FIXEDWINDOW": "1000",
+    "RL.SLIDINGWINDOW": "1000",
+}
+
+
+def new_key_bound(cases: list[Case], med: dict[int, tuple[float, float]]) -> list[str]:
+    """Each twin's new-key row against its module's and against the floor module's row of the
+    same key life: twin ÷ floor is the most twin ÷ module could be, whatever the module's own
+    code cost."""
+    floors = {
+        c.note.split()[-1].removesuffix("'s"): med[id(c)][0]
+        for c in cases
+        if c.label.startswith("FLOOR.ADMIT") and c.keys == "new"
+    }
+    if not floors:
+        return []
+    module = {c.limiter: med[id(c)][0] for c in cases
+              if c.keys == "new" and c.limiter and not c.lua and not c.cell}
+    lines = [
+        "",
+        "| a new key every call | Lua twin µs | module µs | twin ÷ module | key life | floor "
+        "module µs | twin ÷ floor |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cases:
+        if not (c.lua and c.keys == "new" and c.limiter in module):
+            continue
+        life = NEW_KEY_LIFE_MS.get(c.limiter, "2")
+        floor = floors.get(c.limiter)
+        if floor is None:
+            continue
+        twin, mod = med[id(c)][0], module[c.limiter]
+        lines.append(
+            f"| {c.limiter} | {twin:.2f} | {mod:.2f} | {twin / mod:.1f}× | {life} ms | "
+            f"{floor:.2f} | {twin / floor:.1f}× |"
+        )
     return lines
 
 
@@ -1147,6 +1220,12 @@ def main() -> int:
         "--log-sizes-only",
         action="store_true",
         help=f"only the {LOG_COMMAND} rows on a small and a large key",
+    )
+    ap.add_argument(
+        "--new-keys-only",
+        action="store_true",
+        help="only the rows of a new key every call (the limiters, their twins, HSET and the "
+        "floor module's), without the tracking, log-size and memory tables",
     )
     ap.add_argument(
         "--top-only",
@@ -1219,6 +1298,11 @@ def main() -> int:
             if cell:
                 cell.wait_ready()
                 cases = merge_cell_cases(cases, build_cell_cases(cell))
+            if opts.new_keys_only:
+                # Writing a key it has not seen is where a module and its twin pay the same
+                # server work (a key added to a growing keyspace, its expiry, new allocations):
+                # more rounds of these rows alone, next to the floor module's.
+                cases = [c for c in cases if c.keys == "new"]
 
             def host(case: Case) -> Server:
                 return cell if case.cell and cell else server
@@ -1236,9 +1320,12 @@ def main() -> int:
                     case.usec.append(usec)
                     case.rps.append(rps)
 
-            top, top_how = top_table(server, top_rounds, opts.budget, bench_pin)
-            log_sizes = log_size_table(server, shas, max(opts.rounds, 5))
-            memory = measure_memory(server, cases, shas, opts.memory_keys, cell)
+            if opts.new_keys_only:
+                top, top_how, log_sizes, memory = [], "", [], []
+            else:
+                top, top_how = top_table(server, top_rounds, opts.budget, bench_pin)
+                log_sizes = log_size_table(server, shas, max(opts.rounds, 5))
+                memory = measure_memory(server, cases, shas, opts.memory_keys, cell)
         finally:
             server.stop()
             if cell:
