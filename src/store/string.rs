@@ -78,8 +78,9 @@ pub fn split_fields<const N: usize>(value: &[u8]) -> [Option<&[u8]>; N] {
     out
 }
 
-/// The most numbers a stored value holds.
-pub const MAX_FIELDS: usize = 8;
+/// The most numbers a stored value holds (the sliding window's three; `store_write` fails to
+/// compile for a limiter of more). Kept small: the value is built on the stack, zeroed first.
+pub const MAX_FIELDS: usize = 3;
 
 /// The longest tag.
 const MAX_TAG: usize = 8;
@@ -92,31 +93,40 @@ pub struct Encoded {
 
 impl Encoded {
     pub fn new(tag: &[u8], values: &[f64]) -> Encoded {
-        let mut out = Encoded {
+        let mut out = Encoded::empty();
+        out.write(tag, values);
+        out
+    }
+
+    fn empty() -> Encoded {
+        Encoded {
             buf: [0; MAX_TAG + 1 + MAX_FIELDS * (G17_MAX_LEN + 1)],
             len: 0,
-        };
-        if let (Some(dest), false) = (out.buf.get_mut(..tag.len()), tag.is_empty()) {
+        }
+    }
+
+    /// Writes the value in place (where the caller keeps it: returning it would copy it).
+    fn write(&mut self, tag: &[u8], values: &[f64]) {
+        if let (Some(dest), false) = (self.buf.get_mut(..tag.len()), tag.is_empty()) {
             dest.copy_from_slice(tag);
-            out.len = tag.len();
+            self.len = tag.len();
         }
         for (i, v) in values.iter().take(MAX_FIELDS).enumerate() {
-            if (i > 0 || out.len > 0)
-                && let Some(b) = out.buf.get_mut(out.len)
+            if (i > 0 || self.len > 0)
+                && let Some(b) = self.buf.get_mut(self.len)
             {
                 *b = b' ';
-                out.len += 1;
+                self.len += 1;
             }
-            // Formatted in place: a number's widest form fits after any 7 before it.
-            if let Some(Ok(number)) = out
+            // Formatted in place: a number's widest form fits after any before it.
+            if let Some(Ok(number)) = self
                 .buf
-                .get_mut(out.len..out.len + G17_MAX_LEN)
+                .get_mut(self.len..self.len + G17_MAX_LEN)
                 .map(<&mut [u8; G17_MAX_LEN]>::try_from)
             {
-                out.len += format_g17(*v, number);
+                self.len += format_g17(*v, number);
             }
         }
-        out
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -160,8 +170,16 @@ fn store_write<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
     store: &mut S,
     write: &FieldsWrite<N>,
 ) -> Result<(), ErrorReply> {
+    const {
+        assert!(
+            N <= MAX_FIELDS,
+            "a stored value holds at most MAX_FIELDS numbers"
+        )
+    };
+    let mut value = Encoded::empty();
+    value.write(kind::tag(L::KIND), &write.values);
     store.apply(&Effect::Set {
-        value: Encoded::new(kind::tag(L::KIND), &write.values).as_bytes(),
+        value: value.as_bytes(),
         expire_at_ms: write.expire_at_ms,
     })
 }
