@@ -92,6 +92,8 @@ pub struct Encoded {
 }
 
 impl Encoded {
+    /// A value built and returned (for tests; `store_write` builds it where it writes from).
+    #[cfg(test)]
     pub fn new(tag: &[u8], values: &[f64]) -> Encoded {
         let mut out = Encoded::empty();
         out.write(tag, values);
