@@ -67,6 +67,10 @@ CASES = [
 ]
 
 
+# A denied token bucket's key for FLOOR.DENY: the same length of value, an expiry far ahead.
+FLOOR_DENY_SETUP = ["SET", "hot", "0 1796156770512147", "PX", "100000000"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -232,9 +236,7 @@ def main() -> None:
                 ["HSET", "k:__rand_int__", "f1", "v1", "f2", "v2"], random_keys=True)
         if floor_module:
             measure("FLOOR.ADMIT (server calls only)", "admitted", [], ["FLOOR.ADMIT", "hot"])
-            # A denied token bucket's key: the same length of value, an expiry far ahead.
-            measure("FLOOR.DENY (server calls only)", "denied",
-                    [["SET", "hot", "0 1796156770512147", "PX", "100000000"]],
+            measure("FLOOR.DENY (server calls only)", "denied", [FLOOR_DENY_SETUP],
                     ["FLOOR.DENY", "hot"])
             # A one-entry sliding log, as RL.SLIDINGLOG writes it.
             measure("FLOOR.LOGDENY (server calls only)", "denied",
@@ -335,9 +337,7 @@ def breakdown(server: str, module: Path, dispatcher: str, calls: int,
     ]
     floors = {
         "admitted, hot key": ([], ["FLOOR.ADMIT", "hot"], False),
-        # A denied token bucket's key: the same length of value, an expiry far ahead.
-        "denied, hot key": ([["SET", "hot", "0 1796156770512147", "PX", "100000000"]],
-                            ["FLOOR.DENY", "hot"], False),
+        "denied, hot key": ([FLOOR_DENY_SETUP], ["FLOOR.DENY", "hot"], False),
         "new key": ([], ["FLOOR.ADMIT", "k:__rand_int__"], True),
     }
     bounds = []
