@@ -209,19 +209,26 @@ async fn aof_admissions_wait_for_the_append_only_files_where_the_server_has_wait
         .unwrap();
     let has_waitaof =
         matches!(&waitaof, redis::Value::Array(a) if a.first() != Some(&redis::Value::Nil));
-    let aof = |replicas| {
-        Client::connect(&master.url(), options())
+    let aof = |replicas, timeout: Duration| {
+        // The client's own timeout stays above the wait's.
+        let options = Options {
+            timeout: timeout + Duration::from_secs(1),
+            ..options()
+        };
+        Client::connect(&master.url(), options)
             .unwrap()
             .with_durability(Durability {
                 replicas,
-                timeout: Duration::from_millis(300),
+                timeout,
                 short: ShortAck::Deny,
                 aof: true,
             })
             .unwrap()
     };
-    // One replica's file has it: admitted, by WAITAOF or (before 7.2) WAIT.
-    let one = aof(1);
+    // One replica's file has it: admitted, by WAITAOF or (before 7.2) WAIT. The replica may
+    // report its file's offset only with its next acknowledgement (once a second), so this wait
+    // may take that long; it ends as soon as the acknowledgement comes.
+    let one = aof(1, Duration::from_secs(3));
     let o = one.check("one", &bucket(), 1).await.unwrap();
     assert!(o.decision.allowed && o.degraded.is_none(), "{o:?}");
     assert_eq!(
@@ -233,7 +240,7 @@ async fn aof_admissions_wait_for_the_append_only_files_where_the_server_has_wait
     );
     // Both replicas' files: only one has a file, so WAITAOF falls short and the admission is
     // denied; WAIT counts both replicas' memory and admits.
-    let two = aof(2);
+    let two = aof(2, Duration::from_millis(300));
     let o = two.check("two", &bucket(), 1).await.unwrap();
     assert_eq!(o.decision.allowed, !has_waitaof, "{o:?}");
     assert_eq!(
