@@ -27,11 +27,17 @@ pub fn register(ctx: *mut redis_module::raw::RedisModuleCtx) -> Result<(), &'sta
     }
 }
 
-unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
-    let _ = std::panic::catch_unwind(|| write_section(ctx));
+/// INFO, and the module's part of a crash report: a crash report may be written from another
+/// thread while a command runs, so it leaves out what `RL.TOP` holds (`stats::with_top` is for
+/// Redis's callbacks that run one at a time); the counters are atomics, read from anywhere.
+unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, for_crash_report: c_int) {
+    let _ = std::panic::catch_unwind(|| write_section(ctx, for_crash_report == 0));
 }
 
-fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::codec::error::ErrorReply> {
+fn write_section(
+    ctx: *mut RedisModuleInfoCtx,
+    with_top: bool,
+) -> Result<(), crate::codec::error::ErrorReply> {
     let section = api!(RedisModule_InfoAddSection)?;
     let begin = api!(RedisModule_InfoBeginDictField)?;
     let end = api!(RedisModule_InfoEndDictField)?;
@@ -53,11 +59,13 @@ fn write_section(ctx: *mut RedisModuleInfoCtx) -> Result<(), crate::codec::error
             }
             end(ctx);
         }
-        let (slots, keys, bytes) = top_figures();
-        section(ctx, c"top".as_ptr());
-        field(ctx, c"top_slots".as_ptr(), slots as u64);
-        field(ctx, c"top_keys".as_ptr(), keys as u64);
-        field(ctx, c"top_bytes".as_ptr(), bytes as u64);
+        if with_top {
+            let (slots, keys, bytes) = top_figures();
+            section(ctx, c"top".as_ptr());
+            field(ctx, c"top_slots".as_ptr(), slots as u64);
+            field(ctx, c"top_keys".as_ptr(), keys as u64);
+            field(ctx, c"top_bytes".as_ptr(), bytes as u64);
+        }
         section(ctx, c"counters".as_ptr());
         for descriptor in DESCRIPTORS {
             let command = descriptor.info_name();

@@ -3,8 +3,8 @@
 //! and the outcome. It keeps the per-command counters of the module's INFO section and feeds the
 //! most-denied keys (`top`).
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, PoisonError};
 
 use std::ffi::CStr;
 
@@ -95,13 +95,30 @@ pub const DEFAULT_TOP_SLOTS: usize = 128;
 /// many either stays within a few milliseconds.
 pub const MAX_TOP_SLOTS: usize = 10_000;
 
-static TOP: LazyLock<Mutex<Top>> = LazyLock::new(|| Mutex::new(Top::new(DEFAULT_TOP_SLOTS)));
+/// A value only Redis's own callbacks of the module touch: its commands, its configuration
+/// callbacks, its INFO callback (outside crash reports) and its unload. Redis runs them one at a
+/// time, on its main thread or on a thread that holds its global lock (whose taking and release
+/// order them), and the module runs no thread of its own. So a plain cell is enough where a
+/// mutex would take and release a lock on every denial: two locked instructions, which cost a
+/// denial of `RL.GCRA` about 8% of its time on this project's benchmark machine
+/// (docs/benchmarks.md). The `RefCell` still refuses a second borrow from inside the first.
+struct OneAtATime<T>(RefCell<T>);
 
-/// The most-denied keys (`RL.TOP`), for reading or changing. Redis runs commands one at a time,
-/// so the lock is never contended; a panic while it was held leaves it usable.
-pub fn with_top<R>(f: impl FnOnce(&mut Top) -> R) -> R {
-    let mut top = TOP.lock().unwrap_or_else(PoisonError::into_inner);
-    f(&mut top)
+// SAFETY: see `OneAtATime`: every access is made from a callback Redis runs while no other
+// callback of the module runs, and Redis's global lock orders those made on different threads.
+unsafe impl<T> Sync for OneAtATime<T> {}
+
+/// Made with its first use, at the default size (`ratelimit.top-slots` resizes it).
+static TOP: OneAtATime<Option<Top>> = OneAtATime(RefCell::new(None));
+
+/// The most-denied keys (`RL.TOP`), for reading or changing, from one of Redis's callbacks of the
+/// module (`OneAtATime`). Called again from inside `f`, which nothing does, it returns the
+/// default without calling `f` (a panic there would fail the command).
+pub fn with_top<R: Default>(f: impl FnOnce(&mut Top) -> R) -> R {
+    match TOP.0.try_borrow_mut() {
+        Ok(mut top) => f(top.get_or_insert_with(|| Top::new(DEFAULT_TOP_SLOTS))),
+        Err(_) => R::default(),
+    }
 }
 
 /// What `RL.TOP` holds: its slots, the keys it tracks and the bytes its pools take.
