@@ -252,23 +252,26 @@ fn settle_body(
     run_settle(ctx, argv).map(|r| SettleAnswer::Settled(Settled(r.replies)))
 }
 
-/// The key and the arguments after it, as bytes; `M` is the most arguments a command takes.
-fn key_and_args<const M: usize>(
+/// The key, and the arguments after it as bytes in `slots` (`M`, the most arguments a command
+/// takes): the slice of them that the call has. Filled where the caller keeps them, so that they
+/// are not copied on the way back.
+#[inline(always)]
+fn key_and_args<'a, const M: usize>(
     argv: &[*mut RedisModuleString],
+    slots: &'a mut [&'a [u8]; M],
     arity: ErrorReply,
-) -> Result<(*mut RedisModuleString, [&[u8]; M], usize), ErrorReply> {
+) -> Result<(*mut RedisModuleString, &'a [&'a [u8]]), ErrorReply> {
     let [_, name, rest @ ..] = argv else {
         return Err(arity);
     };
-    let mut raw_args: [&[u8]; M] = [&[]; M];
     if rest.len() > M {
         return Err(arity);
     }
-    for (slot, arg) in raw_args.iter_mut().zip(rest) {
+    for (slot, arg) in slots.iter_mut().zip(rest) {
         // SAFETY: argv strings live for the whole call and are not modified.
         *slot = unsafe { api::string_bytes(*arg) };
     }
-    Ok((*name, raw_args, rest.len()))
+    Ok((*name, slots.get(..rest.len()).unwrap_or_default()))
 }
 
 /// Runs one call of the one-key limiter at `I` in the registry. `argv[0]` is the command name,
@@ -284,17 +287,14 @@ pub fn run_one<const I: usize>(
     else {
         return Err(INTERNAL_ERROR);
     };
-    let (name, raw_args, n) = key_and_args::<8>(argv, descriptor.arity_error)?;
+    let mut slots = [&[][..]; 8];
+    let (name, args) = key_and_args(argv, &mut slots, descriptor.arity_error)?;
     let mut key = Opener {
         ctx,
         name,
         key: None,
     };
-    run(
-        raw_args.get(..n).unwrap_or_default(),
-        &mut key,
-        clock::now_us(),
-    )
+    run(args, &mut key, clock::now_us())
 }
 
 /// Runs one `RL.ALL` call: every key opened once, all decided at one instant.
@@ -335,8 +335,9 @@ pub fn run_release(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Released, ErrorReply> {
-    let (name, raw_args, n) = key_and_args::<1>(argv, release::ARITY_ERROR)?;
-    let id = release::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut slots = [&[][..]; 1];
+    let (name, args) = key_and_args(argv, &mut slots, release::ARITY_ERROR)?;
+    let id = release::parse(args)?;
     let mut store = RedisKey::open(ctx, name)?;
     zset::release(&mut store, id, clock::now_us()).map(Released)
 }
@@ -362,8 +363,9 @@ pub fn run_throttle(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<ThrottleReply, ErrorReply> {
-    let (name, raw_args, n) = key_and_args::<4>(argv, throttle::ARITY_ERROR)?;
-    let args = throttle::parse(raw_args.get(..n).unwrap_or_default())?;
+    let mut slots = [&[][..]; 4];
+    let (name, args) = key_and_args(argv, &mut slots, throttle::ARITY_ERROR)?;
+    let args = throttle::parse(args)?;
     let mut store = RedisKey::open(ctx, name)?;
     throttle::apply(&mut store, &args, clock::now_us())
 }
