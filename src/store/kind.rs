@@ -90,12 +90,19 @@ fn index(kind: Kind) -> usize {
     KINDS.iter().position(|k| k.0 == kind).unwrap_or(0)
 }
 
-/// The tag a kind writes (empty for the untagged ones).
-pub fn tag(kind: Kind) -> &'static [u8] {
-    KINDS
-        .get(index(kind))
-        .and_then(|k| k.1)
-        .map_or(&[][..], str::as_bytes)
+/// The tag a kind writes (empty for the untagged ones); a constant where the kind is one.
+pub const fn tag(kind: Kind) -> &'static [u8] {
+    let mut rest: &[(Kind, Option<&str>, &str)] = &KINDS;
+    while let [(k, t, _), tail @ ..] = rest {
+        if *k as usize == kind as usize {
+            return match t {
+                Some(t) => t.as_bytes(),
+                None => b"",
+            };
+        }
+        rest = tail;
+    }
+    b""
 }
 
 /// The kind whose tag is `word`, if any.
@@ -115,6 +122,17 @@ pub fn foreign(holder: Kind, caller: Kind) -> ErrorReply {
     match CStr::from_bytes_until_nul(bytes) {
         Ok(text) => ErrorReply(text),
         Err(_) => FOREIGN_HASH,
+    }
+}
+
+/// The rest of a stored value after `kind`'s tag and its space, when it starts with them: what
+/// `split_tag` finds for such a value, by one comparison instead of a search of the tags.
+#[inline(always)]
+pub fn after_tag(value: &[u8], kind: Kind) -> Option<&[u8]> {
+    let t = tag(kind);
+    match value.get(t.len()..)?.split_first() {
+        Some((b' ', rest)) if !t.is_empty() && value.starts_with(t) => Some(rest),
+        _ => None,
     }
 }
 
@@ -169,6 +187,27 @@ mod tests {
             b"tbx 1",
         ] {
             assert_eq!(split_tag(untagged), None, "{untagged:?}");
+        }
+        for value in [
+            &b"tb 4.5 17"[..],
+            b"tb ",
+            b"tb",
+            b"tbx 1",
+            b"gcra 17",
+            b"gcra",
+            b"gcra17",
+            b" gcra 17",
+            b"17",
+            b"",
+        ] {
+            for (kind, _, _) in KINDS {
+                let found = split_tag(value).filter(|(k, _)| *k == kind && value.contains(&b' '));
+                assert_eq!(
+                    after_tag(value, kind),
+                    found.map(|(_, rest)| rest),
+                    "{value:?}"
+                );
+            }
         }
         let tags: Vec<&str> = KINDS.iter().filter_map(|k| k.1).collect();
         let mut unique = tags.clone();

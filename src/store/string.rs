@@ -149,11 +149,15 @@ fn load<L: FieldsLimiter<N>, S: Store + ?Sized, const N: usize>(
         Slot::Empty => Ok(None),
         Slot::WrongType | Slot::Zset => Err(WRONGTYPE),
         Slot::Value(value) => {
-            let numbers = match kind::split_tag(value) {
-                Some((k, rest)) if k == L::KIND => rest,
-                Some((holder, _)) => return Err(kind::foreign(holder, L::KIND)),
-                // Written before values had tags; tagged by the next write.
-                None => value,
+            let numbers = match kind::after_tag(value, L::KIND) {
+                // The limiter's own tag, as every write of it leaves.
+                Some(rest) => rest,
+                None => match kind::split_tag(value) {
+                    Some((k, rest)) if k == L::KIND => rest,
+                    Some((holder, _)) => return Err(kind::foreign(holder, L::KIND)),
+                    // Written before values had tags; tagged by the next write.
+                    None => value,
+                },
             };
             L::decode(split_fields::<N>(numbers), request, now_us).map(Some)
         }
