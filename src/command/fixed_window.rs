@@ -1,7 +1,10 @@
 //! `RL.FIXEDWINDOW key limit window_sec [cost]`; state: one string `<count> <start>`.
 
+use std::thread::LocalKey;
+
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::codec::error::ErrorReply;
+use crate::codec::remembered::Remembered;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
@@ -12,6 +15,11 @@ use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
 pub type Args = Request<fixed_window::Params>;
+
+thread_local! {
+    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
+    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
+}
 
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
@@ -60,6 +68,10 @@ impl FieldsLimiter<2> for FixedWindow {
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const KIND: Kind = Kind::FixedWindow;
     const FIELDS: [&'static FieldName; 2] = [&COUNT, &START];
+
+    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+        &REMEMBERED
+    }
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
         let (limit, window, cost) = match args {

@@ -4,9 +4,12 @@
 //! rounded up to a whole microsecond so that every time is an exact integer, here and in the Lua
 //! twin, and the sustained rate is never above the configured one.
 
+use std::thread::LocalKey;
+
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
+use crate::codec::remembered::Remembered;
 use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
@@ -17,6 +20,11 @@ use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
 pub type Args = Request<gcra::Params>;
+
+thread_local! {
+    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
+    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
+}
 
 pub const MAX_BURST: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR max_burst must be an integer"),
@@ -115,6 +123,10 @@ impl FieldsLimiter<1> for Gcra {
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const KIND: Kind = Kind::Gcra;
     const FIELDS: [&'static FieldName; 1] = [&TAT];
+
+    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+        &REMEMBERED
+    }
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
         let (max_burst, count, period, cost) = match args {

@@ -1,7 +1,10 @@
 //! `RL.LEAKYBUCKET key capacity leak_per_sec [cost]`; state: one string `<level> <ts>`.
 
+use std::thread::LocalKey;
+
 use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
+use crate::codec::remembered::Remembered;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
@@ -12,6 +15,11 @@ use crate::store::string::{FieldsLimiter, FieldsWrite};
 use crate::store::{FieldName, Request};
 
 pub type Args = Request<leaky_bucket::Params>;
+
+thread_local! {
+    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
+    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
+}
 
 const CAPACITY: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR capacity must be an integer"),
@@ -68,6 +76,10 @@ impl FieldsLimiter<2> for LeakyBucket {
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
     const KIND: Kind = Kind::LeakyBucket;
     const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
+
+    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+        &REMEMBERED
+    }
 
     fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
         let (capacity, leak_per_sec, cost) = BUCKET.parse(args, DESCRIPTOR.arity_error)?;

@@ -10,10 +10,12 @@
 //! replaces it with the string.
 
 use std::convert::Infallible;
+use std::thread::LocalKey;
 
 use crate::codec::args::{UPTO_ARG, split_upto, with_last};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_g17};
+use crate::codec::remembered::Remembered;
 use crate::core::{Operation, Reply};
 use crate::store::kind::{self, FOREIGN_HASH, Kind};
 use crate::store::{Effect, FieldName, Limit, OpenStore, Request, Slot, Store, grant};
@@ -27,7 +29,7 @@ pub struct FieldsWrite<const N: usize> {
 
 /// One limiter command whose state is `N` numbers.
 pub trait FieldsLimiter<const N: usize> {
-    type Params: Copy;
+    type Params: Copy + 'static;
     type State: Copy;
 
     /// The reply to a call with too few or too many arguments.
@@ -42,6 +44,9 @@ pub trait FieldsLimiter<const N: usize> {
 
     /// Arguments after the key.
     fn parse(args: &[&[u8]]) -> Result<Request<Self::Params>, ErrorReply>;
+    /// The last arguments this limiter parsed on this thread, and their request (`parse` below
+    /// gives it again for the same bytes): a `thread_local!` `Remembered` of its command file.
+    fn remembered() -> &'static LocalKey<Remembered<Request<Self::Params>>>;
     /// The stored numbers of an existing key (absent ones are `None`), as a call with these
     /// parameters at `now_us` reads them: a number no call of this limiter could have written
     /// (a time ahead of now by more than `codec::stored::SKEW_US`, a count or debt beyond any
@@ -203,8 +208,17 @@ pub fn run<L: FieldsLimiter<N>, const N: usize>(
 }
 
 /// The arguments after the key, ending with a cost or with `UPTO n` in its place (parsed with a
-/// cost of 1 there, so that a call with both has one argument too many).
+/// cost of 1 there, so that a call with both has one argument too many); the request of the
+/// limiter's last arguments that parsed when they are the same bytes.
 pub fn parse<L: FieldsLimiter<N>, const N: usize>(
+    args: &[&[u8]],
+) -> Result<Request<L::Params>, ErrorReply> {
+    L::remembered()
+        .try_with(|last| last.parse(args, parse_args::<L, N>))
+        .unwrap_or_else(|_| parse_args::<L, N>(args))
+}
+
+fn parse_args<L: FieldsLimiter<N>, const N: usize>(
     args: &[&[u8]],
 ) -> Result<Request<L::Params>, ErrorReply> {
     match split_upto(args, &UPTO_ARG)? {
