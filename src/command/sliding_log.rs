@@ -6,6 +6,7 @@ use std::ffi::CStr;
 use crate::codec::args::{IntegerArg, split_upto, upto_arg, with_last};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_decimal;
+use crate::codec::remembered::Remembered;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::command::{Entry, PerCall, Runner};
@@ -116,9 +117,21 @@ pub fn parse(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     })
 }
 
+thread_local! {
+    /// The last arguments that parsed on this thread (`codec::remembered`).
+    static REMEMBERED: Remembered<SlidingLogRequest> = const { Remembered::new() };
+}
+
 /// The arguments after the key, ending with a cost or with `UPTO n` in its place (parsed with a
-/// cost of 1 there, so that a call with both has one argument too many).
+/// cost of 1 there, so that a call with both has one argument too many); the last ones that
+/// parsed again when they are the same bytes.
 pub fn parse_call(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
+    REMEMBERED
+        .try_with(|last| last.parse(args, parse_args))
+        .unwrap_or_else(|_| parse_args(args))
+}
+
+fn parse_args(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     match split_upto(args, &UPTO)? {
         (params, Some(n)) => with_last(params, b"1", ARITY_ERROR, parse).map(|r| Request {
             op: Operation::UpTo(n),

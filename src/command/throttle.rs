@@ -13,6 +13,7 @@ use std::ffi::CStr;
 use crate::codec::args::{IntegerArg, MAX_INTEGER_ARG};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_i64};
+use crate::codec::remembered::Remembered;
 use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional};
@@ -89,7 +90,19 @@ pub struct Args {
     pub quantity: i64,
 }
 
+thread_local! {
+    /// The last arguments that parsed on this thread (`codec::remembered`).
+    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
+}
+
+/// The arguments after the key; the last ones that parsed again when they are the same bytes.
 pub fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
+    REMEMBERED
+        .try_with(|last| last.parse(args, parse_args))
+        .unwrap_or_else(|_| parse_args(args))
+}
+
+fn parse_args(args: &[&[u8]]) -> Result<Args, ErrorReply> {
     let (max_burst, count, period, quantity) = match args {
         [b, c, p] => (b, c, p, None),
         [b, c, p, q] => (b, c, p, Some(q)),
