@@ -589,3 +589,41 @@ fn module_unload_frees_what_the_module_allocated() {
     }
     assert_eq!(config_get(&mut c, "ratelimit.top-slots"), "128");
 }
+
+/// A crash report may be written from another thread while a command runs, so the module's part
+/// of it has the counters (atomics) and leaves out what `RL.TOP` holds, which only Redis's own
+/// one-at-a-time callbacks touch; `INFO` itself still shows both.
+#[test]
+fn a_crash_report_has_the_counters_and_leaves_out_what_rl_top_holds() {
+    let mut server = Server::with(Options {
+        extra: vec!["--enable-debug-command".into(), "yes".into()],
+        ..Options::default()
+    });
+    let mut c = server.connect();
+    deny(&mut c, "crashed", 2);
+    let (slots, keys, _) = top_info(&mut c);
+    assert_eq!((slots, keys), (128, 1));
+    assert!(cmd(&mut c, &["DEBUG", "SEGFAULT"]).is_err());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.is_running() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!server.is_running());
+    let log = server.log();
+    let report = log
+        .split("------ MODULES INFO OUTPUT ------")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no module info in the crash report:\n{log}"));
+    assert!(
+        report.contains(
+            "ratelimit_rl_tokenbucket:calls=3,allowed=1,denied=2,errors=0,args=0,wrongtype=0,\
+             corrupt=0,oom=0,internal=0"
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains("ratelimit_rl_tokenbucket_denied:2"),
+        "{report}"
+    );
+    assert!(!report.contains("ratelimit_top"), "{report}");
+}
