@@ -373,32 +373,40 @@ impl<const N: usize> std::fmt::Write for ByteWriter<N> {
 pub fn format_i64(value: i64, buf: &mut [u8; G17_MAX_LEN]) -> usize {
     let n = value.unsigned_abs();
     let sign = usize::from(value < 0);
-    let digits = n.checked_ilog10().map_or(1, |l| l as usize + 1);
     if sign == 1
         && let Some(slot) = buf.first_mut()
     {
         *slot = b'-';
     }
-    // Groups of eight digits (a timestamp in microseconds is two): the leading group, of 1 to 8
-    // digits, then 0 to 2 whole ones. Every group is one 8-byte store, left to right: the
-    // leading one's bytes past its digits are overwritten by the next group (`buf` has room).
-    let whole_groups = (digits - 1) / 8;
-    let lead_digits = digits - 8 * whole_groups;
-    let mut groups = [0u32; 2];
-    let mut lead = n;
-    for slot in groups.iter_mut().take(whole_groups).rev() {
-        *slot = (lead % EIGHT_DIGITS) as u32;
-        lead /= EIGHT_DIGITS;
+    // Groups of eight digits, left to right (a timestamp in microseconds is two): the leading
+    // group, of 1 to 8 digits, then the whole ones. Every group is one 8-byte store; the leading
+    // one's bytes past its digits are overwritten by the next (`buf` has room).
+    if n < EIGHT_DIGITS {
+        return put_leading(buf, sign, n);
     }
-    let word = u64::from_le_bytes(eight_ascii_digits(lead as u32)) >> (8 * (8 - lead_digits));
-    put8(buf, sign, word.to_le_bytes());
-    let mut at = sign + lead_digits;
-    for &group in groups.iter().take(whole_groups) {
-        put8(buf, at, eight_ascii_digits(group));
-        at += 8;
-    }
-    sign + digits
+    let high = n / EIGHT_DIGITS;
+    let at = if high < EIGHT_DIGITS {
+        put_leading(buf, sign, high)
+    } else {
+        let at = put_leading(buf, sign, high / EIGHT_DIGITS);
+        put8(buf, at, eight_ascii_digits((high % EIGHT_DIGITS) as u32));
+        at + 8
+    };
+    put8(buf, at, eight_ascii_digits((n % EIGHT_DIGITS) as u32));
+    at + 8
 }
+
+/// Writes `n < 10^8` at `at` without leading zeros (`0` for zero); returns where it ends.
+fn put_leading(buf: &mut [u8; G17_MAX_LEN], at: usize, n: u64) -> usize {
+    let word = u64::from_le_bytes(eight_ascii_digits(n as u32));
+    // The leading zeros are the word's low bytes that are '0' (one digit is kept for 0).
+    let zeros = ((word - ZERO_DIGITS) | (1 << 56)).trailing_zeros() as usize / 8;
+    put8(buf, at, (word >> (8 * zeros)).to_le_bytes());
+    at + 8 - zeros
+}
+
+/// Eight ASCII `0`s.
+const ZERO_DIGITS: u64 = 0x3030_3030_3030_3030;
 
 /// Eight bytes into `buf` at `at` (every caller stays within its 32 bytes).
 fn put8(buf: &mut [u8; G17_MAX_LEN], at: usize, bytes: [u8; 8]) {
