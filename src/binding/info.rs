@@ -28,8 +28,8 @@ pub fn register(ctx: *mut redis_module::raw::RedisModuleCtx) -> Result<(), &'sta
 }
 
 /// INFO, and the module's part of a crash report: a crash report may be written from another
-/// thread while a command runs, so it leaves out what `RL.TOP` holds (`stats::with_top` is for
-/// Redis's callbacks that run one at a time); the counters are atomics, read from anywhere.
+/// thread while a command runs, so it leaves out what `RL.TOP` holds (kept by the server's main
+/// thread, `stats::with_top`); the counters are atomics, read from anywhere.
 unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, for_crash_report: c_int) {
     let _ = std::panic::catch_unwind(|| write_section(ctx, for_crash_report == 0));
 }

@@ -3,8 +3,8 @@
 //! and the outcome. It keeps the per-command counters of the module's INFO section and feeds the
 //! most-denied keys (`top`).
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use std::ffi::CStr;
 
@@ -95,29 +95,67 @@ pub const DEFAULT_TOP_SLOTS: usize = 128;
 /// many either stays within a few milliseconds.
 pub const MAX_TOP_SLOTS: usize = 10_000;
 
-/// A value only Redis's own callbacks of the module touch: its commands, its configuration
-/// callbacks, its INFO callback (outside crash reports) and its unload. Redis runs them one at a
-/// time, on its main thread or on a thread that holds its global lock (whose taking and release
-/// order them), and the module runs no thread of its own. So a plain cell is enough where a
-/// mutex would take and release a lock on every denial: two locked instructions, which cost a
-/// denial of `RL.GCRA` about 8% of its time on this project's benchmark machine
-/// (docs/benchmarks.md). The `RefCell` still refuses a second borrow from inside the first.
-struct OneAtATime<T>(RefCell<T>);
+/// A value kept by one thread: the first that asks for it, or the one that `claim`s it (the
+/// server's main thread, at module load). Redis runs every callback of the module that touches
+/// `RL.TOP` (commands, configuration, INFO outside crash reports, unload) on its main thread, one
+/// at a time, so a plain cell is enough where a mutex would take and release a lock on every
+/// denial: two locked instructions, which cost a denial of `RL.GCRA` 6-11% of its time on this
+/// project's benchmark machine (docs/benchmarks.md). Another thread (a module thread calling a
+/// limiter through `RM_Call` with the server's lock held) gets nothing: its denials are not
+/// tracked. The `RefCell` refuses a second borrow from inside the first.
+struct OneAtATime<T> {
+    claimed: AtomicBool,
+    cell: RefCell<T>,
+}
 
-// SAFETY: see `OneAtATime`: every access is made from a callback Redis runs while no other
-// callback of the module runs, and Redis's global lock orders those made on different threads.
+thread_local! {
+    /// Whether this thread claimed `TOP`. A thread starts without; one thread at most ever has it.
+    static OWNS_TOP: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: the cell is reached only through `OneAtATime::mine`, which gives it to the one thread
+// that claimed it (`claimed` is set once, by a compare-and-swap, and `OWNS_TOP` is that thread's
+// own), so it is never touched by two threads.
 unsafe impl<T> Sync for OneAtATime<T> {}
 
-/// Made with its first use, at the default size (`ratelimit.top-slots` resizes it).
-static TOP: OneAtATime<Option<Top>> = OneAtATime(RefCell::new(None));
+impl<T> OneAtATime<T> {
+    /// Claims the cell for this thread when nobody has; whether this thread holds it.
+    fn claim(&self) -> bool {
+        let owns = OWNS_TOP.try_with(Cell::get).unwrap_or(false);
+        if owns || self.claimed.load(Ordering::Relaxed) {
+            return owns;
+        }
+        let won = self
+            .claimed
+            .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        won && OWNS_TOP.try_with(|o| o.set(true)).is_ok()
+    }
 
-/// The most-denied keys (`RL.TOP`), for reading or changing, from one of Redis's callbacks of the
-/// module (`OneAtATime`). Called again from inside `f`, which nothing does, it returns the
-/// default without calling `f` (a panic there would fail the command).
+    /// The cell, for the thread that holds it.
+    fn mine(&self) -> Option<&RefCell<T>> {
+        self.claim().then_some(&self.cell)
+    }
+}
+
+/// Made with its first use, at the default size (`ratelimit.top-slots` resizes it).
+static TOP: OneAtATime<Option<Top>> = OneAtATime {
+    claimed: AtomicBool::new(false),
+    cell: RefCell::new(None),
+};
+
+/// Makes this thread the one that keeps `RL.TOP` (module load, on the server's main thread).
+pub fn claim_top() {
+    TOP.claim();
+}
+
+/// The most-denied keys (`RL.TOP`), for reading or changing, on the thread that keeps them
+/// (`OneAtATime`). Elsewhere, or called again from inside `f` (which nothing does), it returns
+/// the default without calling `f` (a panic there would fail the command).
 pub fn with_top<R: Default>(f: impl FnOnce(&mut Top) -> R) -> R {
-    match TOP.0.try_borrow_mut() {
-        Ok(mut top) => f(top.get_or_insert_with(|| Top::new(DEFAULT_TOP_SLOTS))),
-        Err(_) => R::default(),
+    match TOP.mine().map(RefCell::try_borrow_mut) {
+        Some(Ok(mut top)) => f(top.get_or_insert_with(|| Top::new(DEFAULT_TOP_SLOTS))),
+        _ => R::default(),
     }
 }
 
@@ -196,6 +234,24 @@ impl CommandStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_thread_that_claimed_top_reaches_it() {
+        claim_top();
+        with_top(|t| t.denied(b"k", c"RL.GCRA", 1));
+        assert_eq!(with_top(|t| t.len()), 1);
+        let elsewhere = std::thread::spawn(|| {
+            claim_top();
+            with_top(|t| t.denied(b"other", c"RL.GCRA", 2));
+            with_top(|t| (t.slots(), t.len()))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(elsewhere, (0, 0));
+        assert_eq!(with_top(|t| t.len()), 1);
+        // A second borrow from inside the first gets the default, not a panic.
+        assert_eq!(with_top(|_| with_top(|t| t.len())), 0);
+    }
 
     #[test]
     fn errors_are_counted_by_kind() {
