@@ -95,17 +95,17 @@ pub const DEFAULT_TOP_SLOTS: usize = 128;
 /// many either stays within a few milliseconds.
 pub const MAX_TOP_SLOTS: usize = 10_000;
 
-/// A value kept by one thread: the first that asks for it, or the one that `claim`s it (the
-/// server's main thread, at module load). Redis runs every callback of the module that touches
-/// `RL.TOP` (commands, configuration, INFO outside crash reports, unload) on its main thread, one
-/// at a time, so a plain cell is enough where a mutex would take and release a lock on every
+/// `RL.TOP`'s keys, kept by one thread: the first that asks for them, or the one that `claim`s
+/// them (the server's main thread, at module load). Redis runs every callback of the module that
+/// touches them (commands, configuration, INFO outside crash reports, unload) on its main thread,
+/// one at a time, so a plain cell is enough where a mutex would take and release a lock on every
 /// denial: two locked instructions, which cost a denial of `RL.GCRA` 6-11% of its time on this
 /// project's benchmark machine (docs/benchmarks.md). Another thread (a module thread calling a
 /// limiter through `RM_Call` with the server's lock held) gets nothing: its denials are not
 /// tracked. The `RefCell` refuses a second borrow from inside the first.
-struct OneAtATime<T> {
+struct TopCell {
     claimed: AtomicBool,
-    cell: RefCell<T>,
+    top: RefCell<Option<Top>>,
 }
 
 thread_local! {
@@ -113,12 +113,12 @@ thread_local! {
     static OWNS_TOP: Cell<bool> = const { Cell::new(false) };
 }
 
-// SAFETY: the cell is reached only through `OneAtATime::mine`, which gives it to the one thread
-// that claimed it (`claimed` is set once, by a compare-and-swap, and `OWNS_TOP` is that thread's
-// own), so it is never touched by two threads.
-unsafe impl<T> Sync for OneAtATime<T> {}
+// SAFETY: the one `TopCell`, `TOP`, is reached only through `TopCell::mine`, which gives it to the
+// one thread that claimed it (`claimed` is set once, by a compare-and-swap, and `OWNS_TOP` is that
+// thread's own), so it is never touched by two threads.
+unsafe impl Sync for TopCell {}
 
-impl<T> OneAtATime<T> {
+impl TopCell {
     /// Claims the cell for this thread when nobody has; whether this thread holds it.
     fn claim(&self) -> bool {
         let owns = OWNS_TOP.try_with(Cell::get).unwrap_or(false);
@@ -133,15 +133,15 @@ impl<T> OneAtATime<T> {
     }
 
     /// The cell, for the thread that holds it.
-    fn mine(&self) -> Option<&RefCell<T>> {
-        self.claim().then_some(&self.cell)
+    fn mine(&self) -> Option<&RefCell<Option<Top>>> {
+        self.claim().then_some(&self.top)
     }
 }
 
 /// Made with its first use, at the default size (`ratelimit.top-slots` resizes it).
-static TOP: OneAtATime<Option<Top>> = OneAtATime {
+static TOP: TopCell = TopCell {
     claimed: AtomicBool::new(false),
-    cell: RefCell::new(None),
+    top: RefCell::new(None),
 };
 
 /// Makes this thread the one that keeps `RL.TOP` (module load, on the server's main thread).
@@ -150,7 +150,7 @@ pub fn claim_top() {
 }
 
 /// The most-denied keys (`RL.TOP`), for reading or changing, on the thread that keeps them
-/// (`OneAtATime`). Elsewhere, or called again from inside `f` (which nothing does), it returns
+/// (`TopCell`). Elsewhere, or called again from inside `f` (which nothing does), it returns
 /// the default without calling `f` (a panic there would fail the command).
 pub fn with_top<R: Default>(f: impl FnOnce(&mut Top) -> R) -> R {
     match TOP.mine().map(RefCell::try_borrow_mut) {
