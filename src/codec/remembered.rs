@@ -8,6 +8,7 @@
 //! `MAX_BYTES` bytes of arguments: longer ones are parsed every time.
 
 use std::cell::Cell;
+use std::thread::LocalKey;
 
 /// The most argument bytes an entry keeps (a limiter's arguments after its key: `10 1 60`, or
 /// `100 10 1 UPTO 5`, are a few bytes each).
@@ -95,6 +96,18 @@ impl<T: Copy> Remembered<T> {
         }
         Ok(value)
     }
+}
+
+/// `parse(args)` through this thread's `Remembered` in `last` (a `thread_local!` of the limiter's
+/// command file); parsed as it is while the thread ends and its value is gone.
+#[inline(always)]
+pub fn parse<T: Copy, E>(
+    last: &'static LocalKey<Remembered<T>>,
+    args: &[&[u8]],
+    parse: impl Fn(&[&[u8]]) -> Result<T, E>,
+) -> Result<T, E> {
+    last.try_with(|r| r.parse(args, &parse))
+        .unwrap_or_else(|_| parse(args))
 }
 
 impl<T: Copy> Default for Remembered<T> {

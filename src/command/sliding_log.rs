@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use crate::codec::args::{IntegerArg, split_upto, upto_arg, with_last};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_decimal;
-use crate::codec::remembered::Remembered;
+use crate::codec::remembered::{self, Remembered};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::command::{Entry, PerCall, Runner};
@@ -126,9 +126,7 @@ thread_local! {
 /// cost of 1 there, so that a call with both has one argument too many); the last ones that
 /// parsed again when they are the same bytes.
 pub fn parse_call(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
-    REMEMBERED
-        .try_with(|last| last.parse(args, parse_args))
-        .unwrap_or_else(|_| parse_args(args))
+    remembered::parse(&REMEMBERED, args, parse_args)
 }
 
 fn parse_args(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {

@@ -13,7 +13,7 @@ use std::ffi::CStr;
 use crate::codec::args::{IntegerArg, MAX_INTEGER_ARG};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_i64};
-use crate::codec::remembered::Remembered;
+use crate::codec::remembered::{self, Remembered};
 use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional};
@@ -97,9 +97,7 @@ thread_local! {
 
 /// The arguments after the key; the last ones that parsed again when they are the same bytes.
 pub fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {
-    REMEMBERED
-        .try_with(|last| last.parse(args, parse_args))
-        .unwrap_or_else(|_| parse_args(args))
+    remembered::parse(&REMEMBERED, args, parse_args)
 }
 
 fn parse_args(args: &[&[u8]]) -> Result<Args, ErrorReply> {

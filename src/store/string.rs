@@ -15,7 +15,7 @@ use std::thread::LocalKey;
 use crate::codec::args::{UPTO_ARG, split_upto, with_last};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_g17};
-use crate::codec::remembered::Remembered;
+use crate::codec::remembered::{self, Remembered};
 use crate::core::{Operation, Reply};
 use crate::store::kind::{self, FOREIGN_HASH, Kind};
 use crate::store::{Effect, FieldName, Limit, OpenStore, Request, Slot, Store, grant};
@@ -213,9 +213,7 @@ pub fn run<L: FieldsLimiter<N>, const N: usize>(
 pub fn parse<L: FieldsLimiter<N>, const N: usize>(
     args: &[&[u8]],
 ) -> Result<Request<L::Params>, ErrorReply> {
-    L::remembered()
-        .try_with(|last| last.parse(args, parse_args::<L, N>))
-        .unwrap_or_else(|_| parse_args::<L, N>(args))
+    remembered::parse(L::remembered(), args, parse_args::<L, N>)
 }
 
 fn parse_args<L: FieldsLimiter<N>, const N: usize>(
