@@ -177,6 +177,8 @@ class Case:
     # If set, each call is sent right after this command, in pairs through redis-cli --pipe;
     # `n` then counts pairs and `rps` is pairs per second.
     before: list[str] | None = None
+    # For a floor-module row on new keys: the limiter whose keys it names and keeps as long.
+    floor_of: str | None = None
     payload: bytes = field(default=b"", repr=False)  # the pairs of the last run
     payload_n: int = 0  # how many
     n: int = 0
@@ -733,6 +735,7 @@ def floor_module_cases() -> list[Case]:
                 limiter="FLOOR.ADMIT",
                 lua=False,
                 note=f"keys named as {lim.command}'s",
+                floor_of=lim.command,
             )
         )
     return cases
@@ -1157,11 +1160,7 @@ def new_key_bound(cases: list[Case], med: dict[int, tuple[float, float]]) -> lis
     """Each twin's new-key row against its module's and against the floor module's row of the
     same key life: twin ÷ floor is the most twin ÷ module could be, whatever the module's own
     code cost."""
-    floors = {
-        c.note.split()[-1].removesuffix("'s"): med[id(c)][0]
-        for c in cases
-        if c.label.startswith("FLOOR.ADMIT") and c.keys == "new"
-    }
+    floors = {c.floor_of: med[id(c)][0] for c in cases if c.floor_of}
     if not floors:
         return []
     module = {c.limiter: med[id(c)][0] for c in cases
