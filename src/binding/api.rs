@@ -398,6 +398,7 @@ impl OpenKey {
 /// live as long as the module. Format `s` of `RedisModule_Replicate` hands Redis a reference to
 /// one, where `c` would copy it into a new object on every call. Commands run on the main thread
 /// only, so the cell is filled once, and listed for `free_kept_strings`.
+#[inline(always)]
 pub fn kept_string(
     cell: &'static AtomicPtr<c_void>,
     text: &[u8],
@@ -406,6 +407,16 @@ pub fn kept_string(
     if !kept.is_null() {
         return Ok(kept.cast());
     }
+    make_kept_string(cell, text)
+}
+
+/// `kept_string`'s first call for a cell, out of the line every later call runs.
+#[cold]
+#[inline(never)]
+fn make_kept_string(
+    cell: &'static AtomicPtr<c_void>,
+    text: &[u8],
+) -> Result<*mut RedisModuleString, ErrorReply> {
     let made = unmanaged_string(text)?;
     cell.store(made.cast(), Ordering::Relaxed);
     KEPT.lock()

@@ -276,6 +276,7 @@ fn key_and_args<'a, const M: usize>(
 
 /// Runs one call of the one-key limiter at `I` in the registry. `argv[0]` is the command name,
 /// `argv[1]` the key.
+#[inline(always)]
 pub fn run_one<const I: usize>(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
