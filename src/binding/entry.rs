@@ -42,7 +42,6 @@ impl Answer for Sent {
     }
 }
 
-
 /// The one entry point of every command: runs its body with its arguments as a slice, reports
 /// the outcome to the observation hook (`stats::observe`), then replies. A panic must never
 /// unwind into Redis (it would abort the server), so it is caught here and answered with an

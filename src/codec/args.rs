@@ -3,6 +3,7 @@
 //! Messages are `&'static CStr` so the binding can reply without allocating; each one is
 //! repeated word for word by the Lua twins.
 
+use super::number::floor;
 use crate::codec::error::ErrorReply;
 use crate::codec::number::{parse_decimal, parse_integer};
 
@@ -74,7 +75,7 @@ impl WindowArg {
         if v > MAX_WINDOW_SECONDS {
             return Err(self.out_of_range);
         }
-        let window_ms = (v * 1000.0 + 0.5).floor();
+        let window_ms = floor(v * 1000.0 + 0.5);
         if window_ms >= 1.0 {
             Ok(window_ms)
         } else {

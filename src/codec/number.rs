@@ -437,6 +437,45 @@ fn eight_ascii_digits(n: u32) -> [u8; 8] {
     (digits | 0x3030_3030_3030_3030).to_le_bytes()
 }
 
+/// 2^52: every double of at least this magnitude is a whole number (or not a number).
+const WHOLE_FROM: f64 = 4_503_599_627_370_496.0;
+
+/// `x.trunc()`, bit for bit, in a few instructions. The standard library's rounding functions
+/// are calls into the compiler's own math library on the baseline x86-64 this module is built
+/// for (no `roundsd`), about 23 instructions each, and a limiter rounds several times per call.
+/// Below 2^52 the integer conversion truncates exactly; the sign is copied back, so that a value
+/// that rounds to zero keeps its sign (`-0.5` gives `-0.0`), as IEEE rounding does.
+#[inline(always)]
+pub fn trunc(x: f64) -> f64 {
+    if x.abs() < WHOLE_FROM {
+        (x as i64 as f64).copysign(x)
+    } else {
+        x
+    }
+}
+
+/// `x.ceil()`, bit for bit (see `trunc`).
+#[inline(always)]
+pub fn ceil(x: f64) -> f64 {
+    if x.abs() < WHOLE_FROM {
+        let t = x as i64 as f64;
+        (if t < x { t + 1.0 } else { t }).copysign(x)
+    } else {
+        x
+    }
+}
+
+/// `x.floor()`, bit for bit (see `trunc`).
+#[inline(always)]
+pub fn floor(x: f64) -> f64 {
+    if x.abs() < WHOLE_FROM {
+        let t = x as i64 as f64;
+        (if t > x { t - 1.0 } else { t }).copysign(x)
+    } else {
+        x
+    }
+}
+
 /// Convenience for tests and cold paths.
 pub fn g17_string(value: f64) -> String {
     let mut buf = [0u8; G17_MAX_LEN];
@@ -447,6 +486,76 @@ pub fn g17_string(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The inline rounding functions against the standard library's, bit for bit: edges,
+    /// every quarter from -10 to 10, values either side of 2^52 and 2^53, and a million random
+    /// bit patterns (NaNs of any payload compared as NaN).
+    #[test]
+    fn inline_rounding_is_the_standard_librarys() {
+        fn same(x: f64) {
+            for (name, ours, std) in [
+                ("trunc", trunc(x), x.trunc()),
+                ("ceil", ceil(x), x.ceil()),
+                ("floor", floor(x), x.floor()),
+            ] {
+                assert!(
+                    ours.to_bits() == std.to_bits() || (ours.is_nan() && std.is_nan()),
+                    "{name}({x:e}) = {ours:e}, std says {std:e}"
+                );
+            }
+        }
+        let two52 = 4_503_599_627_370_496.0_f64;
+        let mut edges = vec![
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.0,
+            -1.0,
+            1e-300,
+            -1e-300,
+            f64::MIN_POSITIVE,
+            -f64::MIN_POSITIVE,
+            5e-324,
+            -5e-324,
+            f64::MAX,
+            f64::MIN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            9.2e18,
+            -9.2e18,
+            1e300,
+            -1e300,
+        ];
+        for base in [two52, 2.0 * two52] {
+            let mut v = base;
+            for _ in 0..4 {
+                v = f64::from_bits(v.to_bits() - 1);
+                edges.extend([v, -v]);
+            }
+            let mut v = base;
+            for _ in 0..4 {
+                edges.extend([v, -v]);
+                v = f64::from_bits(v.to_bits() + 1);
+            }
+        }
+        for i in -40..=40 {
+            edges.push(f64::from(i) / 4.0);
+        }
+        for x in edges {
+            same(x);
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        for _ in 0..1_000_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            same(f64::from_bits(state));
+            // And as many of the magnitudes a limiter meets (below 2^60).
+            same((state >> 4) as f64 / 1024.0 * if state & 1 == 0 { 1.0 } else { -1.0 });
+        }
+    }
 
     /// A xorshift64 generator from `seed`: reproducible pseudo-random test inputs.
     fn xorshift(seed: u64) -> impl FnMut() -> u64 {

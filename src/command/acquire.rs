@@ -2,6 +2,7 @@
 //! id at score its expiry (Unix microseconds). Inside `RL.ALL` it is the `CONCURRENCY limit
 //! lease_sec` limit, with the id given once per call as `LEASE id`.
 
+use crate::codec::number::floor;
 use std::ffi::CStr;
 
 use crate::codec::args::{COST, IntegerArg};
@@ -83,7 +84,7 @@ pub fn parse_params(limit: &[u8], lease: &[u8]) -> Result<concurrency::Params, E
         return Err(LEASE_OUT_OF_RANGE);
     }
     // Millisecond resolution, rounded half up; 0.0004 rounds to nothing.
-    let lease_ms = (lease_sec * 1000.0 + 0.5).floor();
+    let lease_ms = floor(lease_sec * 1000.0 + 0.5);
     if lease_ms < 1.0 {
         return Err(LEASE_TOO_SHORT);
     }

@@ -1,6 +1,7 @@
 //! `RL.SLIDINGLOG key limit window_sec [cost]`; state: a sorted set of admitted requests, one
 //! member `<t>:<i>` per unit of cost at score `t` (the call time in Unix microseconds).
 
+use crate::codec::number::floor;
 use std::ffi::CStr;
 
 use crate::codec::args::{IntegerArg, split_upto, upto_arg, with_last};
@@ -99,7 +100,7 @@ pub fn parse(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
         return Err(WINDOW_OUT_OF_RANGE);
     }
     // Millisecond resolution, rounded half up; 0.0004 rounds to nothing.
-    let window_ms = (window_sec * 1000.0 + 0.5).floor();
+    let window_ms = floor(window_sec * 1000.0 + 0.5);
     if window_ms < 1.0 {
         return Err(WINDOW_TOO_SHORT);
     }

@@ -16,6 +16,7 @@
 //! twin.
 
 use super::{Operation, Reply, trim_count};
+use crate::codec::number::ceil;
 
 /// The longest lease, in microseconds (10^7 seconds, about 116 days).
 pub const MAX_LEASE_US: f64 = 1e13;
@@ -110,12 +111,12 @@ pub struct Outcome {
 
 /// Whole milliseconds from `now` until `at`, rounded up, never negative.
 fn ms_until(at: f64, now: f64) -> i64 {
-    (((at - now) / 1000.0).ceil() as i64).max(0)
+    (ceil((at - now) / 1000.0) as i64).max(0)
 }
 
 /// The Unix millisecond at which a key whose last lease expires at `expiry` goes.
 fn expire_at_ms(expiry: f64) -> i64 {
-    (expiry / 1000.0).ceil() as i64
+    ceil(expiry / 1000.0) as i64
 }
 
 /// Decides one acquire (or a peek, which takes nothing) from its view; on a denial it reads the

@@ -6,6 +6,7 @@
 //! count, and the window's end comes from the stored start, not from the key's TTL.
 
 use super::{Reply, lua_integer};
+use crate::codec::number::ceil;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -41,7 +42,7 @@ fn write(params: &Params, count: f64, start: f64) -> Write {
             count,
             start_us: start,
         },
-        expire_at_ms: lua_integer((start / 1000.0).ceil() + params.window_ms),
+        expire_at_ms: lua_integer(ceil(start / 1000.0) + params.window_ms),
     }
 }
 
@@ -90,7 +91,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     }
     // Milliseconds until the window's end, start + window_us, rounded up. Written as
     // window_ms + ceil((start - now) / 1000) so that every step is exact below 2^53.
-    let until_end_ms = window_ms + ((start - now) / 1000.0).ceil();
+    let until_end_ms = window_ms + ceil((start - now) / 1000.0);
     let retry_after_ms = if allowed {
         0.0
     } else if cost > limit {

@@ -6,6 +6,7 @@
 //! new key starts empty. Denials and `cost 0` change nothing.
 
 use super::{Reply, lua_integer};
+use crate::codec::number::{ceil, floor};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -59,10 +60,10 @@ fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
 }
 
 fn write(params: &Params, level: f64, t: f64) -> Write {
-    let reset_after_ms = (level * 1000.0 / params.leak_per_sec).ceil();
+    let reset_after_ms = ceil(level * 1000.0 / params.leak_per_sec);
     Write {
         state: State { level, ts_us: t },
-        expire_at_ms: lua_integer((t / 1000.0).ceil() + reset_after_ms),
+        expire_at_ms: lua_integer(ceil(t / 1000.0) + reset_after_ms),
     }
 }
 
@@ -103,11 +104,11 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     } else if cost > capacity {
         -1.0
     } else {
-        (ahead_ms + (level + cost - capacity) * 1000.0 / rate).ceil()
+        ceil(ahead_ms + (level + cost - capacity) * 1000.0 / rate)
     };
-    let reset_after_ms = (ahead_ms + level * 1000.0 / rate).ceil();
+    let reset_after_ms = ceil(ahead_ms + level * 1000.0 / rate);
     // A level above capacity leaves nothing, not less.
-    let mut remaining = (capacity - level).floor();
+    let mut remaining = floor(capacity - level);
     if remaining < 0.0 {
         remaining = 0.0;
     }

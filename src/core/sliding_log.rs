@@ -14,6 +14,7 @@
 //! twin.
 
 use super::{Operation, Reply, lua_integer, trim_count};
+use crate::codec::number::ceil;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -107,7 +108,7 @@ pub struct Outcome {
 
 /// Milliseconds from `now` until an entry at `score` leaves the window, rounded up.
 fn leaves_after_ms(params: &Params, score: f64, now: f64) -> f64 {
-    ((score - now) / 1000.0).ceil() + params.window_ms
+    ceil((score - now) / 1000.0) + params.window_ms
 }
 
 /// Decides one call from its view of the log; on a denial that can ever fit, it reads the one
@@ -163,7 +164,7 @@ pub fn decide<L: Log>(
         score_us: t,
         first_index: view.tied,
         count: cost,
-        expire_at_ms: lua_integer((t / 1000.0).ceil() + params.window_ms),
+        expire_at_ms: lua_integer(ceil(t / 1000.0) + params.window_ms),
     });
     Ok(Outcome {
         reply: Reply {
@@ -227,7 +228,7 @@ pub fn settle<L: Log>(
             score_us: t,
             first_index: view.tied,
             count: added,
-            expire_at_ms: lua_integer((t / 1000.0).ceil() + params.window_ms),
+            expire_at_ms: lua_integer(ceil(t / 1000.0) + params.window_ms),
         };
         (count + added, Some(t), Some(Settlement::Add(write)))
     } else if delta < 0 && count > 0 {
@@ -240,7 +241,7 @@ pub fn settle<L: Log>(
         let write = Settlement::Drop {
             trim: trim_count(old, 0),
             count: dropped,
-            expire_at_ms: next.map(|s| lua_integer((s / 1000.0).ceil() + params.window_ms)),
+            expire_at_ms: next.map(|s| lua_integer(ceil(s / 1000.0) + params.window_ms)),
         };
         (count - dropped, next, Some(write))
     } else {

@@ -6,6 +6,7 @@
 //! hash tags) holds the whole state.
 
 use super::{Reply, lua_integer};
+use crate::codec::number::{ceil, floor};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -41,7 +42,7 @@ pub struct Outcome {
 /// The current window's start, the time into it, and the two counts as of now.
 fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64, f64, f64) {
     let window = params.window_ms * 1000.0;
-    let w = (now / window).floor() * window;
+    let w = floor(now / window) * window;
     let (mut start, mut elapsed, mut cur, mut prev) = (w, now - w, 0.0, 0.0);
     if let Some(s) = prior {
         if s.start_us > w {
@@ -65,7 +66,7 @@ fn write(params: &Params, start: f64, cur: f64, prev: f64) -> Write {
             cur,
             prev,
         },
-        expire_at_ms: lua_integer((start / 1000.0).ceil() + 2.0 * params.window_ms),
+        expire_at_ms: lua_integer(ceil(start / 1000.0) + 2.0 * params.window_ms),
     }
 }
 
@@ -120,7 +121,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
             } else {
                 0.0
             };
-            retry_after_ms = ((start - now + offset) / 1000.0).ceil();
+            retry_after_ms = ceil((start - now + offset) / 1000.0);
             // A denial always asks for some wait.
             if retry_after_ms < 1.0 {
                 retry_after_ms = 1.0;
@@ -129,7 +130,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     }
     // Milliseconds until the estimate is 0; `start` plus whole windows, rounded up, written so
     // that every step is exact below 2^53.
-    let to_start_ms = ((start - now) / 1000.0).ceil();
+    let to_start_ms = ceil((start - now) / 1000.0);
     let reset_after_ms = if cur > 0.0 {
         2.0 * window_ms + to_start_ms
     } else if prev > 0.0 {
@@ -137,7 +138,7 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     } else {
         0.0
     };
-    let mut remaining = (limit - (weighted + cur)).floor();
+    let mut remaining = floor(limit - (weighted + cur));
     if remaining < 0.0 {
         remaining = 0.0;
     }

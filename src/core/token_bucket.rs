@@ -5,6 +5,7 @@
 //! starts full. Denials and `cost 0` change nothing.
 
 use super::{Reply, lua_integer};
+use crate::codec::number::{ceil, floor};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -62,10 +63,10 @@ fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
 }
 
 fn write(params: &Params, tokens: f64, t: f64) -> Write {
-    let reset_after_ms = ((params.capacity - tokens) * 1000.0 / params.refill_per_sec).ceil();
+    let reset_after_ms = ceil((params.capacity - tokens) * 1000.0 / params.refill_per_sec);
     Write {
         state: State { tokens, ts_us: t },
-        expire_at_ms: lua_integer((t / 1000.0).ceil() + reset_after_ms),
+        expire_at_ms: lua_integer(ceil(t / 1000.0) + reset_after_ms),
     }
 }
 
@@ -107,11 +108,11 @@ pub fn decide(params: &Params, cost: f64, now_us: i64, prior: Option<State>) -> 
     } else if cost > capacity {
         -1.0
     } else {
-        (ahead_ms + (cost - tokens) * 1000.0 / rate).ceil()
+        ceil(ahead_ms + (cost - tokens) * 1000.0 / rate)
     };
-    let reset_after_ms = (ahead_ms + (capacity - tokens) * 1000.0 / rate).ceil();
+    let reset_after_ms = ceil(ahead_ms + (capacity - tokens) * 1000.0 / rate);
     // A debt leaves nothing, not less.
-    let mut remaining = tokens.floor();
+    let mut remaining = floor(tokens);
     if remaining < 0.0 {
         remaining = 0.0;
     }

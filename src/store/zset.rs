@@ -9,6 +9,7 @@
 
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::parse_integer;
+use crate::codec::number::trunc;
 use crate::codec::stored::{MAX_TIMESTAMP_US, SKEW_US};
 use crate::core::concurrency::{self, Leases, MAX_LEASE_US, Seen};
 use crate::core::sliding_log::{
@@ -63,7 +64,7 @@ pub const CORRUPT_AHEAD: ErrorReply = ErrorReply(
 
 /// A score as the module writes it: an integer in `[0, 2^53]`.
 fn check_score(score: f64) -> Result<(), ErrorReply> {
-    if score >= 0.0 && score <= MAX_TIMESTAMP_US && score == score.trunc() {
+    if score >= 0.0 && score <= MAX_TIMESTAMP_US && score == trunc(score) {
         Ok(())
     } else {
         Err(CORRUPT_SCORE)
