@@ -448,17 +448,26 @@ const WHOLE_FROM: f64 = 4_503_599_627_370_496.0;
 #[inline(always)]
 pub fn trunc(x: f64) -> f64 {
     if x.abs() < WHOLE_FROM {
-        (x as i64 as f64).copysign(x)
+        truncated(x).copysign(x)
     } else {
         x
     }
+}
+
+/// `x` truncated toward zero, for `|x| < 2^52` (checked by every caller).
+#[inline(always)]
+fn truncated(x: f64) -> f64 {
+    debug_assert!(x.abs() < WHOLE_FROM);
+    // SAFETY: `x` is finite and below 2^52 in magnitude, so its truncation is an `i64` (the
+    // conversion without the checks `as` adds for NaN and values out of range).
+    (unsafe { x.to_int_unchecked::<i64>() }) as f64
 }
 
 /// `x.ceil()`, bit for bit (see `trunc`).
 #[inline(always)]
 pub fn ceil(x: f64) -> f64 {
     if x.abs() < WHOLE_FROM {
-        let t = x as i64 as f64;
+        let t = truncated(x);
         (if t < x { t + 1.0 } else { t }).copysign(x)
     } else {
         x
@@ -469,7 +478,7 @@ pub fn ceil(x: f64) -> f64 {
 #[inline(always)]
 pub fn floor(x: f64) -> f64 {
     if x.abs() < WHOLE_FROM {
-        let t = x as i64 as f64;
+        let t = truncated(x);
         (if t > x { t - 1.0 } else { t }).copysign(x)
     } else {
         x
