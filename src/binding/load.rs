@@ -10,7 +10,8 @@ use redis_module::{Context, ModuleOptions, Status};
 
 use crate::binding::entry::Command;
 use crate::binding::{acl, api, clock, commands, config, docs, info, required};
-use crate::observe::stats::{claim_top, with_top};
+use crate::codec::owner;
+use crate::observe::stats::with_top;
 
 fn register(ctx: *mut RedisModuleCtx, cmd: &Command) -> Result<(), String> {
     let create = api::api!(RedisModule_CreateCommand).map_err(|e| e.message().to_string())?;
@@ -71,8 +72,9 @@ pub unsafe fn on_load(
         _ => &[],
     };
     let loaded = catch_unwind(AssertUnwindSafe(|| {
-        // The server's main thread keeps RL.TOP's keys (its commands run there).
-        claim_top();
+        // The server's main thread keeps RL.TOP's keys and the limiters' remembered arguments
+        // (its commands run there).
+        owner::claim();
         // SAFETY: the load arguments live for the whole load and are not modified.
         let args: Vec<&[u8]> = argv
             .iter()

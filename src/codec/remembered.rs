@@ -5,10 +5,12 @@
 //! those of the last call that parsed is given that call's result: parsing is a function of the
 //! bytes alone, so it is the result a parse would give. Only results that parsed are kept (an
 //! error is parsed again, and answers the same). One entry per limiter and thread, of at most
-//! `MAX_BYTES` bytes of arguments: longer ones are parsed every time.
+//! `MAX_BYTES` bytes of arguments: longer ones are parsed every time. Kept by the server's main
+//! thread (`codec::owner`).
 
 use std::cell::Cell;
-use std::thread::LocalKey;
+
+use super::owner::Owned;
 
 /// The most argument bytes an entry keeps (a limiter's arguments after its key: `10 1 60`, or
 /// `100 10 1 UPTO 5`, are a few bytes each).
@@ -98,16 +100,18 @@ impl<T: Copy> Remembered<T> {
     }
 }
 
-/// `parse(args)` through this thread's `Remembered` in `last` (a `thread_local!` of the limiter's
-/// command file); parsed as it is while the thread ends and its value is gone.
+/// `parse(args)` through the `Remembered` in `last` (a static of the limiter's command file), on
+/// the thread that keeps it (`codec::owner`); parsed as it is on any other.
 #[inline(always)]
 pub fn parse<T: Copy, E>(
-    last: &'static LocalKey<Remembered<T>>,
+    last: &'static Owned<Remembered<T>>,
     args: &[&[u8]],
     parse: impl Fn(&[&[u8]]) -> Result<T, E>,
 ) -> Result<T, E> {
-    last.try_with(|r| r.parse(args, &parse))
-        .unwrap_or_else(|_| parse(args))
+    match last.get() {
+        Some(r) => r.parse(args, &parse),
+        None => parse(args),
+    }
 }
 
 impl<T: Copy> Default for Remembered<T> {

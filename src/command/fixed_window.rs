@@ -1,9 +1,8 @@
 //! `RL.FIXEDWINDOW key limit window_sec [cost]`; state: one string `<count> <start>`.
 
-use std::thread::LocalKey;
-
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::codec::error::ErrorReply;
+use crate::codec::owner::Owned;
 use crate::codec::remembered::Remembered;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
@@ -16,10 +15,8 @@ use crate::store::{FieldName, Request};
 
 pub type Args = Request<fixed_window::Params>;
 
-thread_local! {
-    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
-    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
-}
+/// The last arguments that parsed (`FieldsLimiter::remembered`).
+static REMEMBERED: Owned<Remembered<Args>> = Owned::new(Remembered::new());
 
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
@@ -69,7 +66,7 @@ impl FieldsLimiter<2> for FixedWindow {
     const KIND: Kind = Kind::FixedWindow;
     const FIELDS: [&'static FieldName; 2] = [&COUNT, &START];
 
-    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+    fn remembered() -> &'static Owned<Remembered<Args>> {
         &REMEMBERED
     }
 

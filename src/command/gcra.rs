@@ -4,11 +4,10 @@
 //! rounded up to a whole microsecond so that every time is an exact integer, here and in the Lua
 //! twin, and the sustained rate is never above the configured one.
 
-use std::thread::LocalKey;
-
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
+use crate::codec::owner::Owned;
 use crate::codec::remembered::Remembered;
 use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
@@ -21,10 +20,8 @@ use crate::store::{FieldName, Request};
 
 pub type Args = Request<gcra::Params>;
 
-thread_local! {
-    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
-    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
-}
+/// The last arguments that parsed (`FieldsLimiter::remembered`).
+static REMEMBERED: Owned<Remembered<Args>> = Owned::new(Remembered::new());
 
 pub const MAX_BURST: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR max_burst must be an integer"),
@@ -124,7 +121,7 @@ impl FieldsLimiter<1> for Gcra {
     const KIND: Kind = Kind::Gcra;
     const FIELDS: [&'static FieldName; 1] = [&TAT];
 
-    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+    fn remembered() -> &'static Owned<Remembered<Args>> {
         &REMEMBERED
     }
 

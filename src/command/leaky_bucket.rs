@@ -1,9 +1,8 @@
 //! `RL.LEAKYBUCKET key capacity leak_per_sec [cost]`; state: one string `<level> <ts>`.
 
-use std::thread::LocalKey;
-
 use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
+use crate::codec::owner::Owned;
 use crate::codec::remembered::Remembered;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
@@ -16,10 +15,8 @@ use crate::store::{FieldName, Request};
 
 pub type Args = Request<leaky_bucket::Params>;
 
-thread_local! {
-    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
-    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
-}
+/// The last arguments that parsed (`FieldsLimiter::remembered`).
+static REMEMBERED: Owned<Remembered<Args>> = Owned::new(Remembered::new());
 
 const CAPACITY: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR capacity must be an integer"),
@@ -77,7 +74,7 @@ impl FieldsLimiter<2> for LeakyBucket {
     const KIND: Kind = Kind::LeakyBucket;
     const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
 
-    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+    fn remembered() -> &'static Owned<Remembered<Args>> {
         &REMEMBERED
     }
 

@@ -7,6 +7,7 @@ use std::ffi::CStr;
 use crate::codec::args::{IntegerArg, split_upto, upto_arg, with_last};
 use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_decimal;
+use crate::codec::owner::Owned;
 use crate::codec::remembered::{self, Remembered};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
@@ -118,10 +119,8 @@ pub fn parse(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     })
 }
 
-thread_local! {
-    /// The last arguments that parsed on this thread (`codec::remembered`).
-    static REMEMBERED: Remembered<SlidingLogRequest> = const { Remembered::new() };
-}
+/// The last arguments that parsed (`codec::remembered`), kept by the main thread.
+static REMEMBERED: Owned<Remembered<SlidingLogRequest>> = Owned::new(Remembered::new());
 
 /// The arguments after the key, ending with a cost or with `UPTO n` in its place (parsed with a
 /// cost of 1 there, so that a call with both has one argument too many); the last ones that

@@ -1,10 +1,9 @@
 //! `RL.SLIDINGWINDOW key limit window_sec [cost]`; state: one string
 //! `<start> <cur> <prev>`.
 
-use std::thread::LocalKey;
-
 use crate::codec::args::{COST, IntegerArg, MAX_INTEGER_ARG, WindowArg};
 use crate::codec::error::ErrorReply;
+use crate::codec::owner::Owned;
 use crate::codec::remembered::Remembered;
 use crate::codec::stored::{amount, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
@@ -17,10 +16,8 @@ use crate::store::{FieldName, Request};
 
 pub type Args = Request<sliding_window::Params>;
 
-thread_local! {
-    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
-    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
-}
+/// The last arguments that parsed (`FieldsLimiter::remembered`).
+static REMEMBERED: Owned<Remembered<Args>> = Owned::new(Remembered::new());
 
 const LIMIT: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR limit must be an integer"),
@@ -80,7 +77,7 @@ impl FieldsLimiter<3> for SlidingWindow {
     const KIND: Kind = Kind::SlidingWindow;
     const FIELDS: [&'static FieldName; 3] = [&START, &CUR, &PREV];
 
-    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+    fn remembered() -> &'static Owned<Remembered<Args>> {
         &REMEMBERED
     }
 

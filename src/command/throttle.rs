@@ -13,6 +13,7 @@ use std::ffi::CStr;
 use crate::codec::args::{IntegerArg, MAX_INTEGER_ARG};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_i64};
+use crate::codec::owner::Owned;
 use crate::codec::remembered::{self, Remembered};
 use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Integer, Key};
@@ -90,10 +91,8 @@ pub struct Args {
     pub quantity: i64,
 }
 
-thread_local! {
-    /// The last arguments that parsed on this thread (`codec::remembered`).
-    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
-}
+/// The last arguments that parsed (`codec::remembered`), kept by the main thread.
+static REMEMBERED: Owned<Remembered<Args>> = Owned::new(Remembered::new());
 
 /// The arguments after the key; the last ones that parsed again when they are the same bytes.
 pub fn parse(args: &[&[u8]]) -> Result<Args, ErrorReply> {

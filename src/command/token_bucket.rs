@@ -1,9 +1,8 @@
 //! `RL.TOKENBUCKET key capacity refill_per_sec [cost]`; state: one string `<tokens> <ts>`.
 
-use std::thread::LocalKey;
-
 use crate::codec::args::{BucketArgs, IntegerArg, MAX_INTEGER_ARG, RateArg};
 use crate::codec::error::ErrorReply;
+use crate::codec::owner::Owned;
 use crate::codec::remembered::Remembered;
 use crate::codec::stored::{balance, timestamp, within_skew};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
@@ -16,10 +15,8 @@ use crate::store::{FieldName, Request};
 
 pub type Args = Request<token_bucket::Params>;
 
-thread_local! {
-    /// The last arguments that parsed on this thread (`FieldsLimiter::remembered`).
-    static REMEMBERED: Remembered<Args> = const { Remembered::new() };
-}
+/// The last arguments that parsed (`FieldsLimiter::remembered`).
+static REMEMBERED: Owned<Remembered<Args>> = Owned::new(Remembered::new());
 
 const CAPACITY: IntegerArg = IntegerArg {
     not_integer: ErrorReply(c"ERR capacity must be an integer"),
@@ -83,7 +80,7 @@ impl FieldsLimiter<2> for TokenBucket {
     const KIND: Kind = Kind::TokenBucket;
     const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
 
-    fn remembered() -> &'static LocalKey<Remembered<Args>> {
+    fn remembered() -> &'static Owned<Remembered<Args>> {
         &REMEMBERED
     }
 

@@ -3,12 +3,13 @@
 //! and the outcome. It keeps the per-command counters of the module's INFO section and feeds the
 //! most-denied keys (`top`).
 
-use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::ffi::CStr;
 
 use crate::codec::error::ErrorReply;
+use crate::codec::owner::Owned;
 use crate::observe::top::Top;
 
 /// The kinds of error replies, as INFO counts them.
@@ -95,65 +96,19 @@ pub const DEFAULT_TOP_SLOTS: usize = 128;
 /// many either stays within a few milliseconds.
 pub const MAX_TOP_SLOTS: usize = 10_000;
 
-/// `RL.TOP`'s keys, kept by one thread: the first that asks for them, or the one that `claim`s
-/// them (the server's main thread, at module load). Redis runs every callback of the module that
-/// touches them (commands, configuration, INFO outside crash reports, unload) on its main thread,
-/// one at a time, so a plain cell is enough where a mutex would take and release a lock on every
-/// denial: two locked instructions, which cost a denial of `RL.GCRA` 6-11% of its time on this
-/// project's benchmark machine (docs/benchmarks.md). Another thread (a module thread calling a
-/// limiter through `RM_Call` with the server's lock held) gets nothing: its denials are not
-/// tracked. The `RefCell` refuses a second borrow from inside the first.
-struct TopCell {
-    claimed: AtomicBool,
-    top: RefCell<Option<Top>>,
-}
-
-thread_local! {
-    /// Whether this thread claimed `TOP`. A thread starts without; one thread at most ever has it.
-    static OWNS_TOP: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: the one `TopCell`, `TOP`, is reached only through `TopCell::mine`, which gives it to the
-// one thread that claimed it (`claimed` is set once, by a compare-and-swap, and `OWNS_TOP` is that
-// thread's own), so it is never touched by two threads.
-unsafe impl Sync for TopCell {}
-
-impl TopCell {
-    /// Claims the cell for this thread when nobody has; whether this thread holds it.
-    fn claim(&self) -> bool {
-        let owns = OWNS_TOP.try_with(Cell::get).unwrap_or(false);
-        if owns || self.claimed.load(Ordering::Relaxed) {
-            return owns;
-        }
-        let won = self
-            .claimed
-            .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok();
-        won && OWNS_TOP.try_with(|o| o.set(true)).is_ok()
-    }
-
-    /// The cell, for the thread that holds it.
-    fn mine(&self) -> Option<&RefCell<Option<Top>>> {
-        self.claim().then_some(&self.top)
-    }
-}
-
-/// Made with its first use, at the default size (`ratelimit.top-slots` resizes it).
-static TOP: TopCell = TopCell {
-    claimed: AtomicBool::new(false),
-    top: RefCell::new(None),
-};
-
-/// Makes this thread the one that keeps `RL.TOP` (module load, on the server's main thread).
-pub fn claim_top() {
-    TOP.claim();
-}
+/// `RL.TOP`'s keys, kept by the server's main thread (`codec::owner`), made with their first use at
+/// the default size (`ratelimit.top-slots` resizes them). A plain cell where a mutex would take and
+/// release a lock on every denial: two locked instructions, which cost a denial of `RL.GCRA` 6-11%
+/// of its time on this project's benchmark machine (docs/benchmarks.md). Another thread (a module
+/// thread calling a limiter through `RM_Call` with the server's lock held) gets nothing: its
+/// denials are not tracked. The `RefCell` refuses a second borrow from inside the first.
+static TOP: Owned<RefCell<Option<Top>>> = Owned::new(RefCell::new(None));
 
 /// The most-denied keys (`RL.TOP`), for reading or changing, on the thread that keeps them
-/// (`TopCell`). Elsewhere, or called again from inside `f` (which nothing does), it returns
+/// (`TOP`). Elsewhere, or called again from inside `f` (which nothing does), it returns
 /// the default without calling `f` (a panic there would fail the command).
 pub fn with_top<R: Default>(f: impl FnOnce(&mut Top) -> R) -> R {
-    match TOP.mine().map(RefCell::try_borrow_mut) {
+    match TOP.get().map(RefCell::try_borrow_mut) {
         Some(Ok(mut top)) => f(top.get_or_insert_with(|| Top::new(DEFAULT_TOP_SLOTS))),
         _ => R::default(),
     }
@@ -237,11 +192,19 @@ mod tests {
 
     #[test]
     fn only_the_thread_that_claimed_top_reaches_it() {
-        claim_top();
+        // The owner is whichever test thread claims first (`codec::owner`): what holds either way.
+        if !crate::codec::owner::claim() {
+            assert_eq!(
+                with_top(|t| t.slots()),
+                0,
+                "a thread that does not own gets nothing"
+            );
+            return;
+        }
         with_top(|t| t.denied(b"k", c"RL.GCRA", 1));
         assert_eq!(with_top(|t| t.len()), 1);
         let elsewhere = std::thread::spawn(|| {
-            claim_top();
+            crate::codec::owner::claim();
             with_top(|t| t.denied(b"other", c"RL.GCRA", 2));
             with_top(|t| (t.slots(), t.len()))
         })

@@ -10,11 +10,11 @@
 //! replaces it with the string.
 
 use std::convert::Infallible;
-use std::thread::LocalKey;
 
 use crate::codec::args::{UPTO_ARG, split_upto, with_last};
 use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_g17};
+use crate::codec::owner::Owned;
 use crate::codec::remembered::{self, Remembered};
 use crate::core::{Operation, Reply};
 use crate::store::kind::{self, FOREIGN_HASH, Kind};
@@ -44,9 +44,9 @@ pub trait FieldsLimiter<const N: usize> {
 
     /// Arguments after the key.
     fn parse(args: &[&[u8]]) -> Result<Request<Self::Params>, ErrorReply>;
-    /// The last arguments this limiter parsed on this thread, and their request (`parse` below
-    /// gives it again for the same bytes): a `thread_local!` `Remembered` of its command file.
-    fn remembered() -> &'static LocalKey<Remembered<Request<Self::Params>>>;
+    /// The last arguments this limiter parsed, and their request (`parse` below gives it again
+    /// for the same bytes): a static `Remembered` of its command file, kept by the main thread.
+    fn remembered() -> &'static Owned<Remembered<Request<Self::Params>>>;
     /// The stored numbers of an existing key (absent ones are `None`), as a call with these
     /// parameters at `now_us` reads them: a number no call of this limiter could have written
     /// (a time ahead of now by more than `codec::stored::SKEW_US`, a count or debt beyond any
