@@ -293,22 +293,30 @@ impl Top {
         self.slots.min(MAX_SLOTS)
     }
 
-    /// One denial of `key` by `command` at `now_ms`.
+    /// One denial of `key` by `command` at `now_ms`. The latest denied key is checked first, in
+    /// the caller (a flood of denials is mostly one key); any other goes through the index.
+    #[inline(always)]
     pub fn denied(&mut self, key: &[u8], command: &'static CStr, now_ms: i64) {
         if self.tracked() == 0 {
             return;
         }
-        // The latest denied key is checked before hashing (its hash is then not needed).
-        let (hash, found) = if self
-            .slot(self.last)
-            .is_some_and(|slot| slot.holds_short(key))
+        let last = self.last;
+        if let Some(slot) = self.slot_mut(last)
+            && slot.holds_short(key)
         {
-            (0, Ok(self.last))
-        } else {
-            let hash = self.hasher.hash(key);
-            (hash, self.find(hash, key.len(), kept_part(key)))
-        };
-        let place = match found {
+            slot.command = command;
+            slot.last_denied_ms = now_ms;
+            self.count(last);
+            return;
+        }
+        self.denied_other(key, command, now_ms);
+    }
+
+    /// `denied` for a key other than the latest.
+    #[inline(never)]
+    fn denied_other(&mut self, key: &[u8], command: &'static CStr, now_ms: i64) {
+        let hash = self.hasher.hash(key);
+        let place = match self.find(hash, key.len(), kept_part(key)) {
             Ok(s) => {
                 self.last = s;
                 if let Some(slot) = self.slot_mut(s) {
