@@ -2,6 +2,7 @@
 //! connect a command's definition (`crate::command`) to Redis.
 
 use std::ffi::c_int;
+use std::mem::MaybeUninit;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
@@ -254,11 +255,12 @@ fn settle_body(
 
 /// The key, and the arguments after it as bytes in `slots` (`M`, the most arguments a command
 /// takes): the slice of them that the call has. Filled where the caller keeps them, so that they
-/// are not copied on the way back.
+/// are not copied on the way back, and only as far as the call has arguments (the slots are not
+/// cleared first).
 #[inline(always)]
 fn key_and_args<'a, const M: usize>(
     argv: &[*mut RedisModuleString],
-    slots: &'a mut [&'a [u8]; M],
+    slots: &'a mut [MaybeUninit<&'a [u8]>; M],
     arity: ErrorReply,
 ) -> Result<(*mut RedisModuleString, &'a [&'a [u8]]), ErrorReply> {
     let [_, name, rest @ ..] = argv else {
@@ -269,9 +271,12 @@ fn key_and_args<'a, const M: usize>(
     }
     for (slot, arg) in slots.iter_mut().zip(rest) {
         // SAFETY: argv strings live for the whole call and are not modified.
-        *slot = unsafe { api::string_bytes(*arg) };
+        slot.write(unsafe { api::string_bytes(*arg) });
     }
-    Ok((*name, slots.get(..rest.len()).unwrap_or_default()))
+    // SAFETY: the first `rest.len()` slots (at most `M`) were written just above, and a
+    // `MaybeUninit<T>` is laid out as a `T`.
+    let args = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<&[u8]>(), rest.len()) };
+    Ok((*name, args))
 }
 
 /// Runs one call of the one-key limiter at `I` in the registry. `argv[0]` is the command name,
@@ -288,7 +293,7 @@ pub fn run_one<const I: usize>(
     else {
         return Err(INTERNAL_ERROR);
     };
-    let mut slots = [&[][..]; 8];
+    let mut slots = [MaybeUninit::uninit(); 8];
     let (name, args) = key_and_args(argv, &mut slots, descriptor.arity_error)?;
     let mut key = Opener {
         ctx,
@@ -336,7 +341,7 @@ pub fn run_release(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<Released, ErrorReply> {
-    let mut slots = [&[][..]; 1];
+    let mut slots = [MaybeUninit::uninit(); 1];
     let (name, args) = key_and_args(argv, &mut slots, release::ARITY_ERROR)?;
     let id = release::parse(args)?;
     let mut store = RedisKey::open(ctx, name)?;
@@ -364,7 +369,7 @@ pub fn run_throttle(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
 ) -> Result<ThrottleReply, ErrorReply> {
-    let mut slots = [&[][..]; 4];
+    let mut slots = [MaybeUninit::uninit(); 4];
     let (name, args) = key_and_args(argv, &mut slots, throttle::ARITY_ERROR)?;
     let args = throttle::parse(args)?;
     let mut store = RedisKey::open(ctx, name)?;
