@@ -72,12 +72,17 @@ fn check_score(score: f64) -> Result<(), ErrorReply> {
 }
 
 /// Whether a member is `<digits>:<digits>` whose first part is `score`: a sliding log's entry.
+/// The ':' is looked for from the end (the index is a few digits, the time sixteen), and the
+/// time's digits are checked by `parse_integer`, which reads nothing else once the first byte
+/// is a digit (no sign).
 fn is_log_member(member: &[u8], score: f64) -> bool {
     let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
-    match member.iter().position(|&c| c == b':') {
+    match member.iter().rposition(|&c| c == b':') {
         Some(at) => match (member.get(..at), member.get(at + 1..)) {
             (Some(time), Some(index)) => {
-                digits(time) && digits(index) && parse_integer(time) == Some(score)
+                time.first().is_some_and(u8::is_ascii_digit)
+                    && digits(index)
+                    && parse_integer(time) == Some(score)
             }
             _ => false,
         },
@@ -650,6 +655,53 @@ mod tests {
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    /// `is_log_member` against its definition (the first ':' splits two runs of digits, the
+    /// first of them `score`), on every member of up to six bytes of `0 1 7 : + - x` and on
+    /// 16-digit times.
+    #[test]
+    fn log_members_are_told_as_defined() {
+        let defined = |member: &[u8], score: f64| {
+            let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+            let Some(at) = member.iter().position(|&c| c == b':') else {
+                return false;
+            };
+            let (time, index) = (&member[..at], &member[at + 1..]);
+            digits(time)
+                && digits(index)
+                && std::str::from_utf8(time).ok().and_then(|t| t.parse::<f64>().ok())
+                    == Some(score)
+        };
+        let alphabet = b"017:+-x";
+        let mut member = Vec::new();
+        for len in 0..=6u32 {
+            for mut n in 0..alphabet.len().pow(len) {
+                member.clear();
+                for _ in 0..len {
+                    member.push(alphabet[n % alphabet.len()]);
+                    n /= alphabet.len();
+                }
+                for score in [0.0, 1.0, 7.0, 10.0, 17.0, 71.0, 107.0] {
+                    assert_eq!(
+                        is_log_member(&member, score),
+                        defined(&member, score),
+                        "{:?} {score}",
+                        String::from_utf8_lossy(&member)
+                    );
+                }
+            }
+        }
+        for member in [
+            &b"1800000000000000:0"[..],
+            b"1800000000000000:12",
+            b"1800000000000000:",
+            b"180000000000000x:1",
+            b"1800000000000000:1:2",
+            b"1800000000000001:0",
+        ] {
+            assert_eq!(is_log_member(member, 1.8e15), defined(member, 1.8e15));
         }
     }
 
