@@ -165,8 +165,13 @@ impl OpenKey {
 
     /// The key's absolute expiry in Unix milliseconds, `None` when it has none.
     pub fn abs_expire(&self) -> Result<Option<i64>, ErrorReply> {
+        self.abs_expire_of(self.kind()?)
+    }
+
+    /// `abs_expire` of a key of type `kind`, known to the caller.
+    pub fn abs_expire_of(&self, kind: KeyKind) -> Result<Option<i64>, ErrorReply> {
         // An empty key has none; asking Redis would still search the expiry table.
-        if self.kind()? == KeyKind::Empty {
+        if kind == KeyKind::Empty {
             return Ok(None);
         }
         let get = api!(RedisModule_GetAbsExpire)?;

@@ -4,6 +4,8 @@
 //! it. A hash of the earlier layout is read field by field and replaced by the string on its next
 //! write.
 
+use std::cell::Cell;
+
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use crate::binding::api::{self, KeyKind, OpenKey, TempString, ZsetWrite};
@@ -19,6 +21,9 @@ pub(crate) struct RedisKey {
     ctx: *mut RedisModuleCtx,
     name: *mut RedisModuleString,
     key: OpenKey,
+    /// The key's type as the reads found it, until the first write (`apply` forgets it): a
+    /// sorted-set read asks for it several times, and the server answers each with a call.
+    read_kind: Cell<Option<KeyKind>>,
 }
 
 impl RedisKey {
@@ -30,7 +35,18 @@ impl RedisKey {
             ctx,
             name,
             key: OpenKey::open(ctx, name)?,
+            read_kind: Cell::new(None),
         })
+    }
+
+    /// The key's type, for the reads before a write.
+    fn kind(&self) -> Result<KeyKind, ErrorReply> {
+        if let Some(kind) = self.read_kind.get() {
+            return Ok(kind);
+        }
+        let kind = self.key.kind()?;
+        self.read_kind.set(Some(kind));
+        Ok(kind)
     }
 
     fn set(&mut self, value: &[u8], expire_at_ms: i64) -> Result<(), ErrorReply> {
@@ -271,7 +287,7 @@ fn field_string(field: &'static FieldName) -> Result<*mut RedisModuleString, Err
 impl Store for RedisKey {
     #[inline(always)]
     fn read(&self) -> Result<Slot<'_>, ErrorReply> {
-        Ok(match self.key.kind()? {
+        Ok(match self.kind()? {
             KeyKind::Empty => Slot::Empty,
             KeyKind::Hash => Slot::Hash,
             KeyKind::Zset => Slot::Zset,
@@ -295,7 +311,7 @@ impl Store for RedisKey {
     }
 
     fn zset_len(&self) -> Result<i64, ErrorReply> {
-        if self.key.kind()? != KeyKind::Zset {
+        if self.kind()? != KeyKind::Zset {
             return Ok(0);
         }
         self.key.zset_len()
@@ -382,7 +398,7 @@ impl Store for RedisKey {
     }
 
     fn zset_score(&self, member: &[u8]) -> Result<Option<f64>, ErrorReply> {
-        if self.key.kind()? != KeyKind::Zset {
+        if self.kind()? != KeyKind::Zset {
             return Ok(None);
         }
         let member = TempString::new(self.ctx, member)?;
@@ -390,7 +406,7 @@ impl Store for RedisKey {
     }
 
     fn zset_first(&self, count: i64, visit: &mut EntryVisitor<'_>) -> Result<(), ErrorReply> {
-        if count <= 0 || self.key.kind()? != KeyKind::Zset {
+        if count <= 0 || self.kind()? != KeyKind::Zset {
             return Ok(());
         }
         let mut left = count;
@@ -404,14 +420,14 @@ impl Store for RedisKey {
     }
 
     fn hash_len(&self) -> Result<i64, ErrorReply> {
-        if self.key.kind()? != KeyKind::Hash {
+        if self.kind()? != KeyKind::Hash {
             return Ok(0);
         }
         self.key.value_len()
     }
 
     fn has_expiry(&self) -> Result<bool, ErrorReply> {
-        Ok(self.key.abs_expire()?.is_some())
+        Ok(self.key.abs_expire_of(self.kind()?)?.is_some())
     }
 
     fn writable(&self) -> Result<(), ErrorReply> {
@@ -419,7 +435,10 @@ impl Store for RedisKey {
     }
 
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
-        match effect {
+        // A write may change the key's type (or remove it): what the reads found is forgotten,
+        // and the write asks the server itself.
+        self.read_kind.set(None);
+        let applied = match effect {
             Effect::Set {
                 value,
                 expire_at_ms,
@@ -439,7 +458,9 @@ impl Store for RedisKey {
                 count,
                 expire_at_ms,
             } => self.pop(*trim, *count, *expire_at_ms),
-        }
+        };
+        self.read_kind.set(None);
+        applied
     }
 }
 

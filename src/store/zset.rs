@@ -671,7 +671,9 @@ mod tests {
             let (time, index) = (&member[..at], &member[at + 1..]);
             digits(time)
                 && digits(index)
-                && std::str::from_utf8(time).ok().and_then(|t| t.parse::<f64>().ok())
+                && std::str::from_utf8(time)
+                    .ok()
+                    .and_then(|t| t.parse::<f64>().ok())
                     == Some(score)
         };
         let alphabet = b"017:+-x";
