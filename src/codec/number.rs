@@ -78,6 +78,15 @@ fn small_fraction(s: &[u8]) -> Option<f64> {
     Some(if negative { -v } else { v })
 }
 
+/// The value of 1 to 19 ASCII digits (leading zeros allowed, no sign), or `None` for anything
+/// else: at most 19 digits never overflow a `u64`.
+pub fn parse_digits(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    digits_value(s)
+}
+
 /// The value of at most 19 ASCII digits (0 for none), or `None` if a byte is not a digit.
 #[inline(always)]
 fn digits_value(digits: &[u8]) -> Option<u64> {
@@ -601,6 +610,35 @@ mod tests {
         }
         assert!(is_integer(b"-12") && is_integer(b"+0") && !is_integer(b"1.0"));
         assert!(!is_integer(b"") && !is_integer(b"-") && !is_integer(b"1e3"));
+    }
+
+    #[test]
+    fn digit_runs_are_read_as_integers() {
+        let mut p: u64 = 1;
+        for len in 1..=19 {
+            for v in [p - 1, p, 2 * p - 1, 9 * p + (p - 1)] {
+                let text = format!("{v:0len$}");
+                if text.len() == len {
+                    assert_eq!(parse_digits(text.as_bytes()), Some(v), "{text}");
+                }
+            }
+            p = p.saturating_mul(10);
+        }
+        assert_eq!(parse_digits(b"9999999999999999999"), Some(9_999_999_999_999_999_999));
+        assert_eq!(parse_digits(b"0000000000000000001"), Some(1));
+        for bad in [
+            &b""[..],
+            b"00000000000000000001",
+            b"+1",
+            b"-1",
+            b"1 ",
+            b" 1",
+            b"12345678x",
+            b"1234567x9012345678",
+            b"1.5",
+        ] {
+            assert_eq!(parse_digits(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]
