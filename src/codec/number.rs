@@ -624,7 +624,10 @@ mod tests {
             }
             p = p.saturating_mul(10);
         }
-        assert_eq!(parse_digits(b"9999999999999999999"), Some(9_999_999_999_999_999_999));
+        assert_eq!(
+            parse_digits(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
         assert_eq!(parse_digits(b"0000000000000000001"), Some(1));
         for bad in [
             &b""[..],
@@ -637,7 +640,12 @@ mod tests {
             b"1234567x9012345678",
             b"1.5",
         ] {
-            assert_eq!(parse_digits(bad), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                parse_digits(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -393,13 +393,20 @@ mod tests {
             let mut raw: Vec<u8> = (0..len)
                 .map(|i| b'0' + ((state >> (i % 60)) % 10) as u8)
                 .collect();
-            if state % 7 == 0 && len > 0 {
+            if state.is_multiple_of(7) && len > 0 {
                 raw[(state >> 8) as usize % len] = b"x -+."[(state >> 20) as usize % 5];
             }
-            if state % 5 == 0 {
-                raw.iter_mut().take((state >> 30) as usize % 24).for_each(|b| *b = b'0');
+            if state.is_multiple_of(5) {
+                raw.iter_mut()
+                    .take((state >> 30) as usize % 24)
+                    .for_each(|b| *b = b'0');
             }
-            assert_eq!(decode(&raw), defined(&raw), "{:?}", String::from_utf8_lossy(&raw));
+            assert_eq!(
+                decode(&raw),
+                defined(&raw),
+                "{:?}",
+                String::from_utf8_lossy(&raw)
+            );
         }
     }
 
