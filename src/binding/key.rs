@@ -21,8 +21,9 @@ pub(crate) struct RedisKey {
     ctx: *mut RedisModuleCtx,
     name: *mut RedisModuleString,
     key: OpenKey,
-    /// The key's type as the reads found it, until the first write (`apply` forgets it): a
-    /// sorted-set read asks for it several times, and the server answers each with a call.
+    /// The key's type as the reads found it, until a write (`apply` forgets it): a sorted-set
+    /// read asks for it several times, and a string write once more, and the server answers each
+    /// with a call.
     read_kind: Cell<Option<KeyKind>>,
 }
 
@@ -54,7 +55,7 @@ impl RedisKey {
         // keeps the key. Any other value replaces the key's, of whatever type (SET semantics:
         // the expiry goes, and is set anew).
         let in_place =
-            self.key.kind()? == KeyKind::String && self.key.string_overwrite_same_length(value)?;
+            self.kind()? == KeyKind::String && self.key.string_overwrite_same_length(value)?;
         if !in_place {
             let fresh = TempString::new(self.ctx, value)?;
             self.key.string_set(fresh.as_ptr())?;
@@ -435,9 +436,9 @@ impl Store for RedisKey {
     }
 
     fn apply(&mut self, effect: &Effect<'_>) -> Result<(), ErrorReply> {
-        // A write may change the key's type (or remove it): what the reads found is forgotten,
-        // and the write asks the server itself.
-        self.read_kind.set(None);
+        // The type the reads found holds until this write changes the key (a string is set
+        // from it); then it is forgotten, and the write's own checks after a change (whether a
+        // trim emptied a set) ask the server.
         let applied = match effect {
             Effect::Set {
                 value,
