@@ -4,9 +4,9 @@
 //! plan), and parsing them is a fifth of a denial's own work. A call whose argument bytes are
 //! those of the last call that parsed is given that call's result: parsing is a function of the
 //! bytes alone, so it is the result a parse would give. Only results that parsed are kept (an
-//! error is parsed again, and answers the same). One entry per limiter and thread, of at most
-//! `MAX_BYTES` bytes of arguments: longer ones are parsed every time. Kept by the server's main
-//! thread (`codec::owner`).
+//! error is parsed again, and answers the same). One entry per limiter, of at most `MAX_BYTES`
+//! bytes of arguments: longer ones are parsed every time. Kept by the server's main thread
+//! (`codec::owner`); a call on any other thread parses.
 
 use std::cell::Cell;
 
