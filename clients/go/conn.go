@@ -85,8 +85,12 @@ const goRedisNil = "redis: nil"
 
 // do sends one command through conn and waits for its reply or for ctx, whichever comes
 // first. A server error comes back as a ServerError; any other error means Redis did not
-// answer.
+// answer. A caller whose ctx is already done sends nothing: the command would still run, and
+// take from a limit, after its answer stopped mattering to anyone.
 func do(ctx context.Context, conn Conn, args ...interface{}) (interface{}, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	type result struct {
 		v   interface{}
 		err error
