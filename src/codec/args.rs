@@ -3,9 +3,8 @@
 //! Messages are `&'static CStr` so the binding can reply without allocating; each one is
 //! repeated word for word by the Lua twins.
 
-use super::number::floor;
 use crate::codec::error::ErrorReply;
-use crate::codec::number::{parse_decimal, parse_integer};
+use crate::codec::number::{floor, parse_decimal, parse_integer};
 
 /// Largest integer argument (capacity, cost). Below 2^53, so every value is exact in a double.
 pub const MAX_INTEGER_ARG: f64 = 1e15;

@@ -2,12 +2,11 @@
 //! id at score its expiry (Unix microseconds). Inside `RL.ALL` it is the `CONCURRENCY limit
 //! lease_sec` limit, with the id given once per call as `LEASE id`.
 
-use crate::codec::number::floor;
 use std::ffi::CStr;
 
 use crate::codec::args::{COST, IntegerArg};
 use crate::codec::error::ErrorReply;
-use crate::codec::number::parse_decimal;
+use crate::codec::number::{floor, parse_decimal};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key, String};
 use crate::command::descriptor::{Descriptor, Keys, arg, per_call};
 use crate::command::{Entry, PerCall, Runner};

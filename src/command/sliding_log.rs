@@ -1,12 +1,11 @@
 //! `RL.SLIDINGLOG key limit window_sec [cost]`; state: a sorted set of admitted requests, one
 //! member `<t>:<i>` per unit of cost at score `t` (the call time in Unix microseconds).
 
-use crate::codec::number::floor;
 use std::ffi::CStr;
 
 use crate::codec::args::{IntegerArg, split_upto, upto_arg, with_last};
 use crate::codec::error::ErrorReply;
-use crate::codec::number::parse_decimal;
+use crate::codec::number::{floor, parse_decimal};
 use crate::codec::owner::Owned;
 use crate::codec::remembered::{self, Remembered};
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};

@@ -8,8 +8,7 @@
 //! not write, another kind's entries) is an error, never trimmed nor repaired.
 
 use crate::codec::error::{ErrorReply, WRONGTYPE};
-use crate::codec::number::parse_integer;
-use crate::codec::number::trunc;
+use crate::codec::number::{parse_integer, trunc};
 use crate::codec::stored::{MAX_TIMESTAMP_US, SKEW_US};
 use crate::core::concurrency::{self, Leases, MAX_LEASE_US, Seen};
 use crate::core::sliding_log::{
