@@ -131,31 +131,15 @@ fn parse_args(args: &[&[u8]]) -> Result<Args, ErrorReply> {
     })
 }
 
-/// A stored value: decimal digits only, below `MAX_TAT_NS`.
+/// A stored value: decimal digits only, below `MAX_TAT_NS`. Its value is in its last 19 digits
+/// (every time written before 2286 has 19 at most); any before them must be leading zeros.
 pub fn decode(raw: &[u8]) -> Result<i128, ErrorReply> {
-    // Up to 19 digits (every time written before 2286) in one pass, eight digits at a time.
-    if raw.len() <= 19 {
-        return match parse_digits(raw) {
-            Some(v) if v < MAX_TAT_NS => Ok(i128::from(v)),
-            _ => Err(CORRUPT),
-        };
-    }
-    if !raw.iter().all(u8::is_ascii_digit) {
+    let Some((zeros, digits)) = raw.split_at_checked(raw.len().saturating_sub(19)) else {
         return Err(CORRUPT);
-    }
-    let start = raw.iter().position(|&c| c != b'0').unwrap_or(raw.len());
-    let digits = raw.get(start..).unwrap_or_default();
-    if digits.len() > 19 {
-        return Err(CORRUPT);
-    }
-    // At most 19 digits: no u64 overflow.
-    let v = digits
-        .iter()
-        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-    if v < MAX_TAT_NS {
-        Ok(i128::from(v))
-    } else {
-        Err(CORRUPT)
+    };
+    match parse_digits(digits) {
+        Some(v) if v < MAX_TAT_NS && zeros.iter().all(|&c| c == b'0') => Ok(i128::from(v)),
+        _ => Err(CORRUPT),
     }
 }
 
