@@ -92,10 +92,8 @@ pub fn parse_digits(s: &[u8]) -> Option<u64> {
 fn digits_value(digits: &[u8]) -> Option<u64> {
     // Sixteen digits, every microsecond time from 2001 to 2286 (most stored values), without
     // the loop.
-    if let Ok(&[a, b]) = <&[[u8; 8]; 2]>::try_from(digits.as_chunks::<8>().0)
-        && digits.len() == 16
-    {
-        return Some(eight_digits(a)? * 100_000_000 + eight_digits(b)?);
+    if let ([a, b], []) = digits.as_chunks::<8>() {
+        return Some(eight_digits(*a)? * 100_000_000 + eight_digits(*b)?);
     }
     let mut n: u64 = 0;
     let mut rest = digits;
