@@ -96,7 +96,15 @@ func do(ctx context.Context, conn Conn, args ...interface{}) (interface{}, error
 		err error
 	}
 	ch := make(chan result, 1)
+	tracker, _ := ctx.Value(trackerKey{}).(requestTracker)
+	if tracker != nil {
+		tracker.begin()
+	}
 	go func() {
+		if tracker != nil {
+			// Once conn.Do has returned, whether or not anyone still waits for it.
+			defer tracker.end()
+		}
 		defer func() {
 			if p := recover(); p != nil {
 				ch <- result{nil, fmt.Errorf("ratelimit: the connection panicked: %v", p)}
@@ -120,6 +128,20 @@ func do(ctx context.Context, conn Conn, args ...interface{}) (interface{}, error
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// requestTracker hears of every request sent with a ctx that carries it (trackRequests): when
+// one begins, and when the connection has returned from it, even after its caller stopped
+// waiting (a lease's renewals, which its release waits for).
+type requestTracker interface {
+	begin()
+	end()
+}
+
+type trackerKey struct{}
+
+func trackRequests(ctx context.Context, t requestTracker) context.Context {
+	return context.WithValue(ctx, trackerKey{}, t)
 }
 
 // normalize turns the replies of the common clients into int64, string, []interface{} and nil.

@@ -41,6 +41,10 @@ type Lease struct {
 	redis, local, released bool
 	lastRenewal            *Outcome
 	stop                   chan struct{}
+	// Renewals on their way and their requests (until the connection has returned from
+	// them); drained is closed when the last ends after a release began.
+	renewing int
+	drained  chan struct{}
 }
 
 func newLease(c *Client, id string, limits []leaseLimit, degraded Degraded) *Lease {
@@ -62,11 +66,37 @@ func (l *Lease) HoldsSlot() bool {
 	return (l.redis || l.local) && !l.released
 }
 
+func (l *Lease) begin() {
+	l.mu.Lock()
+	l.renewing++
+	l.mu.Unlock()
+}
+
+func (l *Lease) end() {
+	l.mu.Lock()
+	l.renewing--
+	if l.renewing == 0 && l.drained != nil {
+		close(l.drained)
+		l.drained = nil
+	}
+	l.mu.Unlock()
+}
+
 // Renew extends the lease to now + lease_sec by sending RL.ACQUIRE again with the same id. A
 // lease that had expired meanwhile takes a slot again if one is free; denied means the slot is
 // lost (others hold every slot). Over several keys: the first denial, else the key with the
-// fewest free slots. The failure policy answers as for Client.Acquire.
+// fewest free slots. The failure policy answers as for Client.Acquire. A lease whose release
+// has begun is not renewed (an *UnsupportedError, nothing sent).
 func (l *Lease) Renew(ctx context.Context) (Outcome, error) {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return Outcome{}, unsupported("a released lease is not renewed")
+	}
+	l.renewing++
+	l.mu.Unlock()
+	defer l.end()
+	ctx = trackRequests(ctx, l)
 	var answer *Outcome
 	for _, ll := range l.limits {
 		o, err := l.client.decideOne(ctx, ll.key, ll.limit, 1, l.id)
@@ -137,15 +167,51 @@ func (l *Lease) LastRenewal() (Outcome, bool) {
 
 // Release gives the slot back now: whether a live lease was released (false if it had expired,
 // was admitted by FailOpen, was released before, or Redis could not answer: it then expires by
-// itself).
+// itself). It stops the keep-alive, and a renewal already on its way (KeepAlive's or a Renew
+// of another goroutine) is waited for until the connection has returned from it, so that no
+// renewal sent before the release lands after it and takes the slot back. If ctx ends first,
+// Release returns false and the slot is given back once that renewal has ended. (A renewal
+// that Redis did not answer in time, on a server that then runs it late, can still land after;
+// the lease then expires after lease_sec.)
 func (l *Lease) Release(ctx context.Context) (bool, error) {
 	l.mu.Lock()
 	if l.stop != nil {
 		close(l.stop)
 		l.stop = nil
 	}
-	redis, local := l.redis && !l.released, l.local && !l.released
+	already := l.released
 	l.released = true
+	var drained chan struct{}
+	if l.renewing > 0 {
+		if l.drained == nil {
+			l.drained = make(chan struct{})
+		}
+		drained = l.drained
+	}
+	l.mu.Unlock()
+	if drained != nil {
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			if !already {
+				go func() {
+					<-drained
+					_, _ = l.giveBack(context.Background())
+				}()
+			}
+			return false, nil
+		}
+	}
+	if already {
+		return false, nil
+	}
+	return l.giveBack(ctx)
+}
+
+// giveBack frees the slots where they are held, once no renewal is on its way.
+func (l *Lease) giveBack(ctx context.Context) (bool, error) {
+	l.mu.Lock()
+	redis, local := l.redis, l.local
 	l.mu.Unlock()
 	freed := false
 	if local {
