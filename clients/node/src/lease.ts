@@ -18,6 +18,8 @@ export class Lease implements AsyncDisposable {
   private released = false;
   private renewal: Outcome | undefined;
   private timer: NodeJS.Timeout | undefined;
+  /** The renewals on their way (`renew()`, a keep-alive tick): a release waits for them. */
+  private readonly renewing = new Set<Promise<Outcome>>();
 
   /** @internal */
   constructor(
@@ -56,7 +58,17 @@ export class Lease implements AsyncDisposable {
    * Over several keys: the first denial, else the key with the fewest free slots. The failure
    * policy answers as for `Client.acquire`.
    */
-  async renew(call?: CallOptions): Promise<Outcome> {
+  renew(call?: CallOptions): Promise<Outcome> {
+    const p = this.renewOnce(call);
+    this.renewing.add(p);
+    const done = (): void => {
+      this.renewing.delete(p);
+    };
+    p.then(done, done);
+    return p;
+  }
+
+  private async renewOnce(call?: CallOptions): Promise<Outcome> {
     let answer: Outcome | undefined;
     for (const [key, limit] of this.limits) {
       const o = await this.client.decideOne(key, limit, 1, this.id, call);
@@ -83,7 +95,7 @@ export class Lease implements AsyncDisposable {
     this.stopKeepAlive();
     if (this.released) return;
     this.timer = setInterval(() => {
-      this.renew().catch(() => undefined);
+      if (!this.released) this.renew().catch(() => undefined);
     }, everyMs);
     this.timer.unref();
   }
@@ -96,12 +108,16 @@ export class Lease implements AsyncDisposable {
   /**
    * Gives the slot back now: whether a live lease was released (false if it had expired, was
    * admitted by `'fail-open'`, was released already, or Redis could not answer: it then expires
-   * by itself). A refusal of Redis is thrown (`RejectedError`).
+   * by itself). A refusal of Redis is thrown (`RejectedError`). The keep-alive stops first, and
+   * the release is sent once every renewal already on its way has been answered (or given up):
+   * once it returns, no renewal of this lease lands after it and takes the slot again.
    */
   async release(call?: CallOptions): Promise<boolean> {
     this.stopKeepAlive();
-    const [redis, local] = [this.redis && !this.released, this.local && !this.released];
+    const wasReleased = this.released;
     this.released = true;
+    if (this.renewing.size > 0) await Promise.allSettled([...this.renewing]);
+    const [redis, local] = [this.redis && !wasReleased, this.local && !wasReleased];
     let freed = false;
     if (local) for (const [key] of this.limits) freed = this.client.releaseLocal(key, this.id) || freed;
     if (redis) {

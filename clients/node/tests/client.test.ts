@@ -11,6 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import {
   Client,
   type ClientOptions,
+  type Connection,
   type Mode,
   UnsupportedError,
   concurrency,
@@ -196,6 +197,43 @@ describe('leases', () => {
         assert.equal(await lease!.release(), false, 'released once');
         await sleep(250);
         assert.equal((await c.acquire(key, concurrency(1, 1))).outcome.decision.allowed, true, 'no renewal after the release');
+      } finally {
+        await a.close();
+      }
+    });
+  }
+
+  for (const library of LIBRARIES) {
+    test(`${library}: a release waits for the renewal on its way: none lands after it and takes the slot again`, async () => {
+      const a = await connect(library, server);
+      try {
+        // A path on which each renewal (every RL.ACQUIRE after the first) takes 150 ms to reach
+        // Redis, as on a slow or loaded network: released on a keep-alive tick, the renewal
+        // already on its way must not land after the release.
+        let acquires = 0;
+        let onTheirWay = 0;
+        const slow: Connection = {
+          send: async (args, key, signal) => {
+            if (args[0] === 'RL.ACQUIRE' && ++acquires > 1) {
+              onTheirWay += 1;
+              await sleep(150);
+              onTheirWay -= 1;
+            }
+            return a.connection.send(args, key, signal);
+          },
+        };
+        const c = new Client(slow, { ...PATIENT, mode: 'module' });
+        const key = `renewing:${library}`;
+        const lease = (await c.acquire(key, concurrency(1, 30))).lease!;
+        lease.keepAlive(20);
+        while (onTheirWay === 0) await sleep(2);
+        assert.equal(await lease.release(), true);
+        assert.equal(onTheirWay, 0, 'no renewal on its way once released');
+        const sent = acquires;
+        assert.equal(Number(await cmd(admin, 'ZCARD', key)), 0, 'released');
+        await sleep(300);
+        assert.equal(acquires, sent, 'no renewal after the release');
+        assert.equal(Number(await cmd(admin, 'ZCARD', key)), 0, 'the slot is still free');
       } finally {
         await a.close();
       }
