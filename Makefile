@@ -235,23 +235,32 @@ dist: build
 # checks the package's goroutines, which are the same whatever the server. Offline: Debian's
 # Go 1.19, redigo and redisc (whose sources have no go.mod: one is written beside a copy in
 # clients/go/tests/.deps), no module proxy. `make go-generate` refreshes the package's copy of
-# lua-reference/, which its tests compare with the source.
+# lua-reference/, which its tests compare with the source. The cold start (a new client under a
+# burst of 200 first calls and 200 first HTTP requests, both cores kept busy; exactly the limit
+# admitted, none degraded, one detection and one script sent per round) runs GO_COLD_ROUNDS
+# rounds per mode on Redis 7.0 only, without the race detector: it tests the package's own
+# start-up (one detection, one load, its bounded requests), which no server changes, against
+# the default 100 ms timeout, and the detector's slowdown is no application's. `make
+# test-go-cold` runs it for 20 rounds per mode and prints each round's figures.
 GO := go
 GO_ENV := GOPROXY=off GOSUMDB=off GOFLAGS=-mod=readonly
 GO_BIN := $(TARGET_DIR)/go
 REDISC_SRC := /usr/share/gocode/src/github.com/mna/redisc
 RL_MODULE_DEBUG := $(TARGET_DIR)/debug/libredis_rate_limiter.so
+GO_COLD_ROUNDS ?= 3
 
-.PHONY: test-go go-generate test-conformance-rust
+.PHONY: test-go test-go-cold go-deps go-generate test-conformance-rust
 
 go-generate: deps
 	cd clients/go && $(GO_ENV) $(GO) generate ./...
 
-test-go: deps servers
+go-deps: deps servers
 	$(CARGO) build -p redis-rate-limiter
 	@rm -rf clients/go/tests/.deps && mkdir -p clients/go/tests/.deps/redisc $(GO_BIN)
 	@cp $$(ls $(REDISC_SRC)/*.go | grep -v '_test\.go$$') clients/go/tests/.deps/redisc/
 	@printf 'module github.com/mna/redisc\n\ngo 1.16\n' > clients/go/tests/.deps/redisc/go.mod
+
+test-go: go-deps
 	@unformatted=$$(gofmt -l clients/go/*.go clients/go/tests/*.go); \
 	if [ -n "$$unformatted" ]; then echo "gofmt: $$unformatted"; exit 1; fi
 	cd clients/go && $(GO_ENV) $(GO) vet ./... && $(GO_ENV) $(GO) test -count=1 ./...
@@ -261,9 +270,18 @@ test-go: deps servers
 	@for s in $(MATRIX); do \
 		bin=ratelimit-tests.test; [ $$s = redis-7.0 ] && bin=ratelimit-tests-race.test; \
 		echo "== Go suite on $$s ($$bin)"; \
-		(cd clients/go/tests && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
-			$(GO_BIN)/$$bin -test.count=1) || exit 1; \
+		(cd clients/go/tests && RL_COLD_ROUNDS=0 RL_MODULE=$(RL_MODULE_DEBUG) \
+			RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server $(GO_BIN)/$$bin -test.count=1) || exit 1; \
 	done
+	@echo "== Go cold start on redis-7.0 ($(GO_COLD_ROUNDS) rounds per mode)"
+	cd clients/go/tests && RL_COLD_ROUNDS=$(GO_COLD_ROUNDS) RL_MODULE=$(RL_MODULE_DEBUG) \
+		RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
+		$(GO_BIN)/ratelimit-tests.test -test.count=1 -test.run 'ColdClient'
+
+test-go-cold: go-deps
+	cd clients/go/tests && RL_COLD_ROUNDS=20 RL_MODULE=$(RL_MODULE_DEBUG) \
+		RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
+		$(GO_ENV) $(GO) test -count=1 -v -run 'ColdClient' .
 
 # The Rust crate's replay of the same conformance table, on each server of SERVERS in turn
 # (about 1 s each once built).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -29,7 +30,8 @@ const (
 	// ModeModule calls the module's RL.* commands.
 	ModeModule Mode = iota + 1
 	// ModeScript runs the lua-reference/ scripts with EVALSHA (EVAL when the server answers
-	// NOSCRIPT, which loads them again).
+	// NOSCRIPT, which loads them again: one call sends the script, the others that met the
+	// same NOSCRIPT wait for it and go by EVALSHA).
 	ModeScript
 	// ModeFunction calls the Functions library `ratelimit` (FCALL), loaded on the server
 	// beforehand (LoadLibrary).
@@ -54,7 +56,7 @@ type ModeChoice int
 const (
 	// ModeAuto takes the module if COMMAND INFO rl.all knows it, else the Functions library if
 	// FUNCTION LIST has it, else the scripts; detected on the first call that reaches Redis (or
-	// at once with Detect).
+	// at once with Detect), once per client however many calls wait for it.
 	ModeAuto ModeChoice = iota
 	ChooseModule
 	ChooseScript
@@ -130,9 +132,18 @@ func (d Degraded) String() string {
 
 // Options configure a Client. The zero value is the defaults.
 type Options struct {
-	// Budget of one call to Redis, mode detection included (default 100 ms). A deadline of the
-	// caller's context that comes sooner applies too.
+	// How long one request to Redis may take (default 100 ms): a call's decision, and in
+	// ModeScript the script it sends again after NOSCRIPT. The client's start-up has its own:
+	// the mode's detection (each of its requests), a script's load after NOSCRIPT. A call that
+	// waits for a start-up another call began waits for it (the start-up's own timeouts bound
+	// the wait), then has its own Timeout. A deadline of the caller's context that comes sooner
+	// applies too.
 	Timeout time.Duration
+	// Requests to Redis in flight at once (default 16): a call beyond them waits for one to
+	// end before its request is sent, and its Timeout starts then; the breaker opening
+	// answers a waiting call by the policy at once. It bounds the connections a pool dials at
+	// once when every caller comes at the same moment (a cold start under a burst).
+	MaxInFlight int
 	// What to answer when Redis cannot (default FailOpen).
 	Policy  FailurePolicy
 	Breaker BreakerConfig
@@ -144,6 +155,9 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
 		o.Timeout = 100 * time.Millisecond
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 16
 	}
 	if o.Breaker.Failures <= 0 {
 		o.Breaker.Failures = 3
@@ -255,13 +269,43 @@ type Client struct {
 	breaker *breaker
 	local   *localLimiter
 	leases  *localLeases
+
+	// The detection in flight (nil when none): every call that needs the mode waits for it.
+	detectMu  sync.Mutex
+	detecting *detection
+	// Per script, its loads after NOSCRIPT (read-only map).
+	scripts map[string]*scriptLoad
+	// One element per request in flight (MaxInFlight).
+	slots chan struct{}
 }
 
-// New is a client over conn. Nothing is sent until the first call (or Detect).
+// detection is one mode detection: done is closed once mode or err is set.
+type detection struct {
+	done chan struct{}
+	mode Mode
+	err  error
+}
+
+// scriptLoad is a script's loads after NOSCRIPT: one call sends it (EVAL), the others wait.
+type scriptLoad struct {
+	mu sync.Mutex
+	// Loads that reached the server so far.
+	loads uint64
+	// Closed when the load in flight ends (nil when none).
+	loading chan struct{}
+}
+
+// New is a client over conn. Nothing is sent until the first call (or Detect): New never
+// waits for Redis, which may be down when the application starts.
 func New(conn Conn, opts Options) *Client {
 	opts = opts.withDefaults()
 	c := &Client{conn: conn, opts: opts, breaker: newBreaker(opts.Breaker),
-		local: newLocalLimiter(), leases: newLocalLeases()}
+		local: newLocalLimiter(), leases: newLocalLeases(),
+		scripts: make(map[string]*scriptLoad, len(shas)),
+		slots:   make(chan struct{}, opts.MaxInFlight)}
+	for s := range shas {
+		c.scripts[s] = &scriptLoad{}
+	}
 	switch opts.Mode {
 	case ChooseModule:
 		c.mode.Store(int32(ModeModule))
@@ -285,20 +329,132 @@ func (c *Client) Mode() (Mode, bool) {
 // BreakerOpen says whether the circuit breaker is open (or half open).
 func (c *Client) BreakerOpen() bool { return c.breaker.isOpen() }
 
-// Detect detects the mode now if it is not known yet (within the timeout); false if Redis
-// could not say.
+// Detect detects the mode now if it is not known yet (each request within the timeout); false
+// if Redis could not say.
 func (c *Client) Detect(ctx context.Context) (Mode, bool) {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
 	m, err := c.resolveMode(ctx)
 	return m, err == nil
 }
 
+// send is one request to Redis, within the timeout (and ctx), once one of the MaxInFlight
+// slots is free.
+func (c *Client) send(ctx context.Context, args ...interface{}) (interface{}, error) {
+	if err := c.takeSlot(ctx); err != nil {
+		return nil, err
+	}
+	defer func() { <-c.slots }()
+	return c.request(ctx, args...)
+}
+
+// request is one request to Redis within the timeout (and ctx), its slot taken.
+func (c *Client) request(ctx context.Context, args ...interface{}) (interface{}, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	return do(ctx, c.conn, args...)
+}
+
+// slotPastLoads takes a slot for an EVALSHA of st's script once no load of it is in flight
+// (giving the slot back while one is: the load needs a slot too), and the loads seen then.
+func (c *Client) slotPastLoads(ctx context.Context, st *scriptLoad) (uint64, error) {
+	for {
+		if err := c.takeSlot(ctx); err != nil {
+			return 0, err
+		}
+		st.mu.Lock()
+		seen, wait := st.loads, st.loading
+		st.mu.Unlock()
+		if wait == nil {
+			return seen, nil
+		}
+		<-c.slots
+		// The load's own timeout bounds the wait.
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return 0, gaveUpError{ctx.Err()}
+		}
+	}
+}
+
+// takeSlot waits for a free slot: errBreakerOpened if the breaker opens meanwhile, a
+// gaveUpError if ctx ends first.
+func (c *Client) takeSlot(ctx context.Context) error {
+	select {
+	case c.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return gaveUpError{err}
+	}
+	opened := c.breaker.openedChan()
+	select {
+	case c.slots <- struct{}{}:
+		return nil
+	case <-opened:
+		return errBreakerOpened
+	case <-ctx.Done():
+		return gaveUpError{ctx.Err()}
+	}
+}
+
+// errBreakerOpened: the breaker opened while the call waited to send its request.
+var errBreakerOpened = errors.New("the breaker opened")
+
+// gaveUpError is the caller's context ending while the call waited for the client (a free
+// slot, the start-up another call began), before its request left: nothing was learnt about
+// Redis.
+type gaveUpError struct{ err error }
+
+func (e gaveUpError) Error() string { return "gave up waiting: " + e.err.Error() }
+func (e gaveUpError) Unwrap() error { return e.err }
+
+// resolveMode is the mode, detected first if it is not known: one detection at a time per
+// client, which every caller waits for (until it ends, or the caller's ctx does). A failed
+// detection settles nothing: the next call detects again.
 func (c *Client) resolveMode(ctx context.Context) (Mode, error) {
 	if m, ok := c.Mode(); ok {
 		return m, nil
 	}
-	info, err := do(ctx, c.conn, "COMMAND", "INFO", "rl.all")
+	if err := ctx.Err(); err != nil {
+		return 0, gaveUpError{err}
+	}
+	c.detectMu.Lock()
+	if m, ok := c.Mode(); ok {
+		c.detectMu.Unlock()
+		return m, nil
+	}
+	d := c.detecting
+	if d == nil {
+		d = &detection{done: make(chan struct{})}
+		c.detecting = d
+		// Apart from the caller that began it: a caller that gives up does not end it.
+		go c.detect(d)
+	}
+	c.detectMu.Unlock()
+	select {
+	case <-d.done:
+		return d.mode, d.err
+	case <-ctx.Done():
+		return 0, gaveUpError{ctx.Err()}
+	}
+}
+
+func (c *Client) detect(d *detection) {
+	mode, err := c.detectNow(context.Background())
+	c.detectMu.Lock()
+	if err == nil {
+		c.mode.Store(int32(mode))
+	}
+	c.detecting = nil
+	c.detectMu.Unlock()
+	d.mode, d.err = mode, err
+	close(d.done)
+}
+
+// detectNow asks the server: COMMAND INFO rl.all, then FUNCTION LIST without the module.
+func (c *Client) detectNow(ctx context.Context) (Mode, error) {
+	info, err := c.send(ctx, "COMMAND", "INFO", "rl.all")
 	if err != nil {
 		return 0, err
 	}
@@ -314,14 +470,13 @@ func (c *Client) resolveMode(ctx context.Context) (Mode, error) {
 	} else if has {
 		mode = ModeFunction
 	}
-	c.mode.Store(int32(mode))
 	return mode, nil
 }
 
 // hasLibrary says whether the Functions library is loaded. A server that refuses to say (an
 // error reply, such as NOPERM for FUNCTION) is taken to have none: the scripts decide alike.
 func (c *Client) hasLibrary(ctx context.Context) (bool, error) {
-	v, err := do(ctx, c.conn, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName)
+	v, err := c.send(ctx, "FUNCTION", "LIST", "LIBRARYNAME", LibraryName)
 	var se ServerError
 	if errors.As(err, &se) {
 		return false, nil
@@ -344,7 +499,7 @@ func functionName(command string) string {
 }
 
 // call sends command (keys, then args) in the client's mode: the module's command, FCALL of
-// the library's function, or EVALSHA of script (EVAL on NOSCRIPT).
+// the library's function, or EVALSHA of script (EVAL on NOSCRIPT, see evalsha).
 func (c *Client) call(ctx context.Context, command, script string, multi bool, keys []string,
 	args []string) (interface{}, Mode, error) {
 	mode, err := c.resolveMode(ctx)
@@ -373,13 +528,62 @@ func (c *Client) call(ctx context.Context, command, script string, multi bool, k
 	for _, a := range args {
 		out = append(out, a)
 	}
-	reply, err := do(ctx, c.conn, out...)
-	var se ServerError
-	if mode == ModeScript && errors.As(err, &se) && se.Code() == "NOSCRIPT" {
-		out[0], out[1] = "EVAL", script
-		reply, err = do(ctx, c.conn, out...)
+	if mode == ModeScript {
+		reply, err := c.evalsha(ctx, script, out)
+		return reply, mode, err
 	}
+	reply, err := c.send(ctx, out...)
 	return reply, mode, err
+}
+
+func isNoscript(err error) bool {
+	var se ServerError
+	return errors.As(err, &se) && se.Code() == "NOSCRIPT"
+}
+
+// evalsha runs script by its SHA-1 (out is EVALSHA sha numkeys keys... args...). On NOSCRIPT
+// one call sends the script (EVAL, which runs it and loads it); the calls that meet the same
+// NOSCRIPT, or come while it is sent, wait for that load and go by EVALSHA; a call that met
+// NOSCRIPT before a load that has since landed goes again at once. After two goes it sends
+// the script itself (a cluster whose nodes lost it one after the other).
+func (c *Client) evalsha(ctx context.Context, script string, out []interface{}) (interface{},
+	error) {
+	st := c.scripts[script]
+	for attempt := 0; ; attempt++ {
+		seen, err := c.slotPastLoads(ctx, st)
+		if err != nil {
+			return nil, err
+		}
+		out[0], out[1] = "EVALSHA", shas[script]
+		reply, err := c.request(ctx, out...)
+		<-c.slots
+		if !isNoscript(err) {
+			return reply, err
+		}
+		st.mu.Lock()
+		if attempt < 2 && (st.loads != seen || st.loading != nil) {
+			// Loaded since this EVALSHA left, or being loaded.
+			st.mu.Unlock()
+			continue
+		}
+		done := make(chan struct{})
+		st.loading = done
+		st.mu.Unlock()
+		out[0], out[1] = "EVAL", script
+		reply, err = c.send(ctx, out...)
+		var se ServerError
+		st.mu.Lock()
+		if err == nil || errors.As(err, &se) {
+			// The server ran it, so it has it.
+			st.loads++
+		}
+		if st.loading == done {
+			st.loading = nil
+		}
+		st.mu.Unlock()
+		close(done)
+		return reply, err
+	}
 }
 
 // callOne is one limit's command: the parameters, then the cost, or for a concurrency limit
@@ -459,15 +663,14 @@ func (c *Client) callRelease(ctx context.Context, key, id string) (int64, error)
 	return n, nil
 }
 
-// guarded runs f under the timeout and the breaker: nil, a *RejectedError, or errUnavailable
-// (Redis did not answer: the failure policy decides).
+// guarded runs f under the breaker (each of its requests within the timeout): nil, a
+// *RejectedError, or errUnavailable (Redis did not answer: the failure policy decides).
 func (c *Client) guarded(ctx context.Context, f func(context.Context) error) error {
 	if !c.breaker.permit() {
 		return errUnavailable
 	}
-	cctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
-	err := f(cctx)
+	seen := c.breaker.answered()
+	err := f(ctx)
 	if err == nil {
 		c.breaker.success()
 		return nil
@@ -477,12 +680,15 @@ func (c *Client) guarded(ctx context.Context, f func(context.Context) error) err
 		c.breaker.success()
 		return &RejectedError{Message: string(se)}
 	}
-	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-		// The caller gave up (a client that went away): nothing was learnt about Redis.
+	var gaveUp gaveUpError
+	if errors.Is(err, errBreakerOpened) || errors.As(err, &gaveUp) ||
+		(errors.Is(err, context.Canceled) && ctx.Err() != nil) {
+		// The breaker opened while the call waited, or the caller gave up (a client that went
+		// away): nothing was learnt about Redis.
 		c.breaker.neutral()
 		return errUnavailable
 	}
-	c.breaker.failure()
+	c.breaker.failureSince(seen)
 	return errUnavailable
 }
 
@@ -849,7 +1055,7 @@ func (c *Client) callTop(ctx context.Context, arg string) ([]TopEntry, error) {
 			moduleless = true
 			return nil
 		}
-		reply, err := do(ctx, c.conn, "RL.TOP", arg)
+		reply, err := c.send(ctx, "RL.TOP", arg)
 		if err != nil || arg == "RESET" {
 			return err
 		}

@@ -113,21 +113,27 @@ func do(ctx context.Context, conn Conn, args ...interface{}) (interface{}, error
 		v, err := conn.Do(ctx, args...)
 		ch <- result{v, err}
 	}()
+	var r result
 	select {
-	case r := <-ch:
-		if r.err != nil {
-			if msg, ok := serverMessage(r.err); ok {
-				if msg == goRedisNil {
-					return nil, nil
-				}
-				return nil, ServerError(msg)
-			}
-			return nil, r.err
-		}
-		return normalize(r.v), nil
+	case r = <-ch:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		// A reply already there is taken, though this goroutine only looks now.
+		select {
+		case r = <-ch:
+		default:
+			return nil, ctx.Err()
+		}
 	}
+	if r.err != nil {
+		if msg, ok := serverMessage(r.err); ok {
+			if msg == goRedisNil {
+				return nil, nil
+			}
+			return nil, ServerError(msg)
+		}
+		return nil, r.err
+	}
+	return normalize(r.v), nil
 }
 
 // requestTracker hears of every request sent with a ctx that carries it (trackRequests): when

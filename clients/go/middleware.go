@@ -150,6 +150,7 @@ type Middleware struct {
 	keepAlive  time.Duration
 	metrics    *Metrics
 	onShadow   func(r *http.Request, names []string)
+	detect     sync.Once
 }
 
 // NewMiddleware is a middleware deciding with c: every request counted against its client IP
@@ -254,8 +255,13 @@ func (m *Middleware) estimate(class string) int64 {
 	return 1
 }
 
-// Handler wraps next: requests with limits are checked before next runs.
+// Handler wraps next: requests with limits are checked before next runs. The first Handler
+// of a middleware starts the client's mode detection in the background (Client.Detect), so
+// that the first requests find it done or on its way; requests wait for it as any call does.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	m.detect.Do(func() {
+		go m.client.Detect(context.Background())
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m.serve(next, w, r)
 	})

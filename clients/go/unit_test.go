@@ -101,6 +101,36 @@ func TestBreakerOpensAndHalfOpens(t *testing.T) {
 	}
 }
 
+// A failure counts only if Redis answered no other call since the failed call began: calls that
+// outlast the timeout while Redis answers others (a busy machine) do not open the breaker.
+func TestBreakerCountsFailuresWithNoAnswerSince(t *testing.T) {
+	b := newBreaker(BreakerConfig{Failures: 2, Cooldown: time.Hour})
+	opened := b.openedChan()
+	before := b.answered()
+	b.success()
+	b.failureSince(before)
+	b.failureSince(before)
+	steps := []bool{b.isOpen()}
+	seen := b.answered()
+	b.failureSince(seen)
+	steps = append(steps, b.isOpen())
+	select {
+	case <-opened:
+		t.Fatal("opened is closed while the breaker is")
+	default:
+	}
+	b.failureSince(seen)
+	steps = append(steps, b.isOpen())
+	select {
+	case <-opened:
+	default:
+		t.Fatal("the breaker opened and opened is not closed")
+	}
+	if want := []bool{false, false, true}; !reflect.DeepEqual(steps, want) {
+		t.Fatalf("got %v, want %v", steps, want)
+	}
+}
+
 func TestLocalBucketsTakeRefundAndGoIntoDebt(t *testing.T) {
 	l := newLocalLimiter()
 	// 100 tokens here, refilling one per 10,000 s: nothing refills during the test.

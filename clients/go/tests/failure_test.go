@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -239,4 +240,74 @@ func TestRefusalsAreErrorsNotFailOpen(t *testing.T) {
 
 	must(t, a, "CONFIG", "SET", "requirepass", "secret")
 	assertRefused(t, ratelimit.NewLimiter(client(s, moduleMode()), slowBucket), "NOAUTH")
+}
+
+// The documented start with Redis down: New returns at once; while nothing listens, every
+// call is the policy's answer within the deadline (the breaker soon answers at once) and no
+// mode is settled; once Redis is there, Redis decides for the same clients.
+func TestAClientStartedWhileRedisIsDownStartsAndRecovers(t *testing.T) {
+	ctx := context.Background()
+	port := freePort()
+	type started struct {
+		limiter  *ratelimit.Limiter
+		degraded ratelimit.Degraded
+		allowed  bool
+	}
+	var clients []started
+	for _, c := range []struct {
+		policy   ratelimit.FailurePolicy
+		degraded ratelimit.Degraded
+		allowed  bool
+	}{
+		{ratelimit.FailOpen, ratelimit.DegradedFailOpen, true},
+		{ratelimit.FailClosed, ratelimit.DegradedFailClosed, false},
+	} {
+		began := time.Now()
+		cl := ratelimit.New(Redigo{newPool("127.0.0.1:" + strconv.Itoa(port))},
+			ratelimit.Options{Policy: c.policy})
+		if took := time.Since(began); took > time.Second {
+			t.Fatalf("New took %v", took)
+		}
+		clients = append(clients, started{ratelimit.NewLimiter(cl, slowBucket), c.degraded, c.allowed})
+	}
+	for _, c := range clients {
+		for i := 0; i < 10; i++ {
+			began := time.Now()
+			o, err := c.limiter.Check(ctx, "k")
+			// Within the deadline (100 ms), with room for a loaded machine.
+			if took := time.Since(began); err != nil || o.Degraded != c.degraded ||
+				o.Decision.Allowed != c.allowed || o.Mode != 0 || took > time.Second {
+				t.Fatalf("call %d while down: %+v %v in %v", i, o, err, took)
+			}
+		}
+		if _, known := c.limiter.Client().Mode(); known || !c.limiter.Client().BreakerOpen() {
+			t.Fatal("a mode while down, or the breaker closed")
+		}
+	}
+	start(t, serverOpts{module: true, port: port})
+	for i, c := range clients {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			o, err := c.limiter.Check(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.Degraded == ratelimit.NotDegraded {
+				// The second client finds the first one's call in the bucket.
+				if o.Mode != ratelimit.ModeModule || o.Decision.Remaining != int64(9-i) {
+					t.Fatalf("client %d back on Redis: %+v", i, o)
+				}
+				break
+			}
+			if o.Degraded != c.degraded || time.Now().After(deadline) {
+				t.Fatalf("client %d never back on Redis: %+v", i, o)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if m, known := c.limiter.Client().Mode(); !known || m != ratelimit.ModeModule ||
+			c.limiter.Client().BreakerOpen() {
+			t.Fatalf("client %d: mode %v %v, breaker open %v", i, m, known,
+				c.limiter.Client().BreakerOpen())
+		}
+	}
 }
