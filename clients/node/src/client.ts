@@ -4,6 +4,7 @@
  */
 
 import { randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
 
 import {
   type Algorithm,
@@ -15,7 +16,7 @@ import {
   plainNumber,
 } from './algorithm.js';
 import { Breaker } from './breaker.js';
-import { type Connection, type ConnectionSource, RedisReplyError, type Reply, toConnection } from './connection.js';
+import { type Connection, type ConnectionSource, RedisReplyError, type Reply, keySlot, toConnection } from './connection.js';
 import { Lease } from './lease.js';
 import { LocalLeases, LocalLimiter } from './local.js';
 import { Reservation } from './reservation.js';
@@ -152,6 +153,59 @@ type Guarded<T> = { ok: true; value: T } | { ok: false; cause: unknown };
 
 const USER_ABORT = Symbol('aborted by the caller');
 
+/** A call that waited for a place while the breaker opened: skipped, as the breaker skips. */
+const SKIPPED = Symbol('skipped: circuit breaker open');
+
+/**
+ * One call on its way to Redis: the signal that ends it at its deadline (or the caller's abort),
+ * its budget, and `outside(p)`: waits for the client's start-up work that the call shares with
+ * every other caller (the connection being made, the mode's detection, a script's load), with
+ * the call's deadline stopped meanwhile and counted again in full once that work is done. The
+ * shared work has a deadline of its own (START_UP_FACTOR budgets of the call that began it).
+ */
+interface Attempt {
+  readonly signal: AbortSignal;
+  readonly budgetMs: number;
+  outside<T>(p: Promise<T>): Promise<T>;
+}
+
+/** `work` under a deadline of its own: rejected, and its signal aborted, after `budgetMs`. */
+function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  const controller = new AbortController();
+  let timer: NodeJS.Timeout | undefined;
+  const expired = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      // An answer that has arrived but is not read yet is read first.
+      setImmediate(() => {
+        const e = new Error(`${what}: no answer within ${budgetMs} ms`);
+        controller.abort(e);
+        reject(e);
+      });
+    }, budgetMs);
+  });
+  return Promise.race([work(controller.signal), expired]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * How long a call may wait, in budgets, while Redis keeps answering the client's other calls
+ * (its own command queued behind theirs on the connection).
+ */
+const WAIT_FACTOR = 10;
+
+/** The most calls of one client with a command on its way to Redis at once; the others queue. */
+const IN_FLIGHT = 64;
+
+/**
+ * The deadline of each step of the client's start-up (a connection attempt under way, the mode's
+ * detection, a script's load), in budgets of the call that began it: a loaded machine may take
+ * more than one call's budget to make a connection, and the start-up is no call's to fail.
+ */
+const START_UP_FACTOR = 10;
+
+function isNoScript(e: unknown): boolean {
+  return e instanceof RedisReplyError && e.reply.startsWith('NOSCRIPT');
+}
+
 /** The answer made when Redis could not: the policy's decision and which policy it was. */
 type Fallback = [Decision, Degraded];
 
@@ -166,7 +220,19 @@ export class Client {
   private readonly local = new LocalLimiter();
   private readonly leases = new LocalLeases();
   private modeValue: Mode | undefined;
+  /** Calls whose command is on its way to Redis, and the calls waiting for a place among them. */
+  private inFlight = 0;
+  private readonly waiting: Array<() => void> = [];
+  /** When Redis last answered a call of this client (`performance.now()`). */
+  private answeredAt = Number.NEGATIVE_INFINITY;
+  /** The connection was ready once: from then on a call is sent as it comes. */
+  private connected = false;
+  private connecting: Promise<void> | undefined;
   private detecting: Promise<Mode> | undefined;
+  /** Each script's `SCRIPT LOAD` in flight, by SHA-1 (and, loaded again on another node, by slot). */
+  private readonly loading = new Map<string, Promise<void>>();
+  /** How many loads of each script have ended: an `EVALSHA` sent before the latest needs none. */
+  private readonly loads = new Map<string, number>();
   readonly timeoutMs: number;
   readonly policy: FailurePolicy;
   readonly instances: number;
@@ -207,7 +273,7 @@ export class Client {
 
   /** Detects the mode now if not known yet; undefined if Redis did not answer in time. */
   async detect(call?: CallOptions): Promise<Mode | undefined> {
-    const g = await this.guarded((signal) => this.resolveMode(signal), call, false);
+    const g = await this.guarded((at) => Promise.resolve(this.resolveMode(at)), call, false);
     return g.ok ? g.value : undefined;
   }
 
@@ -217,26 +283,65 @@ export class Client {
    * for a refusal, {@link UnavailableError} when Redis does not answer.
    */
   async loadLibrary(call?: CallOptions): Promise<void> {
-    const g = await this.guarded((signal) => this.conn.send(['FUNCTION', 'LOAD', 'REPLACE', LIBRARY], undefined, signal), call);
+    const g = await this.guarded(async (at) => {
+      await this.connection(at);
+      return this.conn.send(['FUNCTION', 'LOAD', 'REPLACE', LIBRARY], undefined, at.signal);
+    }, call);
     if (!g.ok) throw new UnavailableError(g.cause);
   }
 
-  private resolveMode(signal: AbortSignal): Promise<Mode> {
-    if (this.modeValue) return Promise.resolve(this.modeValue);
-    // One detection at a time; the callers that come meanwhile wait for it.
-    if (!this.detecting) {
-      this.detecting = (async () => {
-        const info = await this.conn.send(['COMMAND', 'INFO', 'rl.all'], undefined, signal);
-        if (!Array.isArray(info)) throw new UnexpectedReply(info);
-        const loaded = info.length > 0 && info[0] !== null && info[0] !== undefined;
-        const mode: Mode = loaded ? 'module' : (await this.hasLibrary(signal)) ? 'function' : 'script';
-        this.modeValue = mode;
-        return mode;
-      })().finally(() => {
-        this.detecting = undefined;
-      });
+  /**
+   * Waits, outside the call's deadline, for the connection while the client library is making it
+   * (once: until it has been ready). One wait however many callers come.
+   */
+  private connection(at: Attempt): Promise<void> | undefined {
+    if (this.connected) return undefined;
+    if (!this.connecting) {
+      const controller = new AbortController();
+      const waiting = this.conn.ready?.(controller.signal);
+      if (waiting === undefined) {
+        this.connected = true;
+        return undefined;
+      }
+      waiting.catch(() => undefined);
+      this.connecting = underDeadline(at.budgetMs * START_UP_FACTOR, 'the connection', (signal) => {
+        signal.addEventListener('abort', () => controller.abort(signal.reason), { once: true });
+        return waiting;
+      })
+        .then(() => {
+          this.connected = true;
+        })
+        .finally(() => {
+          this.connecting = undefined;
+        });
     }
-    return this.detecting;
+    return at.outside(this.connecting);
+  }
+
+  /**
+   * The mode, known or detected now: the client's start-up (the connection, then `COMMAND
+   * INFO`, then `FUNCTION LIST`), one for every caller that comes meanwhile, outside their
+   * deadlines and under its own.
+   */
+  private resolveMode(at: Attempt): Mode | Promise<Mode> {
+    if (this.modeValue !== undefined && this.connected) return this.modeValue;
+    return this.startUp(at);
+  }
+
+  private async startUp(at: Attempt): Promise<Mode> {
+    await this.connection(at);
+    if (this.modeValue !== undefined) return this.modeValue;
+    this.detecting ??= underDeadline(at.budgetMs * START_UP_FACTOR, 'the mode\'s detection', async (signal) => {
+      const info = await this.conn.send(['COMMAND', 'INFO', 'rl.all'], undefined, signal);
+      if (!Array.isArray(info)) throw new UnexpectedReply(info);
+      const loaded = info.length > 0 && info[0] !== null && info[0] !== undefined;
+      const mode: Mode = loaded ? 'module' : (await this.hasLibrary(signal)) ? 'function' : 'script';
+      this.modeValue = mode;
+      return mode;
+    }).finally(() => {
+      this.detecting = undefined;
+    });
+    return at.outside(this.detecting);
   }
 
   /**
@@ -254,16 +359,43 @@ export class Client {
     }
   }
 
-  /** `EVALSHA` of a script; on `NOSCRIPT`, `SCRIPT LOAD` (on the keys' node) and again. */
-  private async evalsha(script: Script, keys: readonly string[], args: readonly string[], signal: AbortSignal): Promise<Reply> {
+  /**
+   * `EVALSHA` of a script; on `NOSCRIPT`, one `SCRIPT LOAD` (on the keys' node) for every caller
+   * that meets it meanwhile, then again. A caller whose `EVALSHA` went before a load ended only
+   * sends it again. Still `NOSCRIPT` (the key is on another node of a cluster, or the scripts were
+   * flushed again): loaded there, once per slot, and sent a last time.
+   */
+  private async evalsha(script: Script, keys: readonly string[], args: readonly string[], at: Attempt): Promise<Reply> {
     const cmd = ['EVALSHA', script.sha, String(keys.length), ...keys, ...args];
-    try {
-      return await this.conn.send(cmd, keys[0], signal);
-    } catch (e) {
-      if (!(e instanceof RedisReplyError) || !e.reply.startsWith('NOSCRIPT')) throw e;
-      await this.conn.send(['SCRIPT', 'LOAD', script.source], keys[0], signal);
-      return await this.conn.send(cmd, keys[0], signal);
+    for (const scope of [script.sha, `${script.sha}:${keySlot(keys[0] ?? '')}`]) {
+      const before = this.loads.get(scope) ?? 0;
+      try {
+        return await this.conn.send(cmd, keys[0], at.signal);
+      } catch (e) {
+        if (!isNoScript(e)) throw e;
+      }
+      await this.loadScript(script, keys[0], scope, before, at);
+      // A call given up (its deadline, the caller's abort) sends nothing more.
+      at.signal.throwIfAborted();
     }
+    return this.conn.send(cmd, keys[0], at.signal);
+  }
+
+  /** The one `SCRIPT LOAD` of `scope` that a caller who met `NOSCRIPT` waits for. */
+  private loadScript(script: Script, key: string | undefined, scope: string, before: number, at: Attempt): Promise<void> | undefined {
+    if ((this.loads.get(scope) ?? 0) !== before) return undefined;
+    let load = this.loading.get(scope);
+    if (load === undefined) {
+      load = underDeadline(at.budgetMs * START_UP_FACTOR, 'SCRIPT LOAD', (signal) => this.conn.send(['SCRIPT', 'LOAD', script.source], key, signal))
+        .then(() => {
+          this.loads.set(scope, before + 1);
+        })
+        .finally(() => {
+          this.loading.delete(scope);
+        });
+      this.loading.set(scope, load);
+    }
+    return at.outside(load);
   }
 
   /** A command in the mode in use: the module's, its function in the library, or its script. */
@@ -273,34 +405,70 @@ export class Client {
     script: Script,
     keys: readonly string[],
     args: readonly string[],
-    signal: AbortSignal,
+    at: Attempt,
     numkeys: boolean,
   ): Promise<Reply> {
-    switch (mode) {
-      case 'module':
-        return this.conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], signal);
-      case 'function':
-        return this.conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], signal);
-      case 'script':
-        return this.evalsha(script, keys, args, signal);
+    const turn = this.turn();
+    if (turn !== undefined) {
+      // Waiting for a place is the client's queue, not Redis failing to answer: outside the
+      // deadline. Given up meanwhile (the caller's abort), or the breaker opened meanwhile (the
+      // calls ahead got no answer): nothing is sent.
+      try {
+        await at.outside(turn);
+        if (this.breaker.isOpen()) throw SKIPPED;
+      } catch (e) {
+        this.nextTurn();
+        throw e;
+      }
     }
+    try {
+      switch (mode) {
+        case 'module':
+          return await this.conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], at.signal);
+        case 'function':
+          return await this.conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], at.signal);
+        case 'script':
+          return await this.evalsha(script, keys, args, at);
+      }
+    } finally {
+      this.nextTurn();
+    }
+  }
+
+  /**
+   * A place among the calls on their way to Redis: at once while fewer than IN_FLIGHT are
+   * (undefined), else a promise of the next free place, in the order the calls came.
+   */
+  private turn(): Promise<void> | undefined {
+    if (this.inFlight < IN_FLIGHT) {
+      this.inFlight += 1;
+      return undefined;
+    }
+    return new Promise((resolve) => this.waiting.push(resolve));
+  }
+
+  /** The place of a call that is done goes to the call that has waited longest. */
+  private nextTurn(): void {
+    const next = this.waiting.shift();
+    if (next !== undefined) next();
+    else this.inFlight -= 1;
   }
 
   /**
    * One limit's command: the parameters, then the cost, or for a concurrency limit the lease id
    * (`RL.ACQUIRE` takes no cost).
    */
-  private async callOne(key: string, a: Algorithm, cost: number, lease: string | undefined, signal: AbortSignal): Promise<[Decision, Mode]> {
-    const mode = await this.resolveMode(signal);
+  private async callOne(key: string, a: Algorithm, cost: number, lease: string | undefined, at: Attempt): Promise<[Decision, Mode]> {
+    const mode = await this.resolveMode(at);
     const args = paramsOf(a);
     args.push(a.kind === 'concurrency' && lease !== undefined ? lease : plainNumber(cost));
-    const reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, signal, false);
+    const reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, at, false);
     return [decision(reply), mode];
   }
 
-  private async callRelease(key: string, id: string, signal: AbortSignal): Promise<number> {
-    const mode = await this.resolveMode(signal);
-    return int(await this.command(mode, 'RL.RELEASE', RELEASE_SCRIPT, [key], [id], signal, false));
+  private async callRelease(key: string, id: string, at: Attempt): Promise<number> {
+    const mode = await this.resolveMode(at);
+    return int(await this.command(mode, 'RL.RELEASE', RELEASE_SCRIPT, [key], [id], at, false));
   }
 
   private static limitArgs(limits: readonly Limit[]): string[] {
@@ -309,43 +477,83 @@ export class Client {
     return args;
   }
 
-  private async callAll(limits: readonly Limit[], cost: number, lease: string | undefined, signal: AbortSignal): Promise<[[boolean, number, Decision[]], Mode]> {
-    const mode = await this.resolveMode(signal);
+  private async callAll(limits: readonly Limit[], cost: number, lease: string | undefined, at: Attempt): Promise<[[boolean, number, Decision[]], Mode]> {
+    const mode = await this.resolveMode(at);
     const args = Client.limitArgs(limits);
     if (lease !== undefined) args.push('LEASE', lease);
     args.push('COST', plainNumber(cost));
     const keys = limits.map(([k]) => k);
-    const reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, signal, true);
+    const reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, at, true);
     return [multi(reply, limits.length), mode];
   }
 
-  private async callSettle(limits: readonly Limit[], delta: number, signal: AbortSignal): Promise<[Decision[], Mode]> {
-    const mode = await this.resolveMode(signal);
+  private async callSettle(limits: readonly Limit[], delta: number, at: Attempt): Promise<[Decision[], Mode]> {
+    const mode = await this.resolveMode(at);
     const args = Client.limitArgs(limits);
     args.push('DELTA', plainNumber(delta));
     const keys = limits.map(([k]) => k);
-    const reply = await this.command(mode, 'RL.SETTLE', SETTLE_SCRIPT, keys, args, signal, true);
+    const reply = await this.command(mode, 'RL.SETTLE', SETTLE_SCRIPT, keys, args, at, true);
     return [decisions(reply, limits.length), mode];
   }
 
   /**
    * Runs `fn` under the timeout, the caller's signal and the breaker. A Redis refusal is thrown
    * as {@link RejectedError}; no answer in time (or an error that means Redis could not decide)
-   * is `{ ok: false }`; the caller's abort rejects with the signal's reason.
+   * is `{ ok: false }`; the caller's abort rejects with the signal's reason. The timeout is
+   * stopped while the call waits for the client's start-up ({@link Attempt.outside}).
    */
-  private async guarded<T>(fn: (signal: AbortSignal) => Promise<T>, call: CallOptions | undefined, breaker = true): Promise<Guarded<T>> {
+  private async guarded<T>(fn: (at: Attempt) => Promise<T>, call: CallOptions | undefined, breaker = true): Promise<Guarded<T>> {
     const user = call?.signal;
     user?.throwIfAborted();
     if (breaker && !this.breaker.permit()) return { ok: false, cause: new Error('circuit breaker open') };
+    const budgetMs = call?.timeoutMs ?? this.timeoutMs;
     const controller = new AbortController();
     let timer: NodeJS.Timeout | undefined;
     let onAbort: (() => void) | undefined;
-    const stop = new Promise<never>((_, reject) => {
+    let expire: (e: Error) => void = () => undefined;
+    let settled = false;
+    let latest = 0;
+    // The deadline: `budgetMs` without an answer from Redis. At its end, an answer that has
+    // arrived but is not read yet (a loaded machine runs the timers late, and before the replies
+    // waiting in the socket) is read first; and while Redis answers the client's other calls
+    // (this one's command waits behind theirs on the connection), the call waits on, up to
+    // WAIT_FACTOR times its budget.
+    const arm = (ms = budgetMs): void => {
+      if (ms === budgetMs) latest = performance.now() + WAIT_FACTOR * budgetMs;
       timer = setTimeout(() => {
-        const e = new Error(`no answer within ${call?.timeoutMs ?? this.timeoutMs} ms`);
-        controller.abort(e);
-        reject(e);
-      }, call?.timeoutMs ?? this.timeoutMs);
+        setImmediate(() => {
+          if (settled) return;
+          const now = performance.now();
+          const quiet = now - this.answeredAt;
+          if (quiet < budgetMs && now < latest) {
+            arm(Math.max(1, Math.min(budgetMs - quiet, latest - now)));
+            return;
+          }
+          const e = new Error(`no answer within ${budgetMs} ms`);
+          controller.abort(e);
+          expire(e);
+        });
+      }, ms);
+    };
+    const at: Attempt = {
+      signal: controller.signal,
+      budgetMs,
+      async outside<U>(p: Promise<U>): Promise<U> {
+        clearTimeout(timer);
+        let value: U;
+        try {
+          value = await p;
+        } finally {
+          if (!controller.signal.aborted) arm();
+        }
+        // Given up meanwhile (the caller's abort): nothing more is sent.
+        controller.signal.throwIfAborted();
+        return value;
+      },
+    };
+    const stop = new Promise<never>((_, reject) => {
+      expire = reject;
+      arm();
       if (user) {
         onAbort = () => {
           controller.abort(user.reason);
@@ -355,7 +563,8 @@ export class Client {
       }
     });
     try {
-      const value = await Promise.race([fn(controller.signal), stop]);
+      const value = await Promise.race([fn(at), stop]);
+      this.answeredAt = performance.now();
       if (breaker) this.breaker.success();
       return { ok: true, value };
     } catch (e) {
@@ -363,7 +572,9 @@ export class Client {
         if (breaker) this.breaker.abandon();
         throw user?.reason;
       }
+      if (e === SKIPPED) return { ok: false, cause: new Error('circuit breaker open') };
       if (e instanceof RedisReplyError && REJECTED.has(e.reply.split(' ', 1)[0] ?? '')) {
+        this.answeredAt = performance.now();
         if (breaker) this.breaker.success();
         if (e.reply.startsWith('READONLY')) await this.conn.reconnect?.();
         throw new RejectedError(e.reply);
@@ -371,6 +582,7 @@ export class Client {
       if (breaker) this.breaker.failure();
       return { ok: false, cause: e };
     } finally {
+      settled = true;
       clearTimeout(timer);
       if (onAbort) user?.removeEventListener('abort', onAbort);
     }
@@ -412,7 +624,7 @@ export class Client {
 
   /** @internal One limit: Redis, or the failure policy when Redis cannot answer. */
   async decideOne(key: string, a: Algorithm, cost: number, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
-    const g = await this.guarded((signal) => this.callOne(key, a, cost, lease, signal), call);
+    const g = await this.guarded((at) => this.callOne(key, a, cost, lease, at), call);
     if (g.ok) return { decision: g.value[0], degraded: undefined, mode: g.value[1] };
     const [d, degraded] = this.fallback(key, a, cost, lease);
     return { decision: d, degraded, mode: undefined };
@@ -445,7 +657,7 @@ export class Client {
       };
     }
     if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
-    const g = await this.guarded((signal) => this.callAll(limits, cost, lease, signal), call);
+    const g = await this.guarded((at) => this.callAll(limits, cost, lease, at), call);
     if (g.ok) {
       const [[allowed, deniedBy, ds], mode] = g.value;
       return { allowed, deniedBy, decisions: ds, degraded: undefined, mode };
@@ -483,7 +695,7 @@ export class Client {
    * when Redis cannot answer (the lease then expires by itself). Idempotent.
    */
   async release(key: string, id: string, call?: CallOptions): Promise<boolean> {
-    const g = await this.guarded((signal) => this.callRelease(key, id, signal), call);
+    const g = await this.guarded((at) => this.callRelease(key, id, at), call);
     return g.ok && g.value === 1;
   }
 
@@ -577,7 +789,7 @@ export class Client {
     if (!Number.isSafeInteger(delta)) throw new RangeError(`delta must be a safe integer, not ${delta}`);
     if (limits.some(([, a]) => a.kind === 'concurrency')) throw new UnsupportedError('concurrency limits are not settled');
     if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
-    const g = await this.guarded((signal) => this.callSettle(limits, delta, signal), call);
+    const g = await this.guarded((at) => this.callSettle(limits, delta, at), call);
     if (g.ok) return { decisions: g.value[0], degraded: undefined, mode: g.value[1] };
     let degraded: Degraded = 'fail-open';
     const ds = limits.map(([k, a]) => {
@@ -621,10 +833,10 @@ export class Client {
   }
 
   private async callTop(count: number | undefined, call?: CallOptions): Promise<TopEntry[]> {
-    const g = await this.guarded(async (signal) => {
-      const mode = await this.resolveMode(signal);
+    const g = await this.guarded(async (at) => {
+      const mode = await this.resolveMode(at);
       if (mode !== 'module') return undefined;
-      const reply = await this.conn.send(['RL.TOP', count === undefined ? 'RESET' : plainNumber(count)], undefined, signal);
+      const reply = await this.conn.send(['RL.TOP', count === undefined ? 'RESET' : plainNumber(count)], undefined, at.signal);
       return count === undefined ? [] : topEntries(reply);
     }, call);
     if (!g.ok) throw new UnavailableError(g.cause);
@@ -637,7 +849,10 @@ export class Client {
    * {@link RejectedError} for a refusal, {@link UnavailableError} when Redis does not answer.
    */
   async sendRaw(args: readonly string[], key: string | undefined, call?: CallOptions): Promise<Reply> {
-    const g = await this.guarded((signal) => this.conn.send(args, key, signal), call);
+    const g = await this.guarded(async (at) => {
+      await this.connection(at);
+      return this.conn.send(args, key, at.signal);
+    }, call);
     if (!g.ok) throw new UnavailableError(g.cause);
     return g.value;
   }

@@ -20,6 +20,14 @@ export interface Connection {
    * drops the connection so that the next command connects anew.
    */
   reconnect?(): void | Promise<void>;
+  /**
+   * While the client library is making the connection (it was started and is not ready yet): a
+   * promise that resolves once the connection is ready and rejects when this attempt fails, or
+   * when `signal` aborts; rejected at once between two attempts (the last one failed). Undefined
+   * when commands can be sent now, or when the library is not connecting (a command then fails
+   * at once, as it would).
+   */
+  ready?(signal: AbortSignal): Promise<void> | undefined;
 }
 
 /** An error reply of Redis (`ERR ...`, `NOPERM ...`), with its text as Redis sent it. */
@@ -52,7 +60,41 @@ function normalise(e: unknown): never {
 
 /** A client library's connection events, as far as they are used here. */
 interface Events {
-  on?(event: 'error' | 'ready', listener: (e?: unknown) => void): unknown;
+  on?(event: 'error' | 'ready' | 'reconnecting', listener: (e?: unknown) => void): unknown;
+  off?(event: string, listener: (e?: unknown) => void): unknown;
+}
+
+/**
+ * The end of a connection attempt under way: `ready`, or one of `failures` (the attempt's error,
+ * the connection closed), or the abort of `signal`; the listeners are removed at once.
+ */
+function attempt(client: Events, failures: readonly string[], signal: AbortSignal): Promise<void> {
+  const on = client.on as ((event: string, listener: (e?: unknown) => void) => unknown) | undefined;
+  const off = client.off;
+  if (on === undefined || off === undefined) return Promise.resolve();
+  return new Promise((ok, fail) => {
+    const done = (): void => {
+      off.call(client, 'ready', onReady);
+      for (const f of failures) off.call(client, f, onFailure);
+      signal.removeEventListener('abort', onAbort);
+    };
+    const onReady = (): void => {
+      done();
+      ok();
+    };
+    const onFailure = (e?: unknown): void => {
+      done();
+      if (isReplyError(e)) fail(new RedisReplyError(e.message));
+      else fail(e instanceof Error ? e : new Error('the connection closed while it was being made'));
+    };
+    const onAbort = (): void => {
+      done();
+      fail(signal.reason);
+    };
+    on.call(client, 'ready', onReady);
+    for (const f of failures) on.call(client, f, onFailure);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
 }
 
 /**
@@ -73,6 +115,12 @@ function handshakeRefusal(client: Events): () => string | undefined {
   return () => refusal;
 }
 
+/** Why the latest connection attempt failed: the server's refusal of its handshake, if that was it. */
+function failedAttempt(refusal: () => string | undefined, library: string): Error {
+  const r = refusal();
+  return r !== undefined ? new RedisReplyError(r) : new Error(`the connection failed; ${library} tries again later`);
+}
+
 /** A command's failure: a refused handshake when there is one and this is not a reply of Redis. */
 function failure(refused: () => string | undefined): (e: unknown) => never {
   return (e) => {
@@ -85,6 +133,10 @@ function failure(refused: () => string | undefined): (e: unknown) => never {
 /** node-redis's client (`createClient`), as far as it is used here. */
 export interface NodeRedisClientLike extends Events {
   sendCommand(args: string[], options?: { abortSignal?: AbortSignal }): Promise<unknown>;
+  /** Whether `connect()` was called (and the client not closed since). */
+  readonly isOpen?: boolean;
+  /** Whether the connection is made and commands are sent. */
+  readonly isReady?: boolean;
 }
 
 /** node-redis's cluster (`createCluster`), as far as it is used here. */
@@ -103,6 +155,8 @@ export interface IORedisLike extends Events {
   call(command: string, ...args: string[]): Promise<unknown>;
   readonly isCluster: boolean;
   disconnect(reconnect?: boolean): void;
+  /** `'connecting'`, `'connect'`, `'ready'`, `'reconnecting'`, `'end'`... */
+  readonly status?: string;
 }
 
 /** ioredis's `Command` class, to route module commands on an ioredis `Cluster` by their key. */
@@ -123,11 +177,32 @@ export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike
     };
   }
   const single = client as NodeRedisClientLike;
-  const refused = failure(handshakeRefusal(single));
+  const refusal = handshakeRefusal(single);
+  const refused = failure(refusal);
+  // Between two attempts: the latest failed (`error`), the next has not begun (`reconnecting`).
+  let waitingToRetry = false;
+  single.on?.('error', () => {
+    if (single.isReady === false) waitingToRetry = true;
+  });
+  single.on?.('reconnecting', () => {
+    waitingToRetry = false;
+  });
+  single.on?.('ready', () => {
+    waitingToRetry = false;
+  });
   return {
     send: (args, _key, signal) => single.sendCommand([...args], { abortSignal: signal }).catch(refused),
+    // Connecting: `connect()` called (not awaited) and not ready yet.
+    ready: (signal) => {
+      if (single.isOpen !== true || single.isReady !== false) return undefined;
+      if (waitingToRetry) return Promise.reject(failedAttempt(refusal, 'node-redis'));
+      return attempt(single, ['error'], signal);
+    },
   };
 }
+
+/** The states of an ioredis connection in which an attempt to make it is under way. */
+const IOREDIS_CONNECTING = new Set(['connecting', 'connect']);
 
 /**
  * An ioredis `Redis` or `Cluster`. On a `Cluster`, pass ioredis's `Command` class so that the
@@ -138,7 +213,8 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
   const Command = options.Command;
   const cluster = client.isCluster;
   const sender = client as unknown as { sendCommand(c: unknown): unknown };
-  const refused = cluster ? normalise : failure(handshakeRefusal(client));
+  const refusal = cluster ? () => undefined : handshakeRefusal(client);
+  const refused = cluster ? normalise : failure(refusal);
   return {
     send(args, key) {
       if (cluster && Command && key !== undefined) {
@@ -151,6 +227,11 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
     },
     // A cluster follows its own redirections; a single connection is made again.
     ...(cluster ? {} : { reconnect: () => client.disconnect(true) }),
+    ready: (signal) => {
+      const status = client.status;
+      if (status === 'reconnecting') return Promise.reject(failedAttempt(refusal, 'ioredis'));
+      return status !== undefined && IOREDIS_CONNECTING.has(status) ? attempt(client, ['error', 'close', 'end'], signal) : undefined;
+    },
   };
 }
 

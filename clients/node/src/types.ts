@@ -39,7 +39,11 @@ export interface BreakerOptions {
 }
 
 export interface ClientOptions {
-  /** Budget of one call to Redis, mode detection included (default 100 ms). */
+  /**
+   * Budget of one call: how long Redis may leave it unanswered before the failure policy answers
+   * (default 100 ms). The client's start-up (the connection being made, the mode's detection, a
+   * script's load) is not counted in it: it has deadlines of its own, 10 times this budget.
+   */
   timeoutMs?: number;
   /** Default `'fail-open'`. */
   policy?: FailurePolicy;
