@@ -301,15 +301,23 @@ test-conformance-rust: servers
 # restarted under each policy, a hung server, a 3-master cluster. On Redis 7.0 only, what tests
 # the package alone, whatever the server: 200 threads and 200 tasks racing (each command's
 # atomicity is the module's and the twins', which their own suites test everywhere), FastAPI
-# and Django beside Starlette and Flask, the decorator, the wheel installed in a fresh venv.
+# and Django beside Starlette and Flask, the decorator, the wheel installed in a fresh venv; and
+# the cold start (tests/test_cold.py: a new client, default options, 200 first calls through the
+# sync and asyncio clients and 200 first HTTP requests through the ASGI and WSGI middleware, both
+# cores kept busy; exactly the limit admitted, none degraded, one detection and one SCRIPT LOAD
+# per round), PY_COLD_ROUNDS rounds per mode: it tests the package's own start-up (one
+# detection, one load, its gate on connections), which no server changes; the servers' replies
+# to detection and NOSCRIPT are tested everywhere. `make test-python-cold` runs 20 rounds per
+# mode and writes each round's figures to target/python-cold.txt.
 # `make python-lua` copies lua-reference/ into the package, whose tests fail while the copy
 # differs; `make dist-python` builds the wheel and the sdist into target/dist/python.
 PY_DIR := clients/python
 PY_VENV := $(PY_DIR)/.venv
 PY_READY := $(PY_VENV)/.installed
 PYTHON3 ?= python3
+PY_COLD_ROUNDS ?= 2
 
-.PHONY: test-python dist-python python-lua
+.PHONY: test-python test-python-cold dist-python python-lua
 
 $(PY_READY): $(PY_DIR)/requirements/dev.txt $(PY_DIR)/requirements/runtime.txt
 	rm -rf $(PY_VENV) && $(PYTHON3) -m venv $(PY_VENV)
@@ -329,8 +337,14 @@ test-python: servers $(PY_READY)
 		echo "== Python suite on $$s"; \
 		if [ $$s = redis-7.0 ]; then set -- ; frameworks=all; else set -- -m "not heavy"; frameworks=; fi; \
 		(cd $(PY_DIR) && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server \
-			RL_PY_FRAMEWORKS=$$frameworks .venv/bin/pytest -q "$$@") || exit 1; \
+			RL_PY_FRAMEWORKS=$$frameworks RL_COLD_ROUNDS=$(PY_COLD_ROUNDS) .venv/bin/pytest -q "$$@") || exit 1; \
 	done
+
+test-python-cold: servers $(PY_READY)
+	$(CARGO) build -p redis-rate-limiter
+	@mkdir -p $(TARGET_DIR) && rm -f $(TARGET_DIR)/python-cold.txt
+	cd $(PY_DIR) && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
+		RL_COLD_ROUNDS=20 RL_COLD_REPORT=$(TARGET_DIR)/python-cold.txt .venv/bin/pytest -q tests/test_cold.py
 
 dist-python: $(PY_READY)
 	$(PY_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check

@@ -13,14 +13,17 @@ import itertools
 import os
 import secrets
 import threading
+import time
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from ._breaker import Breaker
+from ._flight import Failure, Flight
 from ._local import LocalLeases, LocalLimiter
-from ._scripts import LIBRARY_NAME, SCRIPTS, function_name
+from ._scripts import LIBRARY_NAME, SCRIPTS, Script, function_name
 from ._types import (
     Decision,
     Degraded,
@@ -41,8 +44,29 @@ from .algorithms import Algorithm, Concurrency
 
 T = TypeVar("T")
 
-#: A command: the arguments of ``execute_command``.
-Call = tuple[Any, ...]
+
+@dataclass(frozen=True, slots=True)
+class Detect:
+    """A step of the client's start-up: the mode detected once for every caller (the driver
+    runs :meth:`Core.detect` for the first, the others wait for its end). ``seen`` is the
+    detection's generation when the caller found the mode unknown."""
+
+    seen: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadScript:
+    """``SCRIPT LOAD`` of ``script`` after ``NOSCRIPT``, once for every caller that got it for a
+    send at generation ``seen`` of ``flight`` (the others wait for that load)."""
+
+    script: Script
+    flight: Flight
+    seen: int
+
+
+#: A command (the arguments of ``execute_command``), or a start-up step the driver runs once
+#: for every caller.
+Call = tuple[Any, ...] | Detect | LoadScript
 #: An exchange with Redis: yields commands, receives replies, returns its answer.
 Exchange = Generator[Call, Any, T]
 
@@ -65,10 +89,6 @@ ON_A_CLUSTER = "each master counts its own denials: ask each through a client of
 
 class UnexpectedReply(Exception):
     """A reply of another shape than the command's: counted as Redis not deciding."""
-
-
-class Failure(Exception):
-    """Redis did not decide (the failure policy answers)."""
 
 
 def error_code(e: BaseException) -> str | None:
@@ -192,12 +212,34 @@ class Core:
         self.breaker = Breaker(options.breaker)
         self.local = LocalLimiter()
         self.leases = LocalLeases()
+        #: When Redis last answered a round trip (``time.monotonic()``).
+        self.answered = 0.0
+        #: The mode's detection, and each script's load after NOSCRIPT: once however many wait.
+        self.detection = Flight()
+        self.loads = {command: Flight() for command in SCRIPTS}
+
+    def failed(self, since: float) -> None:
+        """A call begun at ``since`` that Redis did not answer: a failure for the breaker unless
+        Redis answered another call meanwhile (a server that answers is there; this call was
+        late, the policy answered it)."""
+        if self.answered < since:
+            self.breaker.failure()
+
+    def note_answer(self) -> None:
+        self.answered = time.monotonic()
 
     # Exchanges with Redis ---------------------------------------------------------------------
 
     def resolve_mode(self) -> Exchange[Mode]:
-        if self.mode is not None:
-            return self.mode
+        """The mode, detected first if unknown (once for all callers: :class:`Detect`)."""
+        if self.mode is None:
+            yield Detect(self.detection.generation)
+        if self.mode is None:
+            raise Failure
+        return self.mode
+
+    def detect(self) -> Exchange[Mode]:
+        """``COMMAND INFO rl.all``, then ``FUNCTION LIST``: the mode, remembered."""
         info = yield ("COMMAND INFO", "rl.all")
         if not isinstance(info, (list, tuple)):
             raise UnexpectedReply(repr(info))
@@ -228,8 +270,9 @@ class Core:
         self, command: str, keys: Sequence[str], args: Sequence[Any], numkeys: bool
     ) -> Exchange[tuple[Any, Mode]]:
         """``command`` in the mode in use: the module's command (``numkeys`` first for the
-        commands that take it), ``FCALL`` of the library, or ``EVALSHA`` of the script (``EVAL``
-        on ``NOSCRIPT``)."""
+        commands that take it), ``FCALL`` of the library, or ``EVALSHA`` of the script (on
+        ``NOSCRIPT``, ``SCRIPT LOAD`` once for every caller that got it, then ``EVALSHA``
+        again)."""
         mode = yield from self.resolve_mode()
         if mode is Mode.MODULE:
             head: list[Any] = [command, len(keys)] if numkeys else [command]
@@ -238,10 +281,13 @@ class Core:
             reply = yield ("FCALL", function_name(command), len(keys), *keys, *args)
         else:
             script = SCRIPTS[command]
+            flight = self.loads[command]
+            seen = flight.generation
             try:
                 reply = yield ("EVALSHA", script.sha, len(keys), *keys, *args)
             except NoScriptError:
-                reply = yield ("EVAL", script.text, len(keys), *keys, *args)
+                yield LoadScript(script, flight, seen)
+                reply = yield ("EVALSHA", script.sha, len(keys), *keys, *args)
         return reply, mode
 
     def call_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Exchange[tuple[Decision, Mode]]:

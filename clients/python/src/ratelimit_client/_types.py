@@ -28,8 +28,8 @@ class Mode(enum.Enum):
 
     #: The module's ``RL.*`` commands.
     MODULE = "module"
-    #: ``EVALSHA`` of the ``lua-reference/`` scripts shipped in the package (``EVAL`` on
-    #: ``NOSCRIPT``, which loads them again).
+    #: ``EVALSHA`` of the ``lua-reference/`` scripts shipped in the package (on ``NOSCRIPT``,
+    #: one ``SCRIPT LOAD`` for every caller that got it, then ``EVALSHA`` again).
     SCRIPT = "script"
     #: ``FCALL`` of the ``ratelimit`` Functions library, loaded on the server beforehand
     #: (:func:`ratelimit_client.load_library`).
@@ -93,8 +93,9 @@ class BreakerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    #: Budget of one call to Redis in seconds, mode detection included (the asyncio client
-    #: bounds the whole call; the synchronous one each round trip, see docs/python.md).
+    #: Budget of one call to Redis in seconds (the asyncio client bounds the whole call; the
+    #: synchronous one each round trip; the start-up's steps, a connection opened, the mode
+    #: detected, a script loaded, each round trip; see docs/python.md).
     timeout: float = 0.1
     policy: FailurePolicy = field(default_factory=FailOpen)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)

@@ -6,7 +6,11 @@ the same shape as :mod:`ratelimit_client.client`: every call awaited, leases hel
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator, Sequence
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -15,15 +19,16 @@ import redis.asyncio.cluster
 import redis.asyncio.cluster as redis_cluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from ._core import (
     ANY_NODE,
     ON_A_CLUSTER,
     Core,
+    Detect,
     Exchange,
-    Failure,
     Limits,
+    LoadScript,
     UnexpectedReply,
     check_count,
     classify,
@@ -34,6 +39,7 @@ from ._core import (
     one_alone,
     renewal_answer,
 )
+from ._flight import Deadline, Failure, Gate
 from ._scripts import LIBRARY
 from ._types import (
     Degraded,
@@ -49,13 +55,35 @@ from ._types import (
     Unsupported,
 )
 from .algorithms import Algorithm, Concurrency
+from .client import gate_of, stall_of
 
 T = TypeVar("T")
 
 
+Redis = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+Single = redis.asyncio.Redis
+
+
+def _copy_of(conn: redis.asyncio.Redis) -> Callable[[], redis.asyncio.Redis]:
+    """A client like ``conn``, on a pool of its own of the same kind and settings."""
+
+    def copy() -> redis.asyncio.Redis:
+        pool = conn.connection_pool
+        kwargs: dict[str, Any] = dict(pool.connection_kwargs)
+        kwargs.pop("himport_registry", None)
+        if isinstance(pool, redis.asyncio.BlockingConnectionPool):
+            kwargs["timeout"] = pool.timeout
+        fresh = type(pool)(connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
+        return redis.asyncio.Redis.from_pool(fresh)
+
+    return copy
+
+
 class AsyncClient:
-    """The asyncio twin of :class:`ratelimit_client.Client`. Use it from one event loop (redis-py's
-    asyncio connections belong to the loop that opened them)."""
+    """The asyncio twin of :class:`ratelimit_client.Client`. It may be used from several event
+    loops, one after the other or at once (an application's, then a test client's): redis-py's
+    asyncio connections belong to the loop that opened them, so each loop gets a pool of its
+    own, of the same settings (a cluster client stays on the loop of its first call)."""
 
     def __init__(
         self,
@@ -65,16 +93,45 @@ class AsyncClient:
         self._redis = redis
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
+        self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
+        # ``redis`` serves the first loop that makes a call; every other loop has a copy.
+        self._copy = None if isinstance(redis, redis_cluster.RedisCluster) else _copy_of(redis)
+        self._home: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Single, Gate | None]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._loops_lock = threading.Lock()
+
+    def _conn(self) -> tuple[Redis, Gate | None]:
+        """The redis-py client of the running loop, and the gate of its pool."""
+        loop = asyncio.get_running_loop()
+        home = self._home() if self._home is not None else None
+        if home is loop or self._copy is None:
+            return self._redis, self._gate
+        with self._loops_lock:
+            if self._home is None:
+                self._home = weakref.ref(loop)
+                return self._redis, self._gate
+            got = self._loops.get(loop)
+            if got is None:
+                conn = self._copy()
+                got = (conn, gate_of(conn, self._core.options, self._core.breaker.is_open))
+                self._loops[loop] = got
+            return got
 
     @classmethod
     def from_url(cls, url: str, options: Options | None = None, *, cluster: bool = False, **kwargs: Any) -> AsyncClient:
         """A client for ``url``, never retried by redis-py (a failure goes to the failure policy
         at once; the whole call is bounded by ``options.timeout``). Connects lazily. Calls
-        beyond ``max_connections`` (default 100) in flight wait for a connection, within their
-        deadline. ``cluster=True``: a ``RedisCluster`` from this seed node."""
+        beyond ``max_connections`` (default 100) in flight wait for a connection, outside their
+        deadline, for as long as Redis answers the calls in flight. ``cluster=True``: a
+        ``RedisCluster`` from this seed node."""
         options = options or Options()
-        kwargs.setdefault("socket_timeout", options.timeout)
-        kwargs.setdefault("socket_connect_timeout", options.timeout)
+        # The client's own deadlines bound every call and every step of the start-up; redis-py's
+        # socket timeouts are only a backstop (they would count the time the loop spends on other
+        # work as Redis being late).
+        kwargs.setdefault("socket_timeout", stall_of(options))
+        kwargs.setdefault("socket_connect_timeout", stall_of(options))
         kwargs.setdefault("retry", Retry(NoBackoff(), 0))
         conn: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
         if cluster:
@@ -113,7 +170,21 @@ class AsyncClient:
         return self._core.breaker.is_open()
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        """Closes the connections of the running loop (those of a loop that is gone went with
+        it)."""
+        loop = asyncio.get_running_loop()
+        home = self._home() if self._home is not None else None
+        with self._loops_lock:
+            got = self._loops.pop(loop, None)
+            if home is None or home is loop or home.is_closed():
+                mine = [self._redis]
+            else:
+                mine = []
+        if got is not None:
+            mine.append(got[0])
+        for c in mine:
+            with contextlib.suppress(RuntimeError):
+                await c.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -130,14 +201,65 @@ class AsyncClient:
             return {"target_nodes": self._redis.get_random_node()}  # type: ignore[union-attr]
         return {}
 
-    async def _drive(self, exchange: Exchange[T]) -> T:
+    async def _send(self, conn: Redis, gate: Gate | None, call: tuple[Any, ...]) -> Any:
+        try:
+            reply = await conn.execute_command(*call, **self._routing(call))
+        except ResponseError:
+            self._answered(gate)  # an error reply is an answer too (NOSCRIPT, ERR ...)
+            raise
+        self._answered(gate)
+        return reply
+
+    def _answered(self, gate: Gate | None) -> None:
+        self._core.note_answer()
+        if gate is not None:
+            gate.progress()
+
+    async def _step(self, conn: Redis, gate: Gate | None, step: Detect | LoadScript, deadline: Deadline) -> None:
+        """A start-up step, outside the call's deadline: run by this call, each of its round
+        trips within the timeout (as the synchronous client's socket timeouts bound them), or
+        waited for."""
+        timeout = self._core.options.timeout
+        if isinstance(step, Detect):
+
+            async def detect() -> None:
+                await self._drive(conn, gate, self._core.detect(), None)
+
+            with deadline.paused():
+                await self._core.detection.run_async(step.seen, detect)
+        else:
+            script = step.script
+
+            async def load() -> None:
+                async with Deadline(timeout):
+                    await self._send(conn, gate, ("SCRIPT LOAD", script.text))
+
+            with deadline.paused():
+                await step.flight.run_async(step.seen, load)
+
+    async def _drive(self, conn: Redis, gate: Gate | None, exchange: Exchange[T], deadline: Deadline | None) -> T:
+        """Runs an exchange; without ``deadline`` (a start-up step) each round trip has the
+        timeout of its own."""
         try:
             call = next(exchange)
             while True:
                 try:
-                    reply = await self._redis.execute_command(*call, **self._routing(call))
+                    if deadline is None and isinstance(call, tuple):
+                        async with Deadline(self._core.options.timeout):
+                            reply = await self._send(conn, gate, call)
+                    elif isinstance(call, tuple):
+                        reply = await self._send(conn, gate, call)
+                    else:
+                        assert deadline is not None
+                        await self._step(conn, gate, call, deadline)
+                        reply = None
                 except (RedisError, RedisClusterException, OSError) as e:
                     call = exchange.throw(e)
+                except Failure as f:
+                    # Another call's run of that step failed: a refusal is this call's too.
+                    if f.__cause__ is None or classify(f.__cause__) is None:
+                        raise
+                    call = exchange.throw(f.__cause__)
                 else:
                     call = exchange.send(reply)
         except StopIteration as stop:
@@ -149,24 +271,51 @@ class AsyncClient:
         if not core.breaker.permit():
             exchange.close()
             raise Failure
+        conn, gate = self._conn()
+        opens = False
+        if gate is not None:
+            try:
+                opens = await gate.enter_async()
+            except Failure:
+                exchange.close()
+                raise
+        began = time.monotonic()
         try:
-            async with asyncio.timeout(core.options.timeout):
-                value = await self._drive(exchange)
+            if opens:
+                await self._open_one(conn)
+            async with Deadline(core.options.timeout) as deadline:
+                value = await self._drive(conn, gate, exchange, deadline)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
             # TimeoutError (the budget ran out) is an OSError: no code, Redis did not decide.
             rejected = classify(e)
             if rejected is None:
-                core.breaker.failure()
+                core.failed(began)
+                if gate is not None:
+                    gate.failed()
                 raise Failure from e
             core.breaker.success()
             if error_code(e) == "READONLY":
                 await self._reconnect()
             raise rejected from None
+        finally:
+            if gate is not None:
+                gate.leave()
         core.breaker.success()
         return value
 
+    async def _open_one(self, conn: Redis) -> None:
+        """Opens a connection of the pool ahead of the call that needs it, outside the call's
+        deadline: start-up (the TCP handshake, ``HELLO`` and ``CLIENT SETINFO``, and the few
+        milliseconds of CPU redis-py takes to set a connection up) within four timeouts."""
+        pool = getattr(conn, "connection_pool", None)
+        if pool is None:
+            return
+        async with Deadline(4 * self._core.options.timeout):
+            c = await pool.get_connection()
+        await pool.release(c)
+
     async def _reconnect(self) -> None:
-        pool = getattr(self._redis, "connection_pool", None)
+        pool = getattr(self._conn()[0], "connection_pool", None)
         if pool is not None:
             await pool.disconnect()
 
@@ -303,7 +452,7 @@ class AsyncClient:
         return entries
 
     async def load_library(self) -> str:
-        name = await self._redis.execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
+        name = await self._conn()[0].execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
         return name.decode() if isinstance(name, bytes) else str(name)
 
 
@@ -338,6 +487,17 @@ class Pending(Generic[R]):
             await self._value.__aexit__(exc_type, exc, tb)
 
 
+class _KeepAlive:
+    """A lease's renewal timer: stopped by a release, which waits for a renewal on its way."""
+
+    __slots__ = ("renewing", "stopped", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.stopped = False
+        self.renewing = False
+
+
 class AsyncLease:
     """The asyncio twin of :class:`ratelimit_client.Lease`."""
 
@@ -351,7 +511,7 @@ class AsyncLease:
         self._local = degraded is Degraded.LOCAL
         self._released = False
         self._last_renewal: Outcome | None = None
-        self._keep_alive: asyncio.Task[None] | None = None
+        self._keep_alive: _KeepAlive | None = None
 
     @property
     def id(self) -> str:
@@ -389,26 +549,48 @@ class AsyncLease:
 
     def keep_alive(self, every: float) -> None:
         """Renews every ``every`` seconds from a task on the running loop until the lease is
-        released. Calling it again replaces the timer."""
+        released. Calling it again replaces the timer. A release waits for a renewal already
+        on its way, so that none lands after it."""
         self._stop_keep_alive()
+        timer = _KeepAlive()
 
-        async def renew_forever() -> None:
+        async def renew_until_stopped() -> None:
             while True:
                 await asyncio.sleep(every)
+                if timer.stopped:
+                    return
+                timer.renewing = True
                 try:
                     await self.renew()
                 except RateLimitError:
                     pass
+                finally:
+                    timer.renewing = False
+                if timer.stopped:
+                    return
 
-        self._keep_alive = asyncio.get_running_loop().create_task(renew_forever())
+        timer.task = asyncio.get_running_loop().create_task(renew_until_stopped())
+        self._keep_alive = timer
 
-    def _stop_keep_alive(self) -> None:
-        if self._keep_alive is not None:
-            self._keep_alive.cancel()
-            self._keep_alive = None
+    def _stop_keep_alive(self) -> _KeepAlive | None:
+        """Stops the timer: the one whose renewal is on its way, to be waited for."""
+        timer, self._keep_alive = self._keep_alive, None
+        if timer is None or timer.task is None:
+            return None
+        timer.stopped = True
+        if timer.renewing:
+            return timer
+        timer.task.cancel()
+        return None
 
     async def release(self) -> bool:
-        self._stop_keep_alive()
+        renewing = self._stop_keep_alive()
+        if renewing is not None and renewing.task is not None:
+            task = renewing.task
+            if task.get_loop() is asyncio.get_running_loop():
+                await asyncio.shield(task)
+            else:
+                task.get_loop().call_soon_threadsafe(task.cancel)
         on_redis = self._on_redis and not self._released
         local = self._local and not self._released
         self._released = True

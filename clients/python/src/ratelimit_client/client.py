@@ -5,6 +5,7 @@ most-denied keys; module detection, the Lua fallback, the failure policy and the
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -13,16 +14,17 @@ import redis
 import redis.cluster
 import redis.cluster as redis_cluster
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
 from ._core import (
     ANY_NODE,
     ON_A_CLUSTER,
     Core,
+    Detect,
     Exchange,
-    Failure,
     Limits,
+    LoadScript,
     UnexpectedReply,
     check_count,
     classify,
@@ -33,6 +35,7 @@ from ._core import (
     one_alone,
     renewal_answer,
 )
+from ._flight import Failure, Gate, connected_in
 from ._scripts import LIBRARY
 from ._types import (
     Degraded,
@@ -57,7 +60,10 @@ class Client:
     library or the scripts. Thread-safe: share one per process.
 
     ``redis`` is any ``redis.Redis`` or ``redis.cluster.RedisCluster``; its ``socket_timeout``
-    bounds each round trip (:meth:`from_url` sets it to ``options.timeout``, with no retries)."""
+    bounds each round trip (:meth:`from_url` sets it to ``options.timeout``, with no retries).
+    At most as many calls as its pool has connections (``max_connections``) are on Redis at
+    once; the others wait for a connection for as long as Redis answers (see
+    docs/python.md)."""
 
     def __init__(self, redis: redis.Redis | redis.cluster.RedisCluster, options: Options | None = None) -> None:
         self._redis = redis
@@ -65,6 +71,7 @@ class Client:
         self._execute: Callable[..., Any] = redis.execute_command
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
+        self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
 
     @classmethod
     def from_url(cls, url: str, options: Options | None = None, *, cluster: bool = False, **kwargs: Any) -> Client:
@@ -128,14 +135,53 @@ class Client:
             return {"target_nodes": self._redis.get_random_node()}  # type: ignore[union-attr]
         return {}
 
+    def _send(self, call: tuple[Any, ...]) -> Any:
+        try:
+            reply = self._execute(*call, **self._routing(call))
+        except ResponseError:
+            self._answered(self._gate)  # an error reply is an answer too (NOSCRIPT, ERR ...)
+            raise
+        self._answered(self._gate)
+        return reply
+
+    def _answered(self, gate: Gate | None) -> None:
+        self._core.note_answer()
+        if gate is not None:
+            gate.progress()
+
+    def _step(self, step: Detect | LoadScript) -> None:
+        """A start-up step, run by this caller or waited for (:class:`ratelimit_client._flight.Flight`)."""
+        if isinstance(step, Detect):
+
+            def detect() -> None:
+                self._drive(self._core.detect())
+
+            self._core.detection.run_sync(step.seen, detect)
+        else:
+            script = step.script
+
+            def load() -> None:
+                self._send(("SCRIPT LOAD", script.text))
+
+            step.flight.run_sync(step.seen, load)
+
     def _drive(self, exchange: Exchange[T]) -> T:
         try:
             call = next(exchange)
             while True:
                 try:
-                    reply = self._execute(*call, **self._routing(call))
+                    if isinstance(call, tuple):
+                        reply = self._send(call)
+                    else:
+                        self._step(call)
+                        reply = None
                 except (RedisError, RedisClusterException, OSError) as e:
                     call = exchange.throw(e)
+                except Failure as f:
+                    # Another caller's run of that step failed: a refusal is this call's too.
+                    if f.__cause__ is None or classify(f.__cause__) is None:
+                        raise
+                    call = exchange.throw(f.__cause__)
                 else:
                     call = exchange.send(reply)
         except StopIteration as stop:
@@ -146,20 +192,33 @@ class Client:
         """Runs an exchange under the breaker; :class:`Rejected` for an answer about the call,
         :class:`Failure` when Redis did not decide."""
         core = self._core
+        gate = self._gate
         if not core.breaker.permit():
             exchange.close()
             raise Failure
+        if gate is not None:
+            try:
+                gate.enter()
+            except Failure:
+                exchange.close()
+                raise
+        began = time.monotonic()
         try:
             value = self._drive(exchange)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
             rejected = classify(e)
             if rejected is None:
-                core.breaker.failure()
+                core.failed(began)
+                if gate is not None:
+                    gate.failed()
                 raise Failure from e
             core.breaker.success()
             if error_code(e) == "READONLY":
                 self._reconnect()
             raise rejected from None
+        finally:
+            if gate is not None:
+                gate.leave()
         core.breaker.success()
         return value
 
@@ -350,6 +409,8 @@ class Lease:
         self._released = False
         self._last_renewal: Outcome | None = None
         self._stop: threading.Event | None = None
+        # Held by a keep-alive renewal on its way: a release waits for it to land.
+        self._renewing = threading.Lock()
 
     @property
     def id(self) -> str:
@@ -399,17 +460,21 @@ class Lease:
 
     def keep_alive(self, every: float) -> None:
         """Renews every ``every`` seconds from a daemon thread until the lease is released
-        (choose ``every`` well below ``lease_sec``). Calling it again replaces the timer."""
+        (choose ``every`` well below ``lease_sec``). Calling it again replaces the timer. A
+        release waits for a renewal already on its way, so that none lands after it."""
         self._stop_keep_alive()
         stop = threading.Event()
         self._stop = stop
 
         def renew_until_stopped() -> None:
             while not stop.wait(every):
-                try:
-                    self.renew()
-                except RateLimitError:
-                    pass
+                with self._renewing:
+                    if stop.is_set():
+                        return
+                    try:
+                        self.renew()
+                    except RateLimitError:
+                        pass
 
         threading.Thread(target=renew_until_stopped, name=f"lease-{self._id}", daemon=True).start()
 
@@ -419,7 +484,7 @@ class Lease:
             self._stop = None
 
     def _take(self) -> tuple[bool, bool]:
-        with self._lock:
+        with self._renewing, self._lock:
             places = (self._on_redis and not self._released, self._local and not self._released)
             self._released = True
             return places
@@ -427,7 +492,8 @@ class Lease:
     def release(self) -> bool:
         """Gives the slots back now: whether a live lease was released (``False`` if it had
         expired, was admitted by ``FailOpen``, or Redis could not answer: it then expires by
-        itself). Releasing twice is harmless."""
+        itself). A keep-alive renewal on its way lands first; none is sent after. Releasing
+        twice is harmless."""
         self._stop_keep_alive()
         on_redis, local = self._take()
         freed = False
@@ -592,6 +658,22 @@ class Limiter:
 
     def reserve(self, key: str, estimate: int) -> ReservationOutcome:
         return self.client.reserve(key, self.algorithm, estimate)
+
+
+def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | None:
+    """The gate of a client on one server: as many places as its pool has connections. A
+    cluster client has a pool per node, and no gate."""
+    pool = getattr(conn, "connection_pool", None)
+    size = getattr(pool, "max_connections", None)
+    if not isinstance(size, int) or isinstance(conn, redis_cluster.RedisCluster):
+        return None
+    return Gate(size, stall_of(options), connected_in(pool), refused)
+
+
+def stall_of(options: Options) -> float:
+    """How long calls waiting for a connection wait for a round trip to end: ten timeouts, and
+    at least a second."""
+    return max(1.0, 10 * options.timeout)
 
 
 def load_library(conn: redis.Redis | redis.cluster.RedisCluster) -> str:
