@@ -187,3 +187,62 @@ def test_a_released_lease_is_not_renewed_by_a_later_tick(server: Server, every: 
     time.sleep(0.05)
     info = server.connect().execute_command("INFO", "commandstats")
     assert "cmdstat_rl.acquire" not in info
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_burst_on_a_frozen_server_is_answered_by_the_policy(warm: bool) -> None:
+    """200 threads and 200 tasks on a frozen server (SIGSTOP), through a client that has
+    answered before or not: every call answered by the policy, each within a second and a half
+    (the calls in flight within the timeout, the ones waiting for a connection once the
+    breaker opens), and the breaker open."""
+    import threading
+
+    with Server() as s:
+        c = Client.from_url(s.url)
+        if warm:
+            assert c.check("w", BUCKET).degraded is None
+        s.freeze()
+        try:
+            took: list[tuple[float, Degraded | None]] = []
+            lock = threading.Lock()
+            go = threading.Barrier(201)
+
+            def caller() -> None:
+                go.wait()
+                t = time.monotonic()
+                o = c.check("k", BUCKET)
+                with lock:
+                    took.append((time.monotonic() - t, o.degraded))
+
+            threads = [threading.Thread(target=caller) for _ in range(200)]
+            for t in threads:
+                t.start()
+            go.wait()
+            for t in threads:
+                t.join()
+            assert {d for _, d in took} == {Degraded.FAIL_OPEN}
+            assert max(t for t, _ in took) < 1.5, sorted(t for t, _ in took)[-5:]
+            assert c.breaker_open()
+
+            async def tasks() -> list[tuple[float, Degraded | None]]:
+                a = AsyncClient.from_url(s.url)
+                if warm:
+                    s.thaw()
+                    assert (await a.check("w", BUCKET)).degraded is None
+                    s.freeze()
+
+                async def one() -> tuple[float, Degraded | None]:
+                    t = time.monotonic()
+                    o = await a.check("k", BUCKET)
+                    return time.monotonic() - t, o.degraded
+
+                got = await asyncio.gather(*(one() for _ in range(200)))
+                assert a.breaker_open()
+                return list(got)
+
+            got = asyncio.run(tasks())
+            assert {d for _, d in got} == {Degraded.FAIL_OPEN}
+            assert max(t for t, _ in got) < 1.5, sorted(t for t, _ in got)[-5:]
+        finally:
+            s.thaw()
