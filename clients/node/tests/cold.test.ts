@@ -112,8 +112,10 @@ function summary(label: string, rounds: Round[]): string {
     return lo === hi ? String(lo) : `${lo}-${hi}`;
   };
   const first = rounds.map((r) => r.firstMs).sort((a, b) => a - b);
+  const exact = rounds.filter((r) => r.admitted === CAPACITY && r.degraded === 0).length;
   return (
-    `cold ${label}: rounds=${rounds.length} admitted=${range(rounds.map((r) => r.admitted))} ` +
+    `cold ${label}: rounds=${rounds.length} exact=${exact} degraded_per_round=${rounds.map((r) => r.degraded).join(',')} ` +
+    `admitted=${range(rounds.map((r) => r.admitted))} ` +
     `degraded=${range(rounds.map((r) => r.degraded))} command_info=${range(rounds.map((r) => r.seen.commandInfo))} ` +
     `function_list=${range(rounds.map((r) => r.seen.functionList))} script_load=${range(rounds.map((r) => r.seen.scriptLoad))} ` +
     `eval=${range(rounds.map((r) => r.seen.eval))} first_decision_ms_p50=${first[Math.floor(first.length / 2)]!.toFixed(1)} ` +
