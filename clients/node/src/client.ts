@@ -507,6 +507,7 @@ export class Client {
     user?.throwIfAborted();
     if (breaker && !this.breaker.permit()) return { ok: false, cause: new Error('circuit breaker open') };
     const budgetMs = call?.timeoutMs ?? this.timeoutMs;
+    const began = performance.now();
     const controller = new AbortController();
     let timer: NodeJS.Timeout | undefined;
     let onAbort: (() => void) | undefined;
@@ -579,7 +580,10 @@ export class Client {
         if (e.reply.startsWith('READONLY')) await this.conn.reconnect?.();
         throw new RejectedError(e.reply);
       }
-      if (breaker) this.breaker.failure();
+      // A failure of Redis for the breaker only if Redis has answered none of the client's calls
+      // since this one began: a call that waited behind others that were answered is late, on a
+      // server that is there (it still gets the policy's answer).
+      if (breaker && !(this.answeredAt > began)) this.breaker.failure();
       return { ok: false, cause: e };
     } finally {
       settled = true;
