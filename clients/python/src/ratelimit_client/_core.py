@@ -212,8 +212,11 @@ class Core:
         self.breaker = Breaker(options.breaker)
         self.local = LocalLimiter()
         self.leases = LocalLeases()
-        #: When Redis last answered a round trip (``time.monotonic()``).
+        #: When Redis last answered a round trip, and when a failure was last counted
+        #: (``time.monotonic()``).
         self.answered = 0.0
+        self._counted = 0.0
+        self._failing = threading.Lock()
         #: The mode's detection, and each script's load after NOSCRIPT: once however many wait.
         self.detection = Flight()
         self.loads = {command: Flight() for command in SCRIPTS}
@@ -221,9 +224,13 @@ class Core:
     def failed(self, since: float) -> None:
         """A call begun at ``since`` that Redis did not answer: a failure for the breaker unless
         Redis answered another call meanwhile (a server that answers is there; this call was
-        late, the policy answered it)."""
-        if self.answered < since:
-            self.breaker.failure()
+        late, the policy answered it), and once for all the calls in flight that the same
+        silence failed (a failure counted since this call began)."""
+        with self._failing:
+            if self.answered >= since or self._counted >= since:
+                return
+            self._counted = time.monotonic()
+        self.breaker.failure()
 
     def note_answer(self) -> None:
         self.answered = time.monotonic()
