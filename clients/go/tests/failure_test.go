@@ -3,8 +3,10 @@ package tests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -309,5 +311,66 @@ func TestAClientStartedWhileRedisIsDownStartsAndRecovers(t *testing.T) {
 			t.Fatalf("client %d: mode %v %v, breaker open %v", i, m, known,
 				c.limiter.Client().BreakerOpen())
 		}
+	}
+}
+
+// A burst of 200 calls on a server that stops answering (SIGSTOP), through a cold client (its
+// detection gets no answer) and a warm one (its requests get none): every call is the policy's
+// answer, and the breaker opens. The cold client's callers wait for the one detection (one
+// deadline, 100 ms); the warm client's first 16 requests each wait out their deadline, and the
+// calls queued behind them are answered once the breaker opens (a few may have sent a request
+// of their own first: two deadlines). Bound: 1 s, for a loaded machine.
+func TestABurstOnAFrozenServerIsAnsweredByThePolicyWithinTheDeadline(t *testing.T) {
+	ctx := context.Background()
+	s := start(t, serverOpts{module: true})
+	warm := ratelimit.NewLimiter(client(s, ratelimit.Options{}), slowBucket)
+	if o, err := warm.Check(ctx, "k"); err != nil || o.Degraded != ratelimit.NotDegraded {
+		t.Fatalf("%+v %v", o, err)
+	}
+	cold := ratelimit.NewLimiter(client(s, ratelimit.Options{}), slowBucket)
+	if err := s.signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.signal(syscall.SIGCONT) }()
+	for _, c := range []struct {
+		name string
+		l    *ratelimit.Limiter
+	}{{"cold", cold}, {"warm", warm}} {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var slowest time.Duration
+		var problems []string
+		ready := make(chan struct{})
+		for i := 0; i < 200; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-ready
+				began := time.Now()
+				o, err := c.l.Check(ctx, "k")
+				took := time.Since(began)
+				mu.Lock()
+				defer mu.Unlock()
+				if took > slowest {
+					slowest = took
+				}
+				if err != nil || o.Degraded != ratelimit.DegradedFailOpen || !o.Decision.Allowed {
+					problems = append(problems, fmt.Sprintf("%+v %v", o, err))
+				}
+			}()
+		}
+		close(ready)
+		wg.Wait()
+		if len(problems) > 0 || slowest > time.Second {
+			t.Fatalf("%s: %d not the policy's answer (%v), the slowest in %v", c.name,
+				len(problems), problems[:minInt(3, len(problems))], slowest)
+		}
+		if !c.l.Client().BreakerOpen() {
+			t.Fatalf("%s: the breaker is closed", c.name)
+		}
+		t.Logf("%s: 200 answers by the policy, the slowest in %v", c.name, slowest)
+	}
+	if _, known := cold.Client().Mode(); known {
+		t.Fatal("a mode detected on a frozen server")
 	}
 }
