@@ -193,7 +193,7 @@ function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSi
 const WAIT_FACTOR = 10;
 
 /** The most calls of one client with a command on its way to Redis at once; the others queue. */
-const IN_FLIGHT = 64;
+const IN_FLIGHT = 16;
 
 /**
  * The deadline of each step of the client's start-up (a connection attempt under way, the mode's
@@ -337,6 +337,7 @@ export class Client {
       const loaded = info.length > 0 && info[0] !== null && info[0] !== undefined;
       const mode: Mode = loaded ? 'module' : (await this.hasLibrary(signal)) ? 'function' : 'script';
       this.modeValue = mode;
+      this.answeredAt = performance.now();
       return mode;
     }).finally(() => {
       this.detecting = undefined;
@@ -373,6 +374,7 @@ export class Client {
         return await this.conn.send(cmd, keys[0], at.signal);
       } catch (e) {
         if (!isNoScript(e)) throw e;
+        this.answeredAt = performance.now();
       }
       await this.loadScript(script, keys[0], scope, before, at);
       // A call given up (its deadline, the caller's abort) sends nothing more.
@@ -389,6 +391,7 @@ export class Client {
       load = underDeadline(at.budgetMs * START_UP_FACTOR, 'SCRIPT LOAD', (signal) => this.conn.send(['SCRIPT', 'LOAD', script.source], key, signal))
         .then(() => {
           this.loads.set(scope, before + 1);
+          this.answeredAt = performance.now();
         })
         .finally(() => {
           this.loading.delete(scope);
