@@ -102,6 +102,10 @@ class Options:
     mode: ModeChoice = ModeChoice.AUTO
     #: ``retry_after_ms`` reported by :class:`FailClosed`.
     fail_closed_retry_ms: int = 1000
+    #: At most this many calls on Redis at once (and no more than the pool's
+    #: ``max_connections``); the others wait for their turn outside their deadline while Redis
+    #: answers, rather than queue on the server inside it.
+    max_in_flight: int = 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,8 +61,8 @@ class Client:
 
     ``redis`` is any ``redis.Redis`` or ``redis.cluster.RedisCluster``; its ``socket_timeout``
     bounds each round trip (:meth:`from_url` sets it to ``options.timeout``, with no retries).
-    At most as many calls as its pool has connections (``max_connections``) are on Redis at
-    once; the others wait for a connection for as long as Redis answers (see
+    At most ``options.max_in_flight`` calls (and no more than its pool's ``max_connections``)
+    are on Redis at once; the others wait for their turn for as long as Redis answers (see
     docs/python.md)."""
 
     def __init__(self, redis: redis.Redis | redis.cluster.RedisCluster, options: Options | None = None) -> None:
@@ -661,13 +661,13 @@ class Limiter:
 
 
 def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | None:
-    """The gate of a client on one server: as many places as its pool has connections. A
-    cluster client has a pool per node, and no gate."""
+    """The gate of a client on one server: ``options.max_in_flight`` places, no more than its
+    pool has connections. A cluster client has a pool per node, and no gate."""
     pool = getattr(conn, "connection_pool", None)
     size = getattr(pool, "max_connections", None)
     if not isinstance(size, int) or isinstance(conn, redis_cluster.RedisCluster):
         return None
-    return Gate(size, stall_of(options), connected_in(pool), refused)
+    return Gate(min(size, max(1, options.max_in_flight)), stall_of(options), connected_in(pool), refused)
 
 
 def stall_of(options: Options) -> float:
