@@ -227,7 +227,8 @@ dist: build
 	$(MAKE) dist-python
 	$(MAKE) dist-node
 
-# The Go package (clients/go, standard library only): gofmt, go vet and its unit tests, then
+# The Go package (clients/go, standard library only): gofmt, go vet and its unit tests, go vet of
+# its redigo adapter (clients/go/redigoadapter, a module of its own), then
 # its suite against servers it starts itself (clients/go/tests: the conformance table in the
 # three modes, 200 racing goroutines, Redis killed and restarted under each failure policy, a
 # hung server, refusals, a 3-master cluster, the middleware over TCP, the examples) on every
@@ -261,9 +262,10 @@ go-deps: deps servers
 	@printf 'module github.com/mna/redisc\n\ngo 1.16\n' > clients/go/tests/.deps/redisc/go.mod
 
 test-go: go-deps
-	@unformatted=$$(gofmt -l clients/go/*.go clients/go/tests/*.go); \
+	@unformatted=$$(gofmt -l clients/go/*.go clients/go/redigoadapter/*.go clients/go/tests/*.go); \
 	if [ -n "$$unformatted" ]; then echo "gofmt: $$unformatted"; exit 1; fi
 	cd clients/go && $(GO_ENV) $(GO) vet ./... && $(GO_ENV) $(GO) test -count=1 ./...
+	cd clients/go/redigoadapter && $(GO_ENV) $(GO) vet ./... && $(GO_ENV) $(GO) build ./...
 	cd clients/go/tests && $(GO_ENV) $(GO) vet ./... && \
 		$(GO_ENV) $(GO) test -c -o $(GO_BIN)/ratelimit-tests.test . && \
 		$(GO_ENV) $(GO) test -c -race -o $(GO_BIN)/ratelimit-tests-race.test .

@@ -12,23 +12,9 @@ import (
 // package passes every argument as a string and honours ctx itself (it stops waiting when ctx
 // is done), but an implementation that gives ctx to its client also frees the connection then.
 //
-// A redigo pool (github.com/gomodule/redigo/redis) satisfies it with:
-//
-//	type Redigo struct{ *redis.Pool }
-//
-//	func (p Redigo) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
-//		c, err := p.GetContext(ctx)
-//		if err != nil {
-//			return nil, err
-//		}
-//		defer c.Close()
-//		var timeout time.Duration // 0: the connection's own read timeout
-//		if d, ok := ctx.Deadline(); ok {
-//			timeout = time.Until(d)
-//		}
-//		return redis.DoWithTimeout(c, timeout, args[0].(string), args[1:]...)
-//	}
-//
+// A redigo pool (github.com/gomodule/redigo/redis) is one through the module
+// redis-rate-limiter/ratelimit/redigoadapter (clients/go/redigoadapter, kept apart so that this
+// package uses only the standard library): ratelimit.New(redigoadapter.New(pool), opts);
 // and a go-redis client (github.com/redis/go-redis/v9: *redis.Client, *redis.ClusterClient or
 // redis.UniversalClient) with:
 //

@@ -6,10 +6,11 @@
 // Functions library `ratelimit` when it is loaded, else through the Lua scripts of
 // lua-reference/, embedded in the package.
 //
-// The package uses only the standard library. It talks to Redis through Conn, which a redigo
-// pool or a go-redis client satisfies with an adapter of a few lines (see Conn).
+// The package uses only the standard library. It talks to Redis through Conn: a redigo pool
+// through the adapter that comes with it (redis-rate-limiter/ratelimit/redigoadapter), a go-redis
+// client or another through an adapter of a few lines (see Conn).
 //
-//	client := ratelimit.New(Redigo{pool}, ratelimit.Options{Policy: ratelimit.Local(4)})
+//	client := ratelimit.New(redigoadapter.New(pool), ratelimit.Options{Policy: ratelimit.Local(4)})
 //	out, err := client.Check(ctx, "user:42", ratelimit.TokenBucket{Capacity: 10, RefillPerSec: 5}, 1)
 //	if err == nil && !out.Decision.Allowed {
 //		// wait out.Decision.RetryAfterMs

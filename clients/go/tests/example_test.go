@@ -14,6 +14,7 @@ import (
 	"github.com/gomodule/redigo/redis"
 
 	"redis-rate-limiter/ratelimit"
+	"redis-rate-limiter/ratelimit/redigoadapter"
 )
 
 // The examples run against a server of their own, started on first use: the module loaded with
@@ -71,7 +72,7 @@ func newPool(addr string) *redis.Pool {
 
 // A token bucket of 10 refilling 5 per second: a burst of 12 calls.
 func Example_tokenBucket() {
-	client := ratelimit.New(Redigo{newPool(exampleAddr())}, ratelimit.Options{Policy: ratelimit.Local(4)})
+	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{Policy: ratelimit.Local(4)})
 	limiter := ratelimit.NewLimiter(client, ratelimit.TokenBucket{Capacity: 10, RefillPerSec: 5})
 	ctx := context.Background()
 	allowed, retry := 0, int64(-1)
@@ -105,7 +106,7 @@ func mode(c *ratelimit.Client) string {
 
 // A route limit and a client limit in one call (RL.ALL): all or nothing.
 func Example_severalLimits() {
-	client := ratelimit.New(Redigo{newPool(exampleAddr())}, ratelimit.Options{})
+	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{})
 	limits := []ratelimit.Limit{
 		{Key: "{client:1.2.3.4}:login", Algorithm: ratelimit.TokenBucket{Capacity: 3, RefillPerSec: 0.1}},
 		{Key: "{client:1.2.3.4}:all", Algorithm: ratelimit.SlidingLog{Limit: 100, WindowSec: 60}},
@@ -127,7 +128,7 @@ func Example_severalLimits() {
 
 // At most 2 exports at once per tenant: a lease holds a slot until it is released.
 func Example_lease() {
-	client := ratelimit.New(Redigo{newPool(exampleAddr())}, ratelimit.Options{})
+	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{})
 	exports := ratelimit.Concurrency{Limit: 2, LeaseSec: 30}
 	ctx := context.Background()
 	var held []*ratelimit.Lease
@@ -158,7 +159,7 @@ func Example_lease() {
 
 // A language model's token budget: 4,000 tokens reserved, 1,200 used, the rest given back.
 func Example_reservation() {
-	client := ratelimit.New(Redigo{newPool(exampleAddr())}, ratelimit.Options{})
+	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{})
 	tokens := ratelimit.TokenBucket{Capacity: 10000, RefillPerSec: 100}
 	ctx := context.Background()
 	out, err := client.Reserve(ctx, "tokens:acme", tokens, 4000)
@@ -180,7 +181,7 @@ func Example_reservation() {
 
 // net/http middleware: 2 requests per minute per API key, the third refused.
 func Example_middleware() {
-	client := ratelimit.New(Redigo{newPool(exampleAddr())}, ratelimit.Options{})
+	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{})
 	limits := ratelimit.NewMiddleware(client).
 		Key(ratelimit.HeaderKey("X-Api-Key")).
 		Limits("*", "*", ratelimit.NewPolicy("per-minute", ratelimit.FixedWindow{Limit: 2, WindowSec: 60}))
@@ -215,7 +216,7 @@ func Example_middleware() {
 
 // The keys with the most denials on the server (RL.TOP), for an operator.
 func Example_top() {
-	client := ratelimit.New(Redigo{newPool(exampleAddr())}, ratelimit.Options{})
+	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{})
 	ctx := context.Background()
 	if err := client.ResetTop(ctx); err != nil {
 		fmt.Println(err)

@@ -6,6 +6,7 @@ require (
 	github.com/gomodule/redigo v1.8.3
 	github.com/mna/redisc v1.1.7
 	redis-rate-limiter/ratelimit v0.0.0
+	redis-rate-limiter/ratelimit/redigoadapter v0.0.0
 )
 
 // Offline, from Debian's packages (golang-github-gomodule-redigo-dev,
@@ -15,4 +16,5 @@ replace (
 	github.com/gomodule/redigo => /usr/share/gocode/src/github.com/gomodule/redigo
 	github.com/mna/redisc => ./.deps/redisc
 	redis-rate-limiter/ratelimit => ../
+	redis-rate-limiter/ratelimit/redigoadapter => ../redigoadapter
 )

@@ -22,22 +22,15 @@ import (
 	"github.com/gomodule/redigo/redis"
 
 	"redis-rate-limiter/ratelimit"
+	"redis-rate-limiter/ratelimit/redigoadapter"
 )
 
-// Redigo is the adapter that docs/go.md shows: a redigo pool as a ratelimit.Conn.
+// Redigo is a redigo pool as a ratelimit.Conn through the package's adapter
+// (redigoadapter.New), the one every test goes through; Redigo{pool} keeps the tests short.
 type Redigo struct{ *redis.Pool }
 
 func (p Redigo) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
-	c, err := p.GetContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	var timeout time.Duration // 0: the connection's own read timeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	return redis.DoWithTimeout(c, timeout, args[0].(string), args[1:]...)
+	return redigoadapter.New(p.Pool).Do(ctx, args...)
 }
 
 // pool is a redigo pool on addr, dialing within timeout.
