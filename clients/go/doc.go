@@ -13,7 +13,7 @@
 //	client := ratelimit.New(redigoadapter.New(pool), ratelimit.Options{Policy: ratelimit.Local(4)})
 //	out, err := client.Check(ctx, "user:42", ratelimit.TokenBucket{Capacity: 10, RefillPerSec: 5}, 1)
 //	if err == nil && !out.Decision.Allowed {
-//		// wait out.Decision.RetryAfterMs
+//		time.Sleep(out.RetryAfter()) // out.Decision.RetryAfterMs in ms
 //	}
 //
 // Every call has a deadline (Options.Timeout, and the context's); when Redis cannot answer the
