@@ -169,6 +169,16 @@ interface Attempt {
   outside<T>(p: Promise<T>): Promise<T>;
 }
 
+/**
+ * Runs `fn` once the event loop has polled its sockets after now: a reply that came while the
+ * loop was busy (a loaded machine runs the timers late, and the current poll may have begun
+ * before the reply arrived) is read before `fn` decides that none came. An immediate set from
+ * an immediate runs in the next turn of the loop, after its poll.
+ */
+function afterNextPoll(fn: () => void): void {
+  setImmediate(() => setImmediate(fn));
+}
+
 /** `work` under a deadline of its own: rejected, and its signal aborted, after `budgetMs`. */
 function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
   const controller = new AbortController();
@@ -176,7 +186,7 @@ function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSi
   const expired = new Promise<never>((_, reject) => {
     timer = setTimeout(() => {
       // An answer that has arrived but is not read yet is read first.
-      setImmediate(() => {
+      afterNextPoll(() => {
         const e = new Error(`${what}: no answer within ${budgetMs} ms`);
         controller.abort(e);
         reject(e);
@@ -518,14 +528,13 @@ export class Client {
     let settled = false;
     let latest = 0;
     // The deadline: `budgetMs` without an answer from Redis. At its end, an answer that has
-    // arrived but is not read yet (a loaded machine runs the timers late, and before the replies
-    // waiting in the socket) is read first; and while Redis answers the client's other calls
-    // (this one's command waits behind theirs on the connection), the call waits on, up to
-    // WAIT_FACTOR times its budget.
+    // arrived but is not read yet is read first (afterNextPoll); and while Redis answers the
+    // client's other calls (this one's command waits behind theirs on the connection), the call
+    // waits on, up to WAIT_FACTOR times its budget.
     const arm = (ms = budgetMs): void => {
       if (ms === budgetMs) latest = performance.now() + WAIT_FACTOR * budgetMs;
       timer = setTimeout(() => {
-        setImmediate(() => {
+        afterNextPoll(() => {
           if (settled) return;
           const now = performance.now();
           const quiet = now - this.answeredAt;
