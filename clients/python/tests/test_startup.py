@@ -14,7 +14,7 @@ import pytest
 from ratelimit_client import AsyncClient, Client, Concurrency, Degraded, Mode, TokenBucket
 from ratelimit_client.asgi import RateLimitMiddleware
 from ratelimit_client.middleware import Policy
-from servers import Server, free_port
+from servers import SLACK, Server, free_port
 
 BUCKET = TokenBucket(10, 1e-6)
 
@@ -74,7 +74,7 @@ def test_an_asyncio_client_started_while_redis_is_down() -> None:
 
 def test_an_asyncio_client_on_one_loop_after_another(server: Server) -> None:
     """Made outside any loop, used by ``asyncio.run`` three times, then by two loops at once."""
-    c = AsyncClient.from_url(server.url)
+    c = AsyncClient.from_url(server.url, SLACK)
 
     async def one() -> tuple[int, Degraded | None]:
         o = await c.check("k", BUCKET)
@@ -113,7 +113,7 @@ def test_the_asgi_middleware_across_test_client_sessions(server: Server) -> None
     async def hello(request: Any) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    client = AsyncClient.from_url(server.url)
+    client = AsyncClient.from_url(server.url, SLACK)
     app = Starlette(routes=[Route("/", hello)])
     app.add_middleware(
         RateLimitMiddleware,
@@ -139,7 +139,7 @@ RELEASES = 40
 def test_a_release_waits_for_a_renewal_on_its_way(server: Server) -> None:
     """A lease renewed every millisecond, released: no renewal lands after the release (the
     slot is free once ``release`` returns, and stays free)."""
-    c = Client.from_url(server.url)
+    c = Client.from_url(server.url, SLACK)
     slots = Concurrency(1, 30)
     r = server.connect()
     retaken = 0
@@ -160,7 +160,7 @@ def test_an_asyncio_release_waits_for_a_renewal_on_its_way(server: Server) -> No
 
     async def run() -> int:
         retaken = 0
-        async with AsyncClient.from_url(server.url) as c:
+        async with AsyncClient.from_url(server.url, SLACK) as c:
             for i in range(RELEASES):
                 held = await c.acquire(f"slot{i}", slots)
                 assert held.lease is not None
@@ -177,7 +177,7 @@ def test_an_asyncio_release_waits_for_a_renewal_on_its_way(server: Server) -> No
 @pytest.mark.parametrize("every", [0.0005])
 def test_a_released_lease_is_not_renewed_by_a_later_tick(server: Server, every: float) -> None:
     """After a release returns, the keep-alive sends nothing more."""
-    c = Client.from_url(server.url)
+    c = Client.from_url(server.url, SLACK)
     held = c.acquire("quiet", Concurrency(1, 30))
     assert held.lease is not None
     held.lease.keep_alive(every)
