@@ -236,8 +236,9 @@ dist: build
 # checks the package's goroutines, which are the same whatever the server. Offline: Debian's
 # Go 1.19, redigo and redisc (whose sources have no go.mod: one is written beside a copy in
 # clients/go/tests/.deps), no module proxy. `make go-generate` refreshes the package's copy of
-# lua-reference/, which its tests compare with the source. The cold start (a new client under a
-# burst of 200 first calls and 200 first HTTP requests, both cores kept busy; exactly the limit
+# lua-reference/, which its tests compare with the source. Every ```go block of README.md and
+# docs/go.md is built (go vet, go build, offline) and run once, on Redis 7.0. The cold start
+# (a new client under a burst of 200 first calls and 200 first HTTP requests, both cores kept busy; exactly the limit
 # admitted, none degraded, one detection and one script sent per round) runs GO_COLD_ROUNDS
 # rounds per mode on Redis 7.0 only, without the race detector: it tests the package's own
 # start-up (one detection, one load, its bounded requests), which no server changes, against
@@ -272,9 +273,12 @@ test-go: go-deps
 	@for s in $(MATRIX); do \
 		bin=ratelimit-tests.test; [ $$s = redis-7.0 ] && bin=ratelimit-tests-race.test; \
 		echo "== Go suite on $$s ($$bin)"; \
-		(cd clients/go/tests && RL_COLD_ROUNDS=0 RL_MODULE=$(RL_MODULE_DEBUG) \
+		(cd clients/go/tests && RL_COLD_ROUNDS=0 RL_SNIPPETS=0 RL_MODULE=$(RL_MODULE_DEBUG) \
 			RL_REDIS_SERVER=$(SERVERS_DIR)/$$s/server $(GO_BIN)/$$bin -test.count=1) || exit 1; \
 	done
+	@echo "== Go snippets of README.md and docs/go.md on redis-7.0"
+	cd clients/go/tests && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
+		$(GO_ENV) $(GO_BIN)/ratelimit-tests.test -test.count=1 -test.run 'GoSnippet'
 	@echo "== Go cold start on redis-7.0 ($(GO_COLD_ROUNDS) rounds per mode)"
 	cd clients/go/tests && RL_COLD_ROUNDS=$(GO_COLD_ROUNDS) RL_MODULE=$(RL_MODULE_DEBUG) \
 		RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
