@@ -98,7 +98,10 @@ examples: deps servers
 SERVERS ?= $(MATRIX)
 SERVERLESS_TESTS := lua_differential lua_blocks layers bounds
 SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS),$(basename $(notdir $(wildcard tests/*.rs))))
-CLIENT_ONLY_TESTS := $(filter-out $(SERVER_TESTS),$(basename $(notdir $(wildcard clients/rust/tests/*.rs))))
+# The Rust client's cold-burst suite (clients/rust/tests/cold.rs) runs on Redis 7.0 only: what it
+# tests is the client's start-up, the same on every server (make test-rust-cold runs its 20 rounds
+# of 20).
+CLIENT_ONLY_TESTS := $(filter-out $(SERVER_TESTS) cold,$(basename $(notdir $(wildcard clients/rust/tests/*.rs))))
 
 test-servers: servers
 	@for s in $(SERVERS); do \
@@ -251,7 +254,7 @@ REDISC_SRC := /usr/share/gocode/src/github.com/mna/redisc
 RL_MODULE_DEBUG := $(TARGET_DIR)/debug/libredis_rate_limiter.so
 GO_COLD_ROUNDS ?= 3
 
-.PHONY: test-go test-go-cold go-deps go-generate test-conformance-rust
+.PHONY: test-go test-go-cold go-deps go-generate test-conformance-rust test-rust-cold
 
 go-generate: deps
 	cd clients/go && $(GO_ENV) $(GO) generate ./...
@@ -288,6 +291,15 @@ test-go-cold: go-deps
 	cd clients/go/tests && RL_COLD_ROUNDS=20 RL_MODULE=$(RL_MODULE_DEBUG) \
 		RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
 		$(GO_ENV) $(GO) test -count=1 -v -run 'ColdClient' .
+
+# A cold Rust client under a burst (clients/rust/tests/cold.rs): 200 concurrent first calls, and 200
+# first HTTP requests through the middleware, on one key of capacity 50 in each mode while a CPU
+# burner keeps every core busy; 20 rounds of 20 per mode and constructor (make test runs 3 of the
+# client's, without the middleware's).
+test-rust-cold: servers
+	$(CARGO) build -p redis-rate-limiter
+	RL_COLD_ROUNDS=400 RL_COLD_HTTP=1 RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
+		$(CARGO) test --workspace --test cold -- --nocapture
 
 # The Rust crate's replay of the same conformance table, on each server of SERVERS in turn
 # (about 1 s each once built).

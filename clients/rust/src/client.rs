@@ -1,10 +1,11 @@
 //! The connection side: module detection, the Lua fallback, timeouts, the failure policy and the
 //! circuit breaker.
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
@@ -17,6 +18,7 @@ use crate::breaker::Breaker;
 use crate::cluster::FollowingClusterConnection;
 use crate::deny::DenyCache;
 use crate::durable::{Lane, Origin};
+use crate::flight::Flight;
 use crate::local::{LocalLeases, LocalLimiter};
 use crate::sentinel::SentinelConnection;
 use crate::types::{
@@ -92,12 +94,28 @@ fn script_for(algo: &Algorithm) -> &'static Script {
 struct Inner {
     options: Options,
     mode: AtomicU8,
+    /// Whether the start-up is done: a request of this client's start-up was answered (the
+    /// connection is made and the mode known).
+    started: AtomicBool,
+    /// The start-up, made once however many calls wait for it.
+    start_up: Flight,
+    /// The scripts this client loaded, by SHA1.
+    scripts: Mutex<HashMap<&'static str, Arc<ScriptLoad>>>,
     breaker: Breaker,
     local: LocalLimiter,
     leases: LocalLeases,
     /// Where the durable lane opens its connections ([`Client::connect`]'s URL, or
     /// [`Client::sentinel`]'s Sentinels).
     origin: Option<Origin>,
+}
+
+/// A script's loads (`SCRIPT LOAD`) by one client: one at a time, and one per `NOSCRIPT` however
+/// many calls met it.
+#[derive(Default)]
+struct ScriptLoad {
+    /// Loads this client completed.
+    loads: AtomicU64,
+    flight: Flight,
 }
 
 /// A lease id unique to this call: a random per-process prefix (seeded by the standard
@@ -402,6 +420,9 @@ where
             inner: Arc::new(Inner {
                 options,
                 mode: AtomicU8::new(mode),
+                started: AtomicBool::new(false),
+                start_up: Flight::default(),
+                scripts: Mutex::new(HashMap::new()),
                 breaker: Breaker::new(options.breaker),
                 local: LocalLimiter::default(),
                 leases: LocalLeases::default(),
@@ -597,13 +618,142 @@ where
         self.inner.breaker.is_open()
     }
 
-    /// Detects the mode now if not known yet (within the timeout). `None` if Redis is unreachable.
+    /// Makes the client's start-up now if not made yet: connects and detects the mode, each
+    /// request within the timeout. `None` if Redis is unreachable.
     pub async fn detect(&self) -> Option<Mode> {
+        self.start_up().await.ok()
+    }
+
+    /// The client's start-up, before a call's own command and outside its deadline: the
+    /// connection and the mode (`COMMAND INFO`, then `FUNCTION LIST`; a `PING` when the mode is
+    /// forced), once per client however many calls wait for it. Each request has the client's
+    /// timeout, so a server that is down or does not answer fails the start-up within it, and
+    /// every call waiting for it with it; a server that answers is never a failure, however long
+    /// the start-up took in all (a burst of first calls on a loaded machine).
+    async fn start_up(&self) -> Result<Mode, RedisError> {
         let mut conn = self.conn.clone();
-        tokio::time::timeout(self.inner.options.timeout, self.resolve_mode(&mut conn))
+        let started = || {
+            if self.inner.started.load(Ordering::Acquire) {
+                self.mode()
+            } else {
+                None
+            }
+        };
+        if let Some(m) = started() {
+            return Ok(m);
+        }
+        self.inner
+            .start_up
+            .run(started, async {
+                let mode = match self.mode() {
+                    Some(m) => {
+                        let ping = redis::cmd("PING");
+                        let _: Value = self.bounded(ping.query_async(&mut conn)).await?;
+                        m
+                    }
+                    None => self.resolve_mode(&mut conn).await?,
+                };
+                self.inner.started.store(true, Ordering::Release);
+                Ok(mode)
+            })
             .await
-            .ok()?
-            .ok()
+    }
+
+    /// `call()` after the client's start-up, within the timeout. In script mode a `NOSCRIPT`
+    /// (the script never loaded, a flush, a restart, a failover) loads `script` (once however
+    /// many calls met it), outside the deadline as the start-up is, and sends the call again.
+    async fn attempt<T, Fut>(
+        &self,
+        script: Option<&'static Script>,
+        call: impl Fn() -> Fut,
+    ) -> Result<T, RedisError>
+    where
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let mode = self.start_up().await?;
+        let script = script
+            .filter(|_| mode == Mode::Script)
+            .map(|s| (s, self.script_load(s)));
+        let mut reloads = 0;
+        loop {
+            let seen = script
+                .as_ref()
+                .map_or(0, |(_, l)| l.loads.load(Ordering::Acquire));
+            match self.bounded(call()).await {
+                Err(e)
+                    if reloads < 2
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                        && let Some((s, load)) = &script =>
+                {
+                    reloads += 1;
+                    self.load_script(&mut self.conn.clone(), s, load, seen)
+                        .await?;
+                }
+                got => return got,
+            }
+        }
+    }
+
+    /// `fut`, one request, within the client's timeout.
+    async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, RedisError> {
+        tokio::time::timeout(self.inner.options.timeout, fut)
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no answer within the client's timeout",
+                )))
+            })
+    }
+
+    /// This client's loads of `script`.
+    fn script_load(&self, script: &'static Script) -> Arc<ScriptLoad> {
+        self.inner
+            .scripts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(script.get_hash())
+            .or_default()
+            .clone()
+    }
+
+    /// `SCRIPT LOAD` of `script`, unless a load completed since `seen` loads (a call that met
+    /// `NOSCRIPT` waits for the load another call started, and does not send one of its own).
+    async fn load_script<K: ConnectionLike + Send>(
+        &self,
+        conn: &mut K,
+        script: &'static Script,
+        load: &ScriptLoad,
+        seen: u64,
+    ) -> Result<(), RedisError> {
+        let loaded = || (load.loads.load(Ordering::Acquire) > seen).then_some(());
+        load.flight
+            .run(loaded, async {
+                self.bounded(script.load_async(conn)).await?;
+                load.loads.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            })
+            .await
+    }
+
+    /// `EVALSHA` of `script` (a `NOSCRIPT` is [`Client::attempt`]'s to answer).
+    async fn eval<K: ConnectionLike + Send>(
+        &self,
+        conn: &mut K,
+        script: &'static Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Value, RedisError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        cmd.query_async(conn).await
     }
 
     async fn resolve_mode<K: ConnectionLike + Send>(
@@ -613,10 +763,13 @@ where
         if let Some(m) = self.mode() {
             return Ok(m);
         }
-        let info: Value = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg("rl.all")
-            .query_async(conn)
+        let info: Value = self
+            .bounded(
+                redis::cmd("COMMAND")
+                    .arg("INFO")
+                    .arg("rl.all")
+                    .query_async(conn),
+            )
             .await?;
         let loaded = match &info {
             Value::Array(items) => matches!(items.first(), Some(v) if *v != Value::Nil),
@@ -640,11 +793,14 @@ where
         &self,
         conn: &mut K,
     ) -> Result<bool, RedisError> {
-        let listed: Result<Value, RedisError> = redis::cmd("FUNCTION")
-            .arg("LIST")
-            .arg("LIBRARYNAME")
-            .arg(LIBRARY)
-            .query_async(conn)
+        let listed: Result<Value, RedisError> = self
+            .bounded(
+                redis::cmd("FUNCTION")
+                    .arg("LIST")
+                    .arg("LIBRARYNAME")
+                    .arg(LIBRARY)
+                    .query_async(conn),
+            )
             .await;
         match listed {
             Ok(Value::Array(libraries)) => Ok(!libraries.is_empty()),
@@ -710,13 +866,7 @@ where
                     .query_async(conn)
                     .await?
             }
-            Mode::Script => {
-                script_for(algo)
-                    .key(key)
-                    .arg(&args)
-                    .invoke_async(conn)
-                    .await?
-            }
+            Mode::Script => self.eval(conn, script_for(algo), &[key], &args).await?,
             Mode::Function => {
                 redis::cmd("FCALL")
                     .arg(function_name(algo.command()))
@@ -744,10 +894,7 @@ where
                     .await?
             }
             Mode::Script => {
-                RELEASE_SCRIPT
-                    .key(key)
-                    .arg(id)
-                    .invoke_async(&mut conn)
+                self.eval(&mut conn, &RELEASE_SCRIPT, &[key], &[id.to_string()])
                     .await?
             }
             Mode::Function => {
@@ -817,16 +964,7 @@ where
                     .query_async(conn)
                     .await?
             }
-            Mode::Script => {
-                let mut inv = ALL_SCRIPT.prepare_invoke();
-                for k in &keys {
-                    inv.key(*k);
-                }
-                for a in &args {
-                    inv.arg(a);
-                }
-                inv.invoke_async(conn).await?
-            }
+            Mode::Script => self.eval(conn, &ALL_SCRIPT, &keys, &args).await?,
             Mode::Function => {
                 redis::cmd("FCALL")
                     .arg(function_name("RL.ALL"))
@@ -868,16 +1006,7 @@ where
                     .query_async(&mut conn)
                     .await?
             }
-            Mode::Script => {
-                let mut inv = SETTLE_SCRIPT.prepare_invoke();
-                for k in &keys {
-                    inv.key(*k);
-                }
-                for a in &args {
-                    inv.arg(a);
-                }
-                inv.invoke_async(&mut conn).await?
-            }
+            Mode::Script => self.eval(&mut conn, &SETTLE_SCRIPT, &keys, &args).await?,
             Mode::Function => {
                 redis::cmd("FCALL")
                     .arg(function_name("RL.SETTLE"))
@@ -894,20 +1023,25 @@ where
         ))
     }
 
-    /// Runs `fut` under the timeout and the breaker.
-    async fn guarded<T>(
+    /// Runs `call()` under the breaker and the timeout, after the client's start-up (see
+    /// [`Client::attempt`]; `script` is the one the call runs in script mode).
+    async fn guarded<T, Fut>(
         &self,
-        fut: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, Failure> {
+        script: Option<&'static Script>,
+        call: impl Fn() -> Fut,
+    ) -> Result<T, Failure>
+    where
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
         if !self.inner.breaker.permit() {
             return Err(Failure::Unavailable);
         }
-        match tokio::time::timeout(self.inner.options.timeout, fut).await {
-            Ok(Ok(v)) => {
+        match self.attempt(script, call).await {
+            Ok(v) => {
                 self.inner.breaker.success();
                 Ok(v)
             }
-            Ok(Err(e)) if !is_unavailable(&e) => {
+            Err(e) if !is_unavailable(&e) => {
                 self.inner.breaker.success();
                 if e.code() == Some("READONLY") {
                     self.reconnect().await;
@@ -917,7 +1051,7 @@ where
                     _ => e.to_string(),
                 }))
             }
-            Ok(Err(_)) | Err(_) => {
+            Err(_) => {
                 self.inner.breaker.failure();
                 Err(Failure::Unavailable)
             }
@@ -1085,7 +1219,8 @@ where
         take: Take,
         lease: Option<&str>,
     ) -> Result<Outcome, Error> {
-        match self.guarded(self.call_one(key, algo, take, lease)).await {
+        let call = || self.call_one(key, algo, take, lease);
+        match self.guarded(Some(script_for(algo)), call).await {
             Ok((decision, granted, mode)) => Ok(Outcome {
                 decision,
                 degraded: None,
@@ -1169,7 +1304,8 @@ where
         if limits.is_empty() || limits.len() > 16 {
             return Err(Error::Unsupported("between 1 and 16 limits per call"));
         }
-        match self.guarded(self.call_all(limits, take, lease)).await {
+        let call = || self.call_all(limits, take, lease);
+        match self.guarded(Some(&*ALL_SCRIPT), call).await {
             Ok(((allowed, denied_by, decisions, granted), mode)) => Ok(MultiOutcome {
                 allowed,
                 denied_by,
@@ -1280,7 +1416,9 @@ where
     ) -> Result<Option<MultiOutcome>, Error> {
         let got = match limits {
             [(key, algo)] => self
-                .guarded(self.call_one(key, algo, Take::Upto(n), None))
+                .guarded(Some(script_for(algo)), || {
+                    self.call_one(key, algo, Take::Upto(n), None)
+                })
                 .await
                 .map(|(d, granted, mode)| MultiOutcome {
                     allowed: d.allowed,
@@ -1292,7 +1430,9 @@ where
                     answered_locally: None,
                 }),
             _ => self
-                .guarded(self.call_all(limits, Take::Upto(n), None))
+                .guarded(Some(&*ALL_SCRIPT), || {
+                    self.call_all(limits, Take::Upto(n), None)
+                })
                 .await
                 .map(
                     |((allowed, denied_by, decisions, granted), mode)| MultiOutcome {
@@ -1359,7 +1499,10 @@ where
     /// Gives back `id`'s slot of `key` (`RL.RELEASE`): whether a live lease was released. `false`
     /// too when Redis cannot answer (the lease then expires by itself). Idempotent.
     pub async fn release(&self, key: &str, id: &str) -> Result<bool, Error> {
-        match self.guarded(self.call_release(key, id)).await {
+        match self
+            .guarded(Some(&*RELEASE_SCRIPT), || self.call_release(key, id))
+            .await
+        {
             Ok(n) => Ok(n == 1),
             Err(Failure::Rejected(m)) => Err(Error::Rejected(m)),
             Err(Failure::Unavailable) => Ok(false),
@@ -1388,7 +1531,10 @@ where
         if limits.is_empty() || limits.len() > 16 {
             return Err(Error::Unsupported("between 1 and 16 limits per call"));
         }
-        match self.guarded(self.call_settle(limits, delta)).await {
+        match self
+            .guarded(Some(&*SETTLE_SCRIPT), || self.call_settle(limits, delta))
+            .await
+        {
             Ok((decisions, mode)) => Ok(Settlement {
                 decisions,
                 degraded: None,
@@ -1433,7 +1579,7 @@ where
 
     /// `RL.TOP count`, or `RL.TOP RESET` without a count, in module mode only.
     async fn call_top(&self, count: Option<usize>) -> Result<Vec<TopEntry>, Error> {
-        let asked = async {
+        let asked = || async {
             let mut conn = self.conn.clone();
             let mode = self.resolve_mode(&mut conn).await?;
             if mode != Mode::Module {
@@ -1452,7 +1598,7 @@ where
                 None => Ok(Some(Vec::new())),
             }
         };
-        match self.guarded(asked).await {
+        match self.guarded(None, asked).await {
             Ok(Some(entries)) => Ok(entries),
             Ok(None) => Err(Error::Unsupported(
                 "the most-denied keys are counted by the module only (RL.TOP)",

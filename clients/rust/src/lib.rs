@@ -27,6 +27,7 @@ mod client;
 mod cluster;
 mod deny;
 mod durable;
+mod flight;
 mod lease;
 mod local;
 mod lru;
