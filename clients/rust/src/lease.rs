@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::algorithm::{Algorithm, Concurrency};
@@ -110,6 +111,21 @@ where
     }
 }
 
+/// The task that renews a lease, and how it is told its interval, or to stop (`None`).
+struct KeepAlive {
+    every: watch::Sender<Option<Duration>>,
+    task: JoinHandle<()>,
+}
+
+impl KeepAlive {
+    /// Stops the renewals and waits for the task to end: a renewal on its way when this is called
+    /// is answered (or past the client's timeout) before it returns, so none lands after it.
+    async fn stop(self) {
+        let _ = self.every.send(None);
+        let _ = self.task.await;
+    }
+}
+
 /// A slot held on one key (or one on each concurrency limit of [`Client::acquire_all`]) under
 /// one lease id, until the lease expires or the guard gives it back: dropped (`RL.RELEASE` sent
 /// from a task on the current tokio runtime) or [`Lease::release`]d.
@@ -118,7 +134,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     shared: Arc<Shared<C>>,
-    keep_alive: Option<JoinHandle<()>>,
+    keep_alive: Option<KeepAlive>,
 }
 
 impl<C> std::fmt::Debug for LeaseOutcome<C>
@@ -211,20 +227,38 @@ where
 
     /// Renews every `every` from a task on the current tokio runtime until the lease is released
     /// or dropped (choose `every` well below `lease_sec`). Calling it again replaces the timer.
+    /// A renewal is never cut short: the release waits for the one on its way, so that no
+    /// renewal takes the slot back after it.
     pub fn keep_alive(&mut self, every: Duration) {
-        if let Some(t) = self.keep_alive.take() {
-            t.abort();
+        if let Some(k) = &self.keep_alive {
+            let _ = k.every.send(Some(every));
+            return;
         }
+        let (tx, mut rx) = watch::channel(Some(every));
         let shared = self.shared.clone();
-        self.keep_alive = Some(tokio::spawn(async move {
-            let mut timer = tokio::time::interval(every);
-            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            timer.tick().await;
+        let task = tokio::spawn(async move {
             loop {
+                let Some(every) = *rx.borrow_and_update() else {
+                    return;
+                };
+                let mut timer = tokio::time::interval(every);
+                timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 timer.tick().await;
-                let _ = shared.renew().await;
+                loop {
+                    // A new interval, or the stop, before any further renewal.
+                    tokio::select! {
+                        biased;
+                        changed = rx.changed() => match changed {
+                            Ok(()) => break,
+                            Err(_) => return,
+                        },
+                        _ = timer.tick() => {}
+                    }
+                    let _ = shared.renew().await;
+                }
             }
-        }));
+        });
+        self.keep_alive = Some(KeepAlive { every: tx, task });
     }
 
     /// The outcome of the latest renewal ([`Lease::renew`] or [`Lease::keep_alive`]).
@@ -233,10 +267,11 @@ where
     }
 
     /// Gives the slot back now: whether a live lease was released (`false` if it had expired,
-    /// was admitted by `FailOpen`, or Redis could not answer: it then expires by itself).
+    /// was admitted by `FailOpen`, or Redis could not answer: it then expires by itself). A
+    /// renewal of the keep-alive on its way is waited for first, so none lands after the release.
     pub async fn release(mut self) -> Result<bool, Error> {
-        if let Some(t) = self.keep_alive.take() {
-            t.abort();
+        if let Some(k) = self.keep_alive.take() {
+            k.stop().await;
         }
         let (redis, local) = self.shared.take();
         let mut freed = local && self.shared.release_local();
@@ -252,8 +287,26 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        if let Some(t) = self.keep_alive.take() {
-            t.abort();
+        let keep_alive = self.keep_alive.take();
+        if let Some(k) = keep_alive {
+            // The release waits for the renewal on its way, as `release` does.
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let shared = self.shared.clone();
+                    rt.spawn(async move {
+                        k.stop().await;
+                        let (redis, local) = shared.take();
+                        if local {
+                            shared.release_local();
+                        }
+                        if redis {
+                            let _ = shared.release_redis().await;
+                        }
+                    });
+                    return;
+                }
+                Err(_) => k.task.abort(),
+            }
         }
         let (redis, local) = self.shared.take();
         if local {

@@ -459,3 +459,111 @@ async fn failure_policies_for_leases() {
     let e = local.acquire("k", &four).await.unwrap();
     assert_eq!(e.outcome.decision.remaining, 0);
 }
+
+/// A connection whose `RL.ACQUIRE`s, once `delay_ms` is set, reach the server that long after
+/// they were sent, whatever the caller does meanwhile (bytes on their way on a slow link: a
+/// task of their own carries them). Every other command goes at once.
+#[derive(Clone)]
+struct SlowAcquires {
+    inner: ConnectionManager,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl redis::aio::ConnectionLike for SlowAcquires {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        let delay = self.delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        let acquire = matches!(
+            cmd.args_iter().next(),
+            Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"RL.ACQUIRE")
+        );
+        if delay == 0 || !acquire {
+            return self.inner.req_packed_command(cmd);
+        }
+        let (mut conn, cmd) = (self.inner.clone(), cmd.clone());
+        let on_its_way = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            conn.req_packed_command(&cmd).await
+        });
+        Box::pin(async move {
+            on_its_way
+                .await
+                .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "lost")))?
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// A release returns only when no renewal of the lease can land after it: the keep-alive's
+/// renewal already on its way when the lease is released (or dropped, as the middleware's
+/// leases are) is waited for, so it cannot take the slot back afterwards.
+#[tokio::test]
+async fn a_renewal_on_its_way_does_not_take_the_slot_back_after_the_release() {
+    let server = Server::with_module();
+    let manager = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let slow = SlowAcquires {
+        inner: manager,
+        delay_ms: Default::default(),
+    };
+    let client = Client::new(
+        slow.clone(),
+        Options {
+            mode: ModeChoice::Module,
+            timeout: Duration::from_secs(2),
+            ..Options::default()
+        },
+    );
+    let one = Concurrency {
+        limit: 1,
+        lease_sec: 30.0,
+    };
+    let mut released = client
+        .acquire("released", &one)
+        .await
+        .unwrap()
+        .lease
+        .unwrap();
+    let mut dropped = client
+        .acquire("dropped", &one)
+        .await
+        .unwrap()
+        .lease
+        .unwrap();
+    slow.delay_ms
+        .store(300, std::sync::atomic::Ordering::SeqCst);
+    // Each keep-alive's first renewal leaves at 50 ms and reaches the server 300 ms later.
+    released.keep_alive(Duration::from_millis(50));
+    dropped.keep_alive(Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(released.release().await.unwrap());
+    drop(dropped);
+    // Past the renewals' arrival: the slots stay free.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut admin = server.connect();
+    for key in ["released", "dropped"] {
+        let live: usize = redis::cmd("ZCARD").arg(key).query(&mut admin).unwrap();
+        assert_eq!(live, 0, "{key}: the slot was taken back after the release");
+    }
+    slow.delay_ms.store(0, std::sync::atomic::Ordering::SeqCst);
+    let again = client.acquire("released", &one).await.unwrap();
+    assert_eq!(again.outcome.decision.remaining, 0);
+    assert!(again.lease.is_some());
+}
