@@ -1,12 +1,12 @@
 //! `RL.TOP` and `ratelimit.top-slots` on a real server: exact counts for a known sequence (RL.ALL
 //! counts the key of the limit that denied), the heaviest keys among far more keys than slots
 //! with counts within the stated bound, RESET, the config at run time, in redis.conf and as a
-//! load argument, bad values refused, a replica that starts empty, and an application user that
-//! gets NOPERM.
+//! load argument, bad values refused, a replica that starts empty, an application user that
+//! gets NOPERM, and one key name in two databases kept apart (`WITHDB` shows them).
 
 mod harness;
 
-use harness::{Options, Server, cmd, set_clock};
+use harness::{Options, Server, cmd, ints, set_clock};
 use redis::{Connection, Value};
 
 const T0: i64 = 1_900_000_000_000_000;
@@ -626,4 +626,67 @@ fn a_crash_report_has_the_counters_and_leaves_out_what_rl_top_holds() {
         "{report}"
     );
     assert!(!report.contains("ratelimit_top"), "{report}");
+}
+
+#[test]
+fn rl_top_keeps_one_name_in_two_databases_apart() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    let deny = |c: &mut Connection, db: &str, times: usize| {
+        cmd(c, &["SELECT", db]).expect("SELECT");
+        for _ in 0..times {
+            let r = ints(&cmd(c, &["RL.TOKENBUCKET", "api", "1", "0.001", "5"]));
+            assert_eq!(r[0], 0);
+        }
+    };
+    deny(&mut c, "0", 3);
+    deny(&mut c, "1", 2);
+    deny(&mut c, "0", 1);
+    let entry = |v: &Value| -> Vec<String> {
+        match v {
+            Value::Array(fields) => fields
+                .iter()
+                .map(|f| match f {
+                    Value::Int(i) => i.to_string(),
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => panic!("{other:?}"),
+                })
+                .collect(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let list = |c: &mut Connection, args: &[&str]| -> Vec<Vec<String>> {
+        match cmd(c, args) {
+            Ok(Value::Array(entries)) => entries.iter().map(entry).collect(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let t0_ms = (T0 / 1000).to_string();
+    let with_db = list(&mut c, &["RL.TOP", "10", "WITHDB"]);
+    assert_eq!(
+        with_db,
+        vec![
+            vec!["api", "0", "4", "0", "RL.TOKENBUCKET", &t0_ms, &t0_ms],
+            vec!["api", "1", "2", "0", "RL.TOKENBUCKET", &t0_ms, &t0_ms],
+        ]
+    );
+    assert_eq!(list(&mut c, &["RL.TOP", "withdb"]), with_db);
+    // Without WITHDB the entries are as before (six fields), still one per database.
+    let plain = list(&mut c, &["RL.TOP"]);
+    assert_eq!(
+        plain,
+        vec![
+            vec!["api", "4", "0", "RL.TOKENBUCKET", &t0_ms, &t0_ms],
+            vec!["api", "2", "0", "RL.TOKENBUCKET", &t0_ms, &t0_ms],
+        ]
+    );
+    assert_eq!(
+        cmd(&mut c, &["RL.TOP", "10", "RESET"]),
+        Err("ERR the only option after count is WITHDB".to_string())
+    );
+    assert_eq!(
+        cmd(&mut c, &["RL.TOP", "10", "WITHDB", "x"]),
+        Err("ERR wrong number of arguments for 'rl.top' command".to_string())
+    );
 }

@@ -28,6 +28,15 @@ macro_rules! api {
 }
 pub(crate) use api;
 
+/// The database the calling client has selected (0 where the call has no client's context).
+pub fn selected_db(ctx: *mut RedisModuleCtx) -> i32 {
+    match api!(RedisModule_GetSelectedDb) {
+        // SAFETY: `ctx` is the context of the call being answered.
+        Ok(f) if !ctx.is_null() => unsafe { f(ctx) },
+        _ => 0,
+    }
+}
+
 /// The bytes of a Redis string, borrowed for as long as the string lives.
 ///
 /// # Safety
@@ -288,8 +297,13 @@ pub fn reply_ok(ctx: *mut RedisModuleCtx) -> c_int {
     }
 }
 
-/// `RL.TOP`'s reply: per entry `[key, denied, error, command, first_denied_ms, last_denied_ms]`.
-pub fn reply_top(ctx: *mut RedisModuleCtx, entries: &[crate::observe::top::Entry]) -> c_int {
+/// `RL.TOP`'s reply: per entry `[key, denied, error, command, first_denied_ms, last_denied_ms]`,
+/// with the key's database after the key when `with_db` (`RL.TOP count WITHDB`).
+pub fn reply_top(
+    ctx: *mut RedisModuleCtx,
+    entries: &[crate::observe::top::Entry],
+    with_db: bool,
+) -> c_int {
     let (Ok(array), Ok(int), Ok(bulk)) = (
         api!(RedisModule_ReplyWithArray),
         api!(RedisModule_ReplyWithLongLong),
@@ -303,8 +317,11 @@ pub fn reply_top(ctx: *mut RedisModuleCtx, entries: &[crate::observe::top::Entry
     unsafe {
         array(ctx, entries.len() as c_long);
         for e in entries {
-            array(ctx, 6);
+            array(ctx, if with_db { 7 } else { 6 });
             bulk(ctx, e.key.as_ptr().cast(), e.key.len());
+            if with_db {
+                int(ctx, e.db as c_longlong);
+            }
             int(ctx, saturate(e.denied));
             int(ctx, saturate(e.error));
             let command = e.command.to_bytes();

@@ -88,12 +88,13 @@ unsafe extern "C" fn top_command(
     argc: c_int,
 ) -> c_int {
     entry(ctx, argv, argc, &command::top::DESCRIPTOR, |ctx, argv| {
-        // At most one argument is valid: two are enough for the arity error, however many came.
+        // At most two arguments are valid: three are enough for the arity error, however many
+        // came.
         let args: Vec<&[u8]> = argv
             .get(1..)
             .unwrap_or_default()
             .iter()
-            .take(2)
+            .take(3)
             // SAFETY: argv strings live for the whole call and are not modified.
             .map(|s| unsafe { api::string_bytes(*s) })
             .collect();
@@ -102,9 +103,9 @@ unsafe extern "C" fn top_command(
                 crate::observe::stats::with_top(|t| t.reset());
                 api::reply_ok(ctx)
             }
-            command::top::Request::List(n) => {
-                let entries = crate::observe::stats::with_top(|t| t.heaviest(n));
-                api::reply_top(ctx, &entries)
+            command::top::Request::List { count, with_db } => {
+                let entries = crate::observe::stats::with_top(|t| t.heaviest(count));
+                api::reply_top(ctx, &entries, with_db)
             }
         }))
     })

@@ -49,6 +49,7 @@ fn command_arg(a: &Arg) -> RedisModuleCommandArg {
         ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
         ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
         ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+        ArgKind::PureToken => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
     };
     out.key_spec_index = if matches!(a.kind, ArgKind::Key) {
         0

@@ -75,10 +75,20 @@ pub(crate) fn entry<A: Answer>(
     if let Some((outcome, index, is_limit)) = observed {
         // SAFETY: argv strings live for the whole call.
         let key = || argv.get(index).map(|s| unsafe { api::string_bytes(*s) });
+        // The key's database: one name in two databases is two keys.
+        let db = || api::selected_db(ctx);
         // A denial was decided at the time the call read last.
         let now_ms = || clock::decided_at_us().div_euclid(1000);
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            stats::observe(command.stats, command.name, key, now_ms, outcome, is_limit)
+            stats::observe(
+                command.stats,
+                command.name,
+                key,
+                db,
+                now_ms,
+                outcome,
+                is_limit,
+            )
         }));
     }
     match answer {

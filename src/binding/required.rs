@@ -25,6 +25,7 @@ pub fn required() -> Vec<(&'static str, bool)> {
         RedisModule_Alloc,
         RedisModule_CreateCommand,
         RedisModule_OpenKey,
+        RedisModule_GetSelectedDb,
         RedisModule_CloseKey,
         RedisModule_KeyType,
         RedisModule_StringPtrLen,

@@ -28,6 +28,8 @@ pub enum ArgKind {
     Integer,
     Double,
     String,
+    /// A keyword alone (`WITHDB`).
+    PureToken,
 }
 
 /// Where a command's keys are.

@@ -120,13 +120,14 @@ pub fn top_figures() -> (usize, usize, usize) {
 }
 
 /// The observation hook: every call of every command, and how to get the key its outcome is
-/// about (the command's key; for `RL.ALL` the key of the limit that denied, else the first) and
-/// the time (Unix ms), read only when needed: a limit's denial (`is_limit`) counts for the
+/// about (the command's key; for `RL.ALL` the key of the limit that denied, else the first), its
+/// database and the time (Unix ms), read only when needed: a limit's denial (`is_limit`) counts for the
 /// most-denied keys.
 pub fn observe<'a>(
     stats: &CommandStats,
     command: &'static CStr,
     key: impl FnOnce() -> Option<&'a [u8]>,
+    db: impl FnOnce() -> i32,
     now_ms: impl FnOnce() -> i64,
     outcome: Outcome,
     is_limit: bool,
@@ -137,7 +138,7 @@ pub fn observe<'a>(
             if top.slots() > 0
                 && let Some(key) = key()
             {
-                top.denied(key, command, now_ms());
+                top.denied(key, db(), command, now_ms());
             }
         });
     }
@@ -201,11 +202,11 @@ mod tests {
             );
             return;
         }
-        with_top(|t| t.denied(b"k", c"RL.GCRA", 1));
+        with_top(|t| t.denied(b"k", 0, c"RL.GCRA", 1));
         assert_eq!(with_top(|t| t.len()), 1);
         let elsewhere = std::thread::spawn(|| {
             crate::codec::owner::claim();
-            with_top(|t| t.denied(b"other", c"RL.GCRA", 2));
+            with_top(|t| t.denied(b"other", 0, c"RL.GCRA", 2));
             with_top(|t| (t.slots(), t.len()))
         })
         .join()

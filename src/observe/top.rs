@@ -53,6 +53,8 @@ pub struct Entry {
     /// The key's name, or for a name longer than `KEY_BYTES`: its first `KEY_BYTES` bytes, `...`
     /// and its hash in 16 hex digits.
     pub key: Vec<u8>,
+    /// The key's database: one name in two databases is two keys, tracked apart.
+    pub db: i64,
     /// Denials counted for the key (at most `error` more than it really had).
     pub denied: u64,
     /// The most by which `denied` may overcount: the count of the key this one replaced.
@@ -79,8 +81,10 @@ const MIN_INDEX: usize = 8;
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     name: [u8; KEY_BYTES],
-    /// The key's whole length.
-    len: usize,
+    /// The key's whole length (at most 512 MiB, the server's largest string).
+    len: u32,
+    db: i32,
+    /// The hash of the name and the database.
     hash: u64,
     denied: u64,
     error: u64,
@@ -100,10 +104,11 @@ fn kept_part(key: &[u8]) -> &[u8] {
 }
 
 impl Slot {
-    fn new(key: &[u8], hash: u64, command: &'static CStr, now_ms: i64) -> Slot {
+    fn new(key: &[u8], db: i32, hash: u64, command: &'static CStr, now_ms: i64) -> Slot {
         let mut slot = Slot {
             name: [0; KEY_BYTES],
             len: 0,
+            db,
             hash,
             denied: 1,
             error: 0,
@@ -114,37 +119,41 @@ impl Slot {
             prev: NONE,
             next: NONE,
         };
-        slot.set_key(key, hash);
+        slot.set_key(key, db, hash);
         slot
     }
 
-    fn set_key(&mut self, key: &[u8], hash: u64) {
+    fn set_key(&mut self, key: &[u8], db: i32, hash: u64) {
         let kept = kept_part(key);
         if let Some(name) = self.name.get_mut(..kept.len()) {
             name.copy_from_slice(kept);
         }
-        self.len = key.len();
+        self.len = u32::try_from(key.len()).unwrap_or(u32::MAX);
+        self.db = db;
         self.hash = hash;
     }
 
     /// The bytes of the name it keeps.
     fn kept(&self) -> &[u8] {
-        self.name.get(..self.len).unwrap_or(&self.name)
+        self.name.get(..self.len as usize).unwrap_or(&self.name)
     }
 
-    /// Whether it tracks the key of this hash, length and first bytes.
-    fn holds(&self, hash: u64, len: usize, kept: &[u8]) -> bool {
-        self.hash == hash && self.len == len && self.kept() == kept
+    /// Whether it tracks the key of this hash, database, length and first bytes.
+    fn holds(&self, hash: u64, db: i32, len: usize, kept: &[u8]) -> bool {
+        self.hash == hash && self.db == db && self.len as usize == len && self.kept() == kept
     }
 
-    /// Whether it tracks `key`, known without its hash: a key no longer than `KEY_BYTES`.
-    fn holds_short(&self, key: &[u8]) -> bool {
-        key.len() <= KEY_BYTES && self.len == key.len() && self.kept() == key
+    /// Whether it tracks `key` of `db`, known without its hash: a key no longer than `KEY_BYTES`.
+    fn holds_short(&self, key: &[u8], db: i32) -> bool {
+        key.len() <= KEY_BYTES
+            && self.db == db
+            && self.len as usize == key.len()
+            && self.kept() == key
     }
 
     /// The name as listed, written into `buf`.
     fn shown<'a>(&'a self, buf: &'a mut [u8; SHOWN_BYTES]) -> &'a [u8] {
-        if self.len <= KEY_BYTES {
+        if self.len as usize <= KEY_BYTES {
             return self.kept();
         }
         shown_long(&self.name, self.hash, buf)
@@ -154,6 +163,7 @@ impl Slot {
         let mut buf = [0u8; SHOWN_BYTES];
         Entry {
             key: self.shown(&mut buf).to_vec(),
+            db: i64::from(self.db),
             denied: self.denied,
             error: self.error,
             command: self.command,
@@ -293,30 +303,31 @@ impl Top {
         self.slots.min(MAX_SLOTS)
     }
 
-    /// One denial of `key` by `command` at `now_ms`. The latest denied key is checked first, in
-    /// the caller (a flood of denials is mostly one key); any other goes through the index.
+    /// One denial of `key` in database `db` by `command` at `now_ms`. The latest denied key is
+    /// checked first, in the caller (a flood of denials is mostly one key); any other goes
+    /// through the index.
     #[inline(always)]
-    pub fn denied(&mut self, key: &[u8], command: &'static CStr, now_ms: i64) {
+    pub fn denied(&mut self, key: &[u8], db: i32, command: &'static CStr, now_ms: i64) {
         if self.tracked() == 0 {
             return;
         }
         let last = self.last;
         if let Some(slot) = self.slot_mut(last)
-            && slot.holds_short(key)
+            && slot.holds_short(key, db)
         {
             slot.command = command;
             slot.last_denied_ms = now_ms;
             self.count(last);
             return;
         }
-        self.denied_other(key, command, now_ms);
+        self.denied_other(key, db, command, now_ms);
     }
 
     /// `denied` for a key other than the latest.
     #[inline(never)]
-    fn denied_other(&mut self, key: &[u8], command: &'static CStr, now_ms: i64) {
-        let hash = self.hasher.hash(key);
-        let place = match self.find(hash, key.len(), kept_part(key)) {
+    fn denied_other(&mut self, key: &[u8], db: i32, command: &'static CStr, now_ms: i64) {
+        let hash = self.hasher.hash_in(key, db);
+        let place = match self.find(hash, db, key.len(), kept_part(key)) {
             Ok(s) => {
                 self.last = s;
                 if let Some(slot) = self.slot_mut(s) {
@@ -330,7 +341,7 @@ impl Top {
         };
         if self.entries.len() < self.tracked() {
             let s = self.entries.len() as u32;
-            self.entries.push(Slot::new(key, hash, command, now_ms));
+            self.entries.push(Slot::new(key, db, hash, command, now_ms));
             if let Some(p) = self.index.get_mut(place) {
                 *p = s;
             }
@@ -352,7 +363,7 @@ impl Top {
         };
         self.unindex(s, old_hash);
         if let Some(slot) = self.slot_mut(s) {
-            slot.set_key(key, hash);
+            slot.set_key(key, db, hash);
             slot.denied = fewest;
             slot.error = fewest;
             slot.command = command;
@@ -514,7 +525,7 @@ impl Top {
 
     /// The slot tracking the key of this hash, length and first bytes, or else the empty place
     /// where it would go (past the end if the index had none, which its size rules out).
-    fn find(&self, hash: u64, len: usize, kept: &[u8]) -> Result<u32, usize> {
+    fn find(&self, hash: u64, db: i32, len: usize, kept: &[u8]) -> Result<u32, usize> {
         let mask = self.mask();
         let mut place = hash as usize & mask;
         for _ in 0..self.index.len() {
@@ -522,7 +533,10 @@ impl Top {
             if s == NONE {
                 return Err(place);
             }
-            if self.slot(s).is_some_and(|slot| slot.holds(hash, len, kept)) {
+            if self
+                .slot(s)
+                .is_some_and(|slot| slot.holds(hash, db, len, kept))
+            {
                 return Ok(s);
             }
             place = (place + 1) & mask;
@@ -771,11 +785,15 @@ impl Top {
         assert_eq!(self.bytes(), Top::bytes_for(self.slots));
         assert_eq!(self.index.iter().filter(|&&s| s != NONE).count(), n);
         for (i, slot) in self.entries.iter().enumerate() {
-            if slot.len <= KEY_BYTES {
-                assert_eq!(slot.hash, self.hasher.hash(slot.kept()), "slot {i}'s hash");
+            if slot.len as usize <= KEY_BYTES {
+                assert_eq!(
+                    slot.hash,
+                    self.hasher.hash_in(slot.kept(), slot.db),
+                    "slot {i}'s hash"
+                );
             }
             assert_eq!(
-                self.find(slot.hash, slot.len, slot.kept()),
+                self.find(slot.hash, slot.db, slot.len as usize, slot.kept()),
                 Ok(i as u32),
                 "slot {i} not indexed"
             );
@@ -826,6 +844,19 @@ impl KeyHasher {
         }
         fold(h ^ s1, MIX[1])
     }
+
+    /// The hash of a key name in a database: the name's own in database 0, else the name's mixed
+    /// with the database's number under the seed.
+    fn hash_in(&self, key: &[u8], db: i32) -> u64 {
+        let h = self.hash(key);
+        if db == 0 {
+            return h;
+        }
+        fold(
+            h ^ u64::from(db as u32).wrapping_mul(MIX[1]),
+            self.seed[0] | 1,
+        )
+    }
 }
 
 /// Eight bytes as a little-endian word (fewer read as zeros).
@@ -872,7 +903,7 @@ mod tests {
     fn counts_exactly_while_every_key_has_a_slot() {
         let mut t = Top::new(3);
         for (i, k) in ["a", "b", "a", "c", "a", "b"].iter().enumerate() {
-            t.denied(k.as_bytes(), c"RL.GCRA", 1000 + i as i64);
+            t.denied(k.as_bytes(), 0, c"RL.GCRA", 1000 + i as i64);
         }
         t.check();
         let top = t.heaviest(10);
@@ -903,7 +934,7 @@ mod tests {
     fn a_new_key_takes_the_fewest_count_and_records_it_as_error() {
         let mut t = Top::new(2);
         for k in ["a", "a", "a", "b", "c"] {
-            t.denied(k.as_bytes(), c"RL.ALL", 5);
+            t.denied(k.as_bytes(), 0, c"RL.ALL", 5);
         }
         t.check();
         let top = t.heaviest(2);
@@ -928,14 +959,14 @@ mod tests {
         for round in 0..20_000u64 {
             let light = format!("light:{round}").into_bytes();
             for _ in 0..(1 + round % 2) {
-                t.denied(&light, c"RL.TOKENBUCKET", 0);
+                t.denied(&light, 0, c"RL.TOKENBUCKET", 0);
                 *truth.entry(light.clone()).or_default() += 1;
                 n += 1;
             }
             if round % 10 == 0 {
                 let heavy = format!("heavy:{}", round % 50 / 10).into_bytes();
                 for _ in 0..5 {
-                    t.denied(&heavy, c"RL.TOKENBUCKET", 0);
+                    t.denied(&heavy, 0, c"RL.TOKENBUCKET", 0);
                     *truth.entry(heavy.clone()).or_default() += 1;
                     n += 1;
                 }
@@ -968,19 +999,19 @@ mod tests {
     fn resizing_keeps_the_heaviest_and_zero_turns_it_off() {
         let mut t = Top::new(3);
         for k in ["a", "a", "a", "b", "b", "c"] {
-            t.denied(k.as_bytes(), c"RL.GCRA", 1);
+            t.denied(k.as_bytes(), 0, c"RL.GCRA", 1);
         }
         t.resize(2);
         t.check();
         let keys: Vec<Vec<u8>> = t.heaviest(9).into_iter().map(|e| e.key.to_vec()).collect();
         assert_eq!(keys, [b"a".to_vec(), b"b".to_vec()]);
-        t.denied(b"a", c"RL.GCRA", 2);
+        t.denied(b"a", 0, c"RL.GCRA", 2);
         assert_eq!(t.heaviest(1)[0].denied, 4);
         t.resize(0);
-        t.denied(b"a", c"RL.GCRA", 3);
+        t.denied(b"a", 0, c"RL.GCRA", 3);
         assert!(t.heaviest(9).is_empty());
         t.resize(2);
-        t.denied(b"z", c"RL.GCRA", 4);
+        t.denied(b"z", 0, c"RL.GCRA", 4);
         t.reset();
         t.check();
         assert!(t.heaviest(9).is_empty());
@@ -994,15 +1025,15 @@ mod tests {
         slots: usize,
         step: u64,
         hasher: KeyHasher,
-        entries: Vec<(Vec<u8>, Entry, u64)>,
+        entries: Vec<((Vec<u8>, i32), Entry, u64)>,
     }
 
     /// A name as `RL.TOP` lists it.
-    fn shown(hasher: &KeyHasher, key: &[u8]) -> Vec<u8> {
+    fn shown(hasher: &KeyHasher, key: &[u8], db: i32) -> Vec<u8> {
         match key.first_chunk::<KEY_BYTES>() {
             Some(kept) if key.len() > KEY_BYTES => {
                 let mut buf = [0u8; SHOWN_BYTES];
-                shown_long(kept, hasher.hash(key), &mut buf).to_vec()
+                shown_long(kept, hasher.hash_in(key, db), &mut buf).to_vec()
             }
             _ => key.to_vec(),
         }
@@ -1018,12 +1049,16 @@ mod tests {
             }
         }
 
-        fn denied(&mut self, key: &[u8], command: &'static CStr, now_ms: i64) {
+        fn denied(&mut self, key: &[u8], db: i32, command: &'static CStr, now_ms: i64) {
             self.step += 1;
             if self.slots == 0 {
                 return;
             }
-            if let Some((_, e, at)) = self.entries.iter_mut().find(|(k, ..)| k == key) {
+            if let Some((_, e, at)) = self
+                .entries
+                .iter_mut()
+                .find(|((k, d), ..)| k == key && *d == db)
+            {
                 e.denied += 1;
                 e.command = command;
                 e.last_denied_ms = now_ms;
@@ -1031,7 +1066,8 @@ mod tests {
                 return;
             }
             let fresh = Entry {
-                key: shown(&self.hasher, key),
+                key: shown(&self.hasher, key, db),
+                db: i64::from(db),
                 denied: 1,
                 error: 0,
                 command,
@@ -1039,7 +1075,7 @@ mod tests {
                 last_denied_ms: now_ms,
             };
             if self.entries.len() < self.slots {
-                self.entries.push((key.to_vec(), fresh, self.step));
+                self.entries.push(((key.to_vec(), db), fresh, self.step));
                 return;
             }
             let (k, e, at) = self
@@ -1047,7 +1083,7 @@ mod tests {
                 .iter_mut()
                 .min_by_key(|(_, e, at)| (e.denied, *at))
                 .unwrap();
-            *k = key.to_vec();
+            *k = (key.to_vec(), db);
             *e = Entry {
                 denied: e.denied + 1,
                 error: e.denied,
@@ -1111,8 +1147,10 @@ mod tests {
             // Several denials in one millisecond, so the times tie and only the order counted
             // breaks ties between the fewest counted.
             let now_ms = (model.step / 3) as i64;
-            t.denied(&key, command, now_ms);
-            model.denied(&key, command, now_ms);
+            // The same names in three databases: each pair of name and database is its own key.
+            let db = (r >> 50) as i32 % 3;
+            t.denied(&key, db, command, now_ms);
+            model.denied(&key, db, command, now_ms);
             t.check();
             assert_eq!(
                 t.heaviest(usize::MAX),
@@ -1147,7 +1185,7 @@ mod tests {
         // Names of 9 to 8,200 bytes.
         let mut deny_new = |t: &mut Top| {
             let name = format!("key:{fresh:08}").repeat(1 + (fresh % 7 * 90) as usize);
-            t.denied(name.as_bytes(), c"RL.GCRA", 0);
+            t.denied(name.as_bytes(), 0, c"RL.GCRA", 0);
             fresh += 1;
         };
         let pools = |t: &Top| {
@@ -1167,8 +1205,8 @@ mod tests {
             // Tracked keys counted again now and then, so buckets come and go.
             if i.is_multiple_of(3) {
                 let slot = t.entries[(rng.next() % t.entries.len() as u64) as usize];
-                if slot.len <= KEY_BYTES {
-                    t.denied(slot.kept(), c"RL.GCRA", 0);
+                if slot.len as usize <= KEY_BYTES {
+                    t.denied(slot.kept(), 0, c"RL.GCRA", 0);
                 }
             }
             assert_eq!(pools(&t), empty, "a pool moved or grew");
@@ -1187,12 +1225,12 @@ mod tests {
             format!("{head}{}", "b".repeat(8000)),
         );
         for _ in 0..3 {
-            t.denied(a.as_bytes(), c"RL.GCRA", 1);
+            t.denied(a.as_bytes(), 0, c"RL.GCRA", 1);
         }
-        t.denied(b.as_bytes(), c"RL.GCRA", 2);
+        t.denied(b.as_bytes(), 0, c"RL.GCRA", 2);
         // A name of exactly the bytes a slot keeps is listed whole.
         let exact = "e".repeat(KEY_BYTES);
-        t.denied(exact.as_bytes(), c"RL.GCRA", 3);
+        t.denied(exact.as_bytes(), 0, c"RL.GCRA", 3);
         t.check();
         let listed = t.heaviest(9);
         let names: Vec<String> = listed
@@ -1213,15 +1251,15 @@ mod tests {
         assert_eq!(names[0].len(), SHOWN_BYTES);
         // The digits stay across a reset.
         t.reset();
-        t.denied(a.as_bytes(), c"RL.GCRA", 4);
+        t.denied(a.as_bytes(), 0, c"RL.GCRA", 4);
         assert_eq!(t.heaviest(1)[0].key, names[0].as_bytes());
         // The same first bytes and hash but another length is another key.
         assert_ne!(
-            t.find(t.hasher.hash(a.as_bytes()), a.len() + 1, kept.as_bytes()),
+            t.find(t.hasher.hash(a.as_bytes()), 0, a.len() + 1, kept.as_bytes()),
             Ok(0)
         );
         assert_eq!(
-            t.find(t.hasher.hash(a.as_bytes()), a.len(), kept.as_bytes()),
+            t.find(t.hasher.hash(a.as_bytes()), 0, a.len(), kept.as_bytes()),
             Ok(0)
         );
     }
@@ -1236,7 +1274,7 @@ mod tests {
         let mut t = Top::new(1000);
         let before = t.bytes();
         for i in 0..3000 {
-            t.denied(format!("{i}").repeat(3000).as_bytes(), c"RL.ALL", i);
+            t.denied(format!("{i}").repeat(3000).as_bytes(), 0, c"RL.ALL", i);
         }
         assert_eq!(t.bytes(), before);
         t.resize(10);
@@ -1255,8 +1293,8 @@ mod tests {
             // Ten distinct times, a hundred names each, in no order.
             let key = format!("{:04}", (i * 7919) % 1000).into_bytes();
             let now = i64::from(i % 10);
-            t.denied(&key, c"RL.GCRA", now);
-            model.denied(&key, c"RL.GCRA", now);
+            t.denied(&key, 0, c"RL.GCRA", now);
+            model.denied(&key, 0, c"RL.GCRA", now);
         }
         for count in [1, 7, 100, 150, 999, 1000, 5000] {
             let want: Vec<Entry> = model.heaviest().into_iter().take(count).collect();
