@@ -32,11 +32,17 @@ local function foreign(holder, caller)
   return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
 end
 
+-- The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+-- before any of it is read (src/codec/number.rs).
+local MAX_NUMBER_LEN = 64
+
 local function is_integer(s)
+  if #s > MAX_NUMBER_LEN then return false end
   return string.match(s, '^[+-]?%d+$') ~= nil
 end
 
 local function is_decimal(s)
+  if #s > MAX_NUMBER_LEN then return false end
   local mantissa = s
   local e = string.find(s, '[eE]')
   if e then
@@ -169,11 +175,13 @@ end
 -- at most the limiter's UPTO_MAX (its cost's largest).
 local function parse_call(limiter, argv)
   local n = #argv
-  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+  if n >= 2 and #argv[n - 1] == 4 and string.upper(argv[n - 1]) == 'UPTO' then
     local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
       'ERR UPTO must be an integer',
       limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
     if not upto then return nil, err end
+    -- UPTO n stands in for the cost, never for a parameter.
+    if n - 2 ~= limiter.PARAMS then return nil, limiter.ARITY end
     local params = {}
     for i = 1, n - 2 do params[i] = argv[i] end
     params[n - 1] = '1'
@@ -227,6 +235,8 @@ local concurrency = {
   MAX_LIMIT = 10000,
   MAX_LEASE_SECONDS = 1e7,
   MAX_ID_LEN = 128,
+  -- The earliest expiry a lease has: 2020-09-13 12:26:40 UTC in Unix microseconds.
+  EARLIEST_US = 1.6e15,
 }
 
 -- A lease id: 1 to 128 bytes, any bytes; nil and the error otherwise.
@@ -265,7 +275,8 @@ end
 
 -- A lease as a call at `now` reads it: its expiry, or nil and an error reply. An integer expiry
 -- in [0, 2^53], an id of 1 to 128 bytes that is not a sliding log's member ("<score>:<n>" at its
--- own score), and an expiry no further ahead of now than the longest lease and the clock skew.
+-- own score), and an expiry from 2020 on and no further ahead of now than the longest lease and
+-- the clock skew.
 local function concurrency_check(member, score, now)
   local expiry = stored_timestamp(score)
   if not expiry then
@@ -276,6 +287,11 @@ local function concurrency_check(member, score, now)
   end
   local t = string.match(member, '^(%d+):%d+$')
   if t and tonumber(t) == expiry then return nil, foreign('RL.SLIDINGLOG', 'RL.ACQUIRE') end
+  -- A lease's score is its expiry, never before 2020 (src/store/kind.rs, EARLIEST_LEASE_US): an
+  -- earlier one is a leaderboard's points or a queue's times in seconds, not a lease.
+  if expiry < concurrency.EARLIEST_US then
+    return nil, redis.error_reply('WRONGTYPE the key holds a sorted set whose scores are not lease expiries (Unix microseconds from 2020 on), which no rate limiter writes')
+  end
   if expiry > now + concurrency.MAX_LEASE_SECONDS * 1000000 + SKEW_US then
     return nil, redis.error_reply("ERR corrupt rate limiter state: sorted set score is further ahead of the server's clock than any call writes")
   end

@@ -2,7 +2,9 @@
 //! every limiter of numbers reads them as they are, decides exactly as it does on the same state
 //! in the string layout, leaves them untouched when it denies, and replaces them with the string
 //! on its next write, in the module and in the Lua twins; replicas and the AOF carry keys of
-//! both layouts through the change.
+//! both layouts through the change. Lease sets and sliding logs as every earlier version wrote
+//! them (a lease is its id at its expiry, a log entry `<time>:<n>` at its time) are read and
+//! carried on by the module and both Lua paths.
 
 mod harness;
 
@@ -232,5 +234,124 @@ fn replicas_and_the_aof_carry_both_layouts_through_the_upgrade() {
         let key = format!("{}:hash1", l.command);
         assert_eq!(l.call(&mut m, &key, "1")[0], 1, "{}", l.command);
         assert_eq!(stored(&mut m, &key).0, "string", "{key}");
+    }
+}
+
+/// A call through the module (0), the twin's script (1) or the library's function (2).
+fn via(c: &mut Connection, path: usize, command: &str, sha: &str, args: &[&str]) -> Vec<i64> {
+    let function = command.to_ascii_lowercase().replace('.', "_");
+    let mut argv: Vec<&str> = match path {
+        0 => vec![command],
+        1 => vec!["EVALSHA", sha, "1"],
+        _ => vec!["FCALL", &function, "1"],
+    };
+    argv.extend_from_slice(args);
+    match cmd(c, &argv) {
+        Ok(redis::Value::Int(n)) => vec![n],
+        reply => ints(&reply),
+    }
+}
+
+#[test]
+fn lease_sets_and_sliding_logs_of_earlier_versions_keep_working() {
+    let s = Server::with_test_clock();
+    let mut c = s.connect();
+    set_clock(&mut c, T0);
+    let acquire = load_script(&mut c, "acquire.lua");
+    let release = load_script(&mut c, "release.lua");
+    let log_script = load_script(&mut c, "sliding_log.lua");
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(lua_script("ratelimit.lua"))
+        .query(&mut c)
+        .unwrap();
+    let at = |us: i64| us.to_string();
+    for path in 0..3 {
+        // Two leases taken before the upgrade, expiring in 20 s and 30 s, and the set's expiry
+        // at the later one, as `ZADD` and `PEXPIREAT` replicated them.
+        let gpu = format!("gpu:{path}");
+        cmd(
+            &mut c,
+            &[
+                "ZADD",
+                &gpu,
+                &at(T0 + 20_000_000),
+                "job-1",
+                &at(T0 + 30_000_000),
+                "job-2",
+            ],
+        )
+        .unwrap();
+        cmd(&mut c, &["PEXPIREAT", &gpu, &at((T0 + 30_000_000) / 1000)]).unwrap();
+        assert_eq!(
+            via(
+                &mut c,
+                path,
+                "RL.ACQUIRE",
+                &acquire,
+                &[&gpu, "3", "30", "job-3"]
+            ),
+            [1, 0, 0, 30_000, 3]
+        );
+        assert_eq!(pexpiretime(&mut c, &gpu), (T0 + 30_000_000) / 1000);
+        // Full: a slot frees when job-1 expires.
+        assert_eq!(
+            via(
+                &mut c,
+                path,
+                "RL.ACQUIRE",
+                &acquire,
+                &[&gpu, "3", "30", "job-4"]
+            ),
+            [0, 0, 20_000, 30_000, 3]
+        );
+        assert_eq!(
+            via(&mut c, path, "RL.RELEASE", &release, &[&gpu, "job-1"]),
+            [1]
+        );
+        assert_eq!(
+            via(
+                &mut c,
+                path,
+                "RL.ACQUIRE",
+                &acquire,
+                &[&gpu, "3", "30", "job-4"]
+            ),
+            [1, 0, 0, 30_000, 3]
+        );
+
+        // A sliding log of 60 s with two entries of one call 10 s ago and one 5 s ago.
+        let log = format!("log:{path}");
+        let (t1, t2) = (T0 - 10_000_000, T0 - 5_000_000);
+        let (m1, m2, m3) = (format!("{t1}:0"), format!("{t1}:1"), format!("{t2}:0"));
+        cmd(
+            &mut c,
+            &["ZADD", &log, &at(t1), &m1, &at(t1), &m2, &at(t2), &m3],
+        )
+        .unwrap();
+        cmd(&mut c, &["PEXPIREAT", &log, &at((t2 + 60_000_000) / 1000)]).unwrap();
+        assert_eq!(
+            via(
+                &mut c,
+                path,
+                "RL.SLIDINGLOG",
+                &log_script,
+                &[&log, "4", "60"]
+            ),
+            [1, 0, 0, 60_000, 4]
+        );
+        // Full: the entries of 10 s ago leave the window in 50 s.
+        assert_eq!(
+            via(
+                &mut c,
+                path,
+                "RL.SLIDINGLOG",
+                &log_script,
+                &[&log, "4", "60"]
+            ),
+            [0, 0, 50_000, 60_000, 4]
+        );
+        assert_eq!(pexpiretime(&mut c, &log), (T0 + 60_000_000) / 1000);
     }
 }

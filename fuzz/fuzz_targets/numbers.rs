@@ -1,10 +1,13 @@
 //! Numbers on both sides of the store: `format_g17` must print exactly what C's `%.17g` prints
 //! (Redis's conversion of a Lua number), and the parsers must read exactly what C's `strtod`
-//! reads (Lua's `tonumber`) for every string the grammar accepts.
+//! reads (Lua's `tonumber`) for every string the grammar accepts, and accept nothing longer than
+//! `MAX_NUMBER_LEN` bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redis_rate_limiter::codec::number::{G17_MAX_LEN, format_g17, is_decimal, parse_decimal};
+use redis_rate_limiter::codec::number::{
+    G17_MAX_LEN, MAX_NUMBER_LEN, format_g17, is_decimal, is_integer, parse_decimal, parse_integer,
+};
 
 fn printf_g17(value: f64) -> Vec<u8> {
     let mut buf = [0u8; 64];
@@ -29,6 +32,10 @@ fuzz_target!(|data: &[u8]| {
             // %.17g always reads back as the same double.
             assert_eq!(parse_decimal(&buf[..len]).map(f64::to_bits), Some(value.to_bits()));
         }
+    }
+    if data.len() > MAX_NUMBER_LEN {
+        assert!(!is_decimal(data) && !is_integer(data));
+        assert_eq!((parse_decimal(data), parse_integer(data)), (None, None));
     }
     if !data.contains(&0) && is_decimal(data) {
         let ours = parse_decimal(data).unwrap();

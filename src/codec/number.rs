@@ -13,14 +13,25 @@ fn split_sign(s: &[u8]) -> (bool, &[u8]) {
     }
 }
 
-/// `[+-]?[0-9]+`
+/// The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+/// before any of it is read (every value the limiters take or store fits in far fewer).
+pub const MAX_NUMBER_LEN: usize = 64;
+
+/// `[+-]?[0-9]+`, at most `MAX_NUMBER_LEN` bytes.
 pub fn is_integer(s: &[u8]) -> bool {
+    if s.len() > MAX_NUMBER_LEN {
+        return false;
+    }
     let (_, digits) = split_sign(s);
     !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
 }
 
-/// `[+-]?(digits[.digits?] | .digits)([eE][+-]?digits)?` — no `inf`, `nan`, hex or spaces.
+/// `[+-]?(digits[.digits?] | .digits)([eE][+-]?digits)?` — no `inf`, `nan`, hex or spaces —,
+/// at most `MAX_NUMBER_LEN` bytes.
 pub fn is_decimal(s: &[u8]) -> bool {
+    if s.len() > MAX_NUMBER_LEN {
+        return false;
+    }
     // Split off an exponent the way the Lua twin does: everything after the first e/E.
     let (mantissa, exponent) = match s.iter().position(|&c| c == b'e' || c == b'E') {
         Some(at) => (&s[..at], Some(&s[at + 1..])),
@@ -158,6 +169,9 @@ fn eight_digits(chunk: [u8; 8]) -> Option<u64> {
 
 /// A decimal string as a double, or `None` if it is not in the grammar.
 pub fn parse_decimal(s: &[u8]) -> Option<f64> {
+    if s.len() > MAX_NUMBER_LEN {
+        return None;
+    }
     // Plain digits are in both grammars; the fast path checks them itself.
     small_integer(s)
         .or_else(|| small_fraction(s))

@@ -63,6 +63,7 @@ impl FieldsLimiter<2> for FixedWindow {
     type Params = fixed_window::Params;
     type State = fixed_window::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const PARAMS: usize = 2;
     const KIND: Kind = Kind::FixedWindow;
     const FIELDS: [&'static FieldName; 2] = [&COUNT, &START];
 

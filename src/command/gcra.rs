@@ -9,7 +9,6 @@ use crate::codec::error::ErrorReply;
 use crate::codec::number::parse_integer;
 use crate::codec::owner::Owned;
 use crate::codec::remembered::Remembered;
-use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Double, Integer, Key};
 use crate::command::descriptor::{COST_ARG, Descriptor, Keys, UPTO_ARG, arg};
 use crate::core::{Operation, Reply, gcra};
@@ -80,20 +79,6 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
     stats: &STATS,
 };
 
-/// A stored theoretical arrival time as a call with these parameters reads it at `now_us`: as it
-/// is up to a full burst past a full one ahead of now (`2 * tolerance`, the most a settlement
-/// charges) and the clock skew, and as that much ahead when further (parameters lowered since
-/// it was written: the limit is then one full burst in debt). Integer microseconds below 2^53.
-pub fn within_reach(tat: f64, a: &Args, now_us: i64) -> f64 {
-    let now = now_us as f64;
-    let reach = 2.0 * a.params.tolerance as f64;
-    if tat > now + reach + SKEW_US {
-        now + reach
-    } else {
-        tat
-    }
-}
-
 /// A double already checked to be a whole number inside i64.
 pub(crate) fn whole(x: f64) -> i64 {
     x as i64
@@ -118,6 +103,7 @@ impl FieldsLimiter<1> for Gcra {
     type Params = gcra::Params;
     type State = i128;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const PARAMS: usize = 3;
     const KIND: Kind = Kind::Gcra;
     const FIELDS: [&'static FieldName; 1] = [&TAT];
 
@@ -156,7 +142,7 @@ impl FieldsLimiter<1> for Gcra {
     }
 
     #[inline(always)]
-    fn decode([tat]: [Option<&[u8]>; 1], a: &Args, now_us: i64) -> Result<i128, ErrorReply> {
+    fn decode([tat]: [Option<&[u8]>; 1], _: &Args, now_us: i64) -> Result<i128, ErrorReply> {
         let v = tat.and_then(parse_integer).ok_or(CORRUPT_TAT)?;
         if v > MAX_TAT_US && now_us > 0 && v >= 500.0 * now_us as f64 {
             // Nanoseconds of about now: CL.THROTTLE's (redis-cell's) value, which has no tag.
@@ -165,7 +151,10 @@ impl FieldsLimiter<1> for Gcra {
         if !(v >= 0.0 && v <= MAX_TAT_US) {
             return Err(CORRUPT_TAT);
         }
-        Ok(i128::from(whole(within_reach(v, a, now_us))))
+        // As it is, however far ahead (parameters lowered since it was written): a denial's
+        // wait counts from it, and a time read as nearer than it is would be a wait that a later
+        // call, reading it again, does not keep.
+        Ok(i128::from(whole(v)))
     }
 
     fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (Reply, Option<FieldsWrite<1>>) {
@@ -296,11 +285,10 @@ mod tests {
         let now = 1_800_000_000_000_000;
         let d = |t: Option<&[u8]>| Gcra::decode([t], &a, now);
         assert_eq!(d(Some(b"1700000000000001")), Ok(1_700_000_000_000_001));
-        // Up to twice the tolerance and the skew ahead as it is; further, as twice the tolerance
-        // ahead (parameters lowered since).
+        // As it is, however far ahead (parameters lowered since): a denial's wait counts from it.
         assert_eq!(d(Some(b"1800000070000000")), Ok(1_800_000_070_000_000));
-        assert_eq!(d(Some(b"1800000070000001")), Ok(1_800_000_010_000_000));
-        assert_eq!(d(Some(b"8000000000000000")), Ok(1_800_000_010_000_000));
+        assert_eq!(d(Some(b"1800000070000001")), Ok(1_800_000_070_000_001));
+        assert_eq!(d(Some(b"8000000000000000")), Ok(8_000_000_000_000_000));
         for bad in [&b"8000000000000001"[..], b"-1", b"1.5", b"abc", b"", b"1e3"] {
             assert_eq!(d(Some(bad)), Err(CORRUPT_TAT), "{bad:?}");
         }

@@ -71,6 +71,7 @@ impl FieldsLimiter<2> for LeakyBucket {
     type Params = leaky_bucket::Params;
     type State = leaky_bucket::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const PARAMS: usize = 2;
     const KIND: Kind = Kind::LeakyBucket;
     const FIELDS: [&'static FieldName; 2] = [&LEVEL, &TS];
 

@@ -130,6 +130,8 @@ pub fn parse_call(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
 
 fn parse_args(args: &[&[u8]]) -> Result<SlidingLogRequest, ErrorReply> {
     match split_upto(args, &UPTO)? {
+        // `UPTO n` stands in for the cost, never for a parameter (`limit window_sec`).
+        (params, Some(_)) if params.len() != 2 => Err(ARITY_ERROR),
         (params, Some(n)) => with_last(params, b"1", ARITY_ERROR, parse).map(|r| Request {
             op: Operation::UpTo(n),
             ..r

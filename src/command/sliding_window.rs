@@ -74,6 +74,7 @@ impl FieldsLimiter<3> for SlidingWindow {
     type Params = sliding_window::Params;
     type State = sliding_window::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const PARAMS: usize = 2;
     const KIND: Kind = Kind::SlidingWindow;
     const FIELDS: [&'static FieldName; 3] = [&START, &CUR, &PREV];
 

@@ -15,7 +15,6 @@ use crate::codec::error::{ErrorReply, WRONGTYPE};
 use crate::codec::number::{G17_MAX_LEN, format_i64, parse_digits};
 use crate::codec::owner::Owned;
 use crate::codec::remembered::{self, Remembered};
-use crate::codec::stored::SKEW_US;
 use crate::command::descriptor::ArgKind::{Integer, Key};
 use crate::command::descriptor::{Descriptor, Keys, arg, optional};
 use crate::command::gcra::{COUNT, MAX_BURST, params, whole};
@@ -218,9 +217,9 @@ pub fn decide(a: &Args, now_us: i64, prior: Option<i128>) -> (ThrottleReply, Opt
 /// A stored value as a call with these parameters reads it at `now_us`: another limiter's state
 /// is an error (a tagged value, or `RL.GCRA`'s microseconds from before values had tags: a value
 /// between half and twice now's microseconds, which as nanoseconds would lie within weeks of
-/// 1970); an arrival time further ahead than a full burst
-/// past a full one and the clock skew is read as that much ahead (parameters lowered since).
-pub fn read(raw: &[u8], args: &Args, now_us: i64) -> Result<i128, ErrorReply> {
+/// 1970). An arrival time is read as it is, however far ahead (parameters lowered since it was
+/// written), so that the wait a denial replies is the one a later call finds.
+pub fn read(raw: &[u8], _args: &Args, now_us: i64) -> Result<i128, ErrorReply> {
     if let Some((holder, _)) = split_tag(raw) {
         return Err(foreign(holder, Kind::Throttle));
     }
@@ -230,13 +229,7 @@ pub fn read(raw: &[u8], args: &Args, now_us: i64) -> Result<i128, ErrorReply> {
     if now > 0 && 2 * tat >= now && tat < 2 * now {
         return Err(foreign(Kind::Gcra, Kind::Throttle));
     }
-    let reach = 2 * i128::from(args.params.tolerance);
-    let skew = SKEW_US as i128 * 1000;
-    Ok(if tat > now * 1000 + reach + skew {
-        now * 1000 + reach
-    } else {
-        tat
-    })
+    Ok(tat)
 }
 
 /// Load -> decide -> store for one call whose arguments are already parsed.

@@ -77,6 +77,7 @@ impl FieldsLimiter<2> for TokenBucket {
     type Params = token_bucket::Params;
     type State = token_bucket::State;
     const ARITY_ERROR: ErrorReply = DESCRIPTOR.arity_error;
+    const PARAMS: usize = 2;
     const KIND: Kind = Kind::TokenBucket;
     const FIELDS: [&'static FieldName; 2] = [&TOKENS, &TS];
 

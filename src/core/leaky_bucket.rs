@@ -44,6 +44,12 @@ fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
         Some(s) => (s.level, s.ts_us),
         None => (0.0, now),
     };
+    // A debt is at most one capacity (a level of twice it), whatever was stored (a capacity
+    // lowered since): the stored level is cut to it as of its own time, before it drains, so that
+    // a later call, drained from the same stored state, finds what this one replies it will.
+    if level > 2.0 * params.capacity {
+        level = 2.0 * params.capacity;
+    }
     let mut elapsed = now - ts;
     if elapsed < 0.0 {
         elapsed = 0.0;
@@ -52,9 +58,6 @@ fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
     level -= elapsed * params.leak_per_sec / 1_000_000.0;
     if level < 0.0 {
         level = 0.0;
-    }
-    if level > 2.0 * params.capacity {
-        level = 2.0 * params.capacity;
     }
     (level, t)
 }

@@ -45,14 +45,21 @@ fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64, f64, f
     let w = floor(now / window) * window;
     let (mut start, mut elapsed, mut cur, mut prev) = (w, now - w, 0.0, 0.0);
     if let Some(s) = prior {
-        if s.start_us > w {
+        // A window of another length (the window changed since the state was written) is read
+        // as the window of this length that holds its start, so that a later call, reading the
+        // same state, finds the counts where this one did (the wait a denial replies holds).
+        let stored = if s.start_us == w {
+            w
+        } else {
+            floor(s.start_us / window) * window
+        };
+        if stored > w {
             // The clock went backwards: stay in the stored window, at its beginning.
-            (start, elapsed, cur, prev) = (s.start_us, 0.0, s.cur, s.prev);
-        } else if s.start_us == w {
+            (start, elapsed, cur, prev) = (stored, 0.0, s.cur, s.prev);
+        } else if stored == w {
             (cur, prev) = (s.cur, s.prev);
-        } else if s.start_us >= w - window {
-            // The stored window is the previous one (or, after a change of window length,
-            // overlaps it): its count becomes the previous count.
+        } else if stored == w - window {
+            // The stored window is the previous one: its count becomes the previous count.
             prev = s.cur;
         }
     }

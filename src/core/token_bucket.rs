@@ -44,6 +44,12 @@ fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
         Some(s) => (s.tokens, s.ts_us),
         None => (capacity, now),
     };
+    // A debt is at most one capacity, whatever was stored (a capacity lowered since): the stored
+    // debt is cut to it as of its own time, before the refill, so that a later call, refilled
+    // from the same stored state, finds what this one replies it will (the wait it is told).
+    if tokens < -capacity {
+        tokens = -capacity;
+    }
     // A clock that went backwards refills nothing and never moves the stored time back, so the
     // same interval is never counted twice.
     let mut elapsed = now - ts;
@@ -54,10 +60,6 @@ fn current(params: &Params, now: f64, prior: Option<State>) -> (f64, f64) {
     tokens += elapsed * params.refill_per_sec / 1_000_000.0;
     if tokens > capacity {
         tokens = capacity;
-    }
-    // A debt is at most one capacity, whatever was stored (a capacity lowered since).
-    if tokens < -capacity {
-        tokens = -capacity;
     }
     (tokens, t)
 }

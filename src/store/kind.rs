@@ -43,6 +43,15 @@ pub const KINDS: [(Kind, Option<&str>, &str); 8] = [
 pub const FOREIGN_ZSET: ErrorReply = ErrorReply(
     c"WRONGTYPE the key holds a sorted set without an expiry, which no rate limiter writes",
 );
+/// A sorted set with a score no lease could have: a time before `EARLIEST_LEASE_US` (a
+/// leaderboard's points, a job queue's times in seconds or milliseconds).
+pub const FOREIGN_LEASES: ErrorReply = ErrorReply(
+    c"WRONGTYPE the key holds a sorted set whose scores are not lease expiries (Unix microseconds from 2020 on), which no rate limiter writes",
+);
+/// The earliest expiry a lease has: 2020-09-13 12:26:40 UTC in Unix microseconds, before the
+/// module existed. A lease's score is its expiry (the server's clock plus the lease's length), so
+/// a set of the module's never holds an earlier one, and a set that does is not a lease set.
+pub const EARLIEST_LEASE_US: f64 = 1.6e15;
 /// A hash of release 0.1's layout with fields its limiter never wrote.
 pub const FOREIGN_HASH: ErrorReply =
     ErrorReply(c"WRONGTYPE the key holds a hash with fields no rate limiter writes");

@@ -35,6 +35,9 @@ pub trait FieldsLimiter<const N: usize> {
     /// The reply to a call with too few or too many arguments.
     const ARITY_ERROR: ErrorReply;
 
+    /// How many parameters come between the key and the cost (`UPTO n` follows exactly these).
+    const PARAMS: usize;
+
     /// The kind of state it writes: its tag is the first word of the stored value.
     const KIND: Kind;
 
@@ -220,6 +223,8 @@ fn parse_args<L: FieldsLimiter<N>, const N: usize>(
     args: &[&[u8]],
 ) -> Result<Request<L::Params>, ErrorReply> {
     match split_upto(args, &UPTO_ARG)? {
+        // `UPTO n` stands in for the cost, never for a parameter.
+        (params, Some(_)) if params.len() != L::PARAMS => Err(L::ARITY_ERROR),
         (params, Some(n)) => with_last(params, b"1", L::ARITY_ERROR, L::parse).map(|r| Request {
             op: Operation::UpTo(n),
             ..r

@@ -15,7 +15,7 @@ use crate::core::sliding_log::{
     self as sliding_log_core, Log, Outcome, SettleOutcome, Settlement, View, Write, decide, view,
 };
 use crate::core::{Operation, Reply};
-use crate::store::kind::{FOREIGN_ZSET, Kind, foreign};
+use crate::store::kind::{EARLIEST_LEASE_US, FOREIGN_LEASES, FOREIGN_ZSET, Kind, foreign};
 use crate::store::{Effect, Entries, Limit, Request, Slot, Store, grant};
 
 /// A parsed `RL.SLIDINGLOG` call: the log's limit and window, and what the call asks (a cost of
@@ -133,12 +133,16 @@ fn read_log_entry(member: &[u8], score: f64, now: f64) -> Result<(), ErrorReply>
     }
 }
 
-/// An entry a lease call reads at `now`: a lease expiring no later than the longest lease and
-/// the skew allow, else the error that says what the key holds.
+/// An entry a lease call reads at `now`: a lease expiring no earlier than `EARLIEST_LEASE_US`
+/// and no later than the longest lease and the skew allow, else the error that says what the
+/// key holds.
 fn read_lease_entry(member: &[u8], score: f64, now: f64) -> Result<(), ErrorReply> {
     check_lease(member, score)?;
     if is_log_member(member, score) {
         return Err(foreign(Kind::SlidingLog, Kind::Leases));
+    }
+    if score < EARLIEST_LEASE_US {
+        return Err(FOREIGN_LEASES);
     }
     if score > now + MAX_LEASE_US + SKEW_US {
         return Err(CORRUPT_AHEAD);

@@ -32,11 +32,17 @@ local function foreign(holder, caller)
   return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
 end
 
+-- The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+-- before any of it is read (src/codec/number.rs).
+local MAX_NUMBER_LEN = 64
+
 local function is_integer(s)
+  if #s > MAX_NUMBER_LEN then return false end
   return string.match(s, '^[+-]?%d+$') ~= nil
 end
 
 local function is_decimal(s)
+  if #s > MAX_NUMBER_LEN then return false end
   local mantissa = s
   local e = string.find(s, '[eE]')
   if e then
@@ -169,11 +175,13 @@ end
 -- at most the limiter's UPTO_MAX (its cost's largest).
 local function parse_call(limiter, argv)
   local n = #argv
-  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+  if n >= 2 and #argv[n - 1] == 4 and string.upper(argv[n - 1]) == 'UPTO' then
     local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
       'ERR UPTO must be an integer',
       limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
     if not upto then return nil, err end
+    -- UPTO n stands in for the cost, never for a parameter.
+    if n - 2 ~= limiter.PARAMS then return nil, limiter.ARITY end
     local params = {}
     for i = 1, n - 2 do params[i] = argv[i] end
     params[n - 1] = '1'
@@ -223,6 +231,8 @@ end
 -- @limiter leaky_bucket
 local leaky_bucket = {
   ARITY = "ERR wrong number of arguments for 'rl.leakybucket' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
 }
 
 function leaky_bucket.parse(argv)
@@ -266,6 +276,8 @@ end
 function leaky_bucket.current(a, state, now)
   local level, ts = 0, now
   if state then level, ts = state.level, state.ts end
+  -- A debt is at most one capacity, cut to it as of the stored time, before it drains.
+  if level > 2 * a.capacity then level = 2 * a.capacity end
   -- A clock that went backwards drains nothing and never moves the stored time back.
   local elapsed = now - ts
   if elapsed < 0 then elapsed = 0 end
@@ -273,7 +285,6 @@ function leaky_bucket.current(a, state, now)
   if ts > now then t = ts end
   level = level - elapsed * a.rate / 1000000
   if level < 0 then level = 0 end
-  if level > 2 * a.capacity then level = 2 * a.capacity end
   return level, t
 end
 

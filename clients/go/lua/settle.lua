@@ -32,11 +32,17 @@ local function foreign(holder, caller)
   return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
 end
 
+-- The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+-- before any of it is read (src/codec/number.rs).
+local MAX_NUMBER_LEN = 64
+
 local function is_integer(s)
+  if #s > MAX_NUMBER_LEN then return false end
   return string.match(s, '^[+-]?%d+$') ~= nil
 end
 
 local function is_decimal(s)
+  if #s > MAX_NUMBER_LEN then return false end
   local mantissa = s
   local e = string.find(s, '[eE]')
   if e then
@@ -169,11 +175,13 @@ end
 -- at most the limiter's UPTO_MAX (its cost's largest).
 local function parse_call(limiter, argv)
   local n = #argv
-  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+  if n >= 2 and #argv[n - 1] == 4 and string.upper(argv[n - 1]) == 'UPTO' then
     local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
       'ERR UPTO must be an integer',
       limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
     if not upto then return nil, err end
+    -- UPTO n stands in for the cost, never for a parameter.
+    if n - 2 ~= limiter.PARAMS then return nil, limiter.ARITY end
     local params = {}
     for i = 1, n - 2 do params[i] = argv[i] end
     params[n - 1] = '1'
@@ -223,6 +231,8 @@ end
 -- @limiter token_bucket
 local token_bucket = {
   ARITY = "ERR wrong number of arguments for 'rl.tokenbucket' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
 }
 
 function token_bucket.parse(argv)
@@ -266,6 +276,8 @@ function token_bucket.current(a, state, now)
   local capacity = a.capacity
   local tokens, ts = capacity, now
   if state then tokens, ts = state.tokens, state.ts end
+  -- A debt is at most one capacity, cut to it as of the stored time, before the refill.
+  if tokens < -capacity then tokens = -capacity end
   -- A clock that went backwards refills nothing and never moves the stored time back.
   local elapsed = now - ts
   if elapsed < 0 then elapsed = 0 end
@@ -273,7 +285,6 @@ function token_bucket.current(a, state, now)
   if ts > now then t = ts end
   tokens = tokens + elapsed * a.rate / 1000000
   if tokens > capacity then tokens = capacity end
-  if tokens < -capacity then tokens = -capacity end
   return tokens, t
 end
 
@@ -331,6 +342,8 @@ end
 -- @limiter leaky_bucket
 local leaky_bucket = {
   ARITY = "ERR wrong number of arguments for 'rl.leakybucket' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
 }
 
 function leaky_bucket.parse(argv)
@@ -374,6 +387,8 @@ end
 function leaky_bucket.current(a, state, now)
   local level, ts = 0, now
   if state then level, ts = state.level, state.ts end
+  -- A debt is at most one capacity, cut to it as of the stored time, before it drains.
+  if level > 2 * a.capacity then level = 2 * a.capacity end
   -- A clock that went backwards drains nothing and never moves the stored time back.
   local elapsed = now - ts
   if elapsed < 0 then elapsed = 0 end
@@ -381,7 +396,6 @@ function leaky_bucket.current(a, state, now)
   if ts > now then t = ts end
   level = level - elapsed * a.rate / 1000000
   if level < 0 then level = 0 end
-  if level > 2 * a.capacity then level = 2 * a.capacity end
   return level, t
 end
 
@@ -439,6 +453,8 @@ end
 -- @limiter fixed_window
 local fixed_window = {
   ARITY = "ERR wrong number of arguments for 'rl.fixedwindow' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
   MAX_WINDOW_SECONDS = 1e10,
 }
 
@@ -556,6 +572,8 @@ end
 -- @limiter sliding_window
 local sliding_window = {
   ARITY = "ERR wrong number of arguments for 'rl.slidingwindow' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
   MAX_WINDOW_SECONDS = 1e10,
 }
 
@@ -613,12 +631,16 @@ function sliding_window.current(a, state, now)
   local w = math.floor(now / window) * window
   local start, elapsed, cur, prev = w, now - w, 0, 0
   if state then
-    if state.start > w then
+    -- A window of another length (changed since) is read as the window of this length that
+    -- holds its start.
+    local stored = state.start
+    if stored ~= w then stored = math.floor(stored / window) * window end
+    if stored > w then
       -- The clock went backwards: stay in the stored window, at its beginning.
-      start, elapsed, cur, prev = state.start, 0, state.cur, state.prev
-    elseif state.start == w then
+      start, elapsed, cur, prev = stored, 0, state.cur, state.prev
+    elseif stored == w then
       cur, prev = state.cur, state.prev
-    elseif state.start >= w - window then
+    elseif stored == w - window then
       prev = state.cur
     end
   end
@@ -697,6 +719,8 @@ end
 -- @limiter gcra
 local gcra = {
   ARITY = "ERR wrong number of arguments for 'rl.gcra' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 3,
 }
 
 function gcra.parse(argv)
@@ -740,7 +764,8 @@ function gcra.load(key, a, now)
   if not (tat and tat >= 0 and tat <= 8e15) then
     return nil, redis.error_reply("ERR corrupt rate limiter state: field 'tat' is not a valid timestamp")
   end
-  if tat > now + 2 * a.tolerance + SKEW_US then tat = now + 2 * a.tolerance end
+  -- As it is, however far ahead (parameters lowered since): the wait a denial replies counts
+  -- from it.
   return {tat = tat}
 end
 
@@ -799,6 +824,8 @@ end
 -- @limiter sliding_log
 local sliding_log = {
   ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
   -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory (and the
   -- time a server takes to free it when it expires).
   MAX_LIMIT = 10000,
@@ -1041,9 +1068,23 @@ end
 if #ARGV < n * shortest + 2 then
   return redis.error_reply(ARITY .. ': numkeys limits and DELTA n must follow the keys')
 end
+-- The words a parse reads (src/command/all.rs, read_part): all of them, or for a call longer than
+-- any valid one (numkeys, 16 keys and 16 limits of at most 4 words, then DELTA n) the first word
+-- past the longest head and the last 2, so its cost is the same however long it is.
+local MAX_HEAD, LAST_WORDS = 81, 2
 local words = {}
-for i = 1, #ARGV do words[i] = ARGV[i] end
-if string.upper(words[#words - 1]) ~= 'DELTA' then
+if 1 + n + #ARGV <= MAX_HEAD + LAST_WORDS then
+  for i = 1, #ARGV do words[i] = ARGV[i] end
+else
+  for i = 1, MAX_HEAD - n do words[i] = ARGV[i] end
+  for i = #ARGV - LAST_WORDS + 1, #ARGV do words[#words + 1] = ARGV[i] end
+end
+-- A keyword in upper case; a word longer than every keyword is none of them.
+local function keyword_of(word)
+  if #word > 16 then return '' end
+  return string.upper(word)
+end
+if keyword_of(words[#words - 1]) ~= 'DELTA' then
   return redis.error_reply('ERR the call must end with DELTA n')
 end
 local delta, err = integer_arg(words[#words], -MAX_INTEGER_ARG, MAX_INTEGER_ARG,
@@ -1060,7 +1101,7 @@ while i <= #words do
     return redis.error_reply('ERR the number of limits must equal numkeys')
   end
   local algorithm
-  local keyword = string.upper(words[i])
+  local keyword = keyword_of(words[i])
   for _, a in ipairs(ALGORITHMS) do
     if a.keyword == keyword then algorithm = a end
   end

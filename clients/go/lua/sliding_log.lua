@@ -34,11 +34,17 @@ local function foreign(holder, caller)
   return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
 end
 
+-- The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+-- before any of it is read (src/codec/number.rs).
+local MAX_NUMBER_LEN = 64
+
 local function is_integer(s)
+  if #s > MAX_NUMBER_LEN then return false end
   return string.match(s, '^[+-]?%d+$') ~= nil
 end
 
 local function is_decimal(s)
+  if #s > MAX_NUMBER_LEN then return false end
   local mantissa = s
   local e = string.find(s, '[eE]')
   if e then
@@ -171,11 +177,13 @@ end
 -- at most the limiter's UPTO_MAX (its cost's largest).
 local function parse_call(limiter, argv)
   local n = #argv
-  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+  if n >= 2 and #argv[n - 1] == 4 and string.upper(argv[n - 1]) == 'UPTO' then
     local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
       'ERR UPTO must be an integer',
       limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
     if not upto then return nil, err end
+    -- UPTO n stands in for the cost, never for a parameter.
+    if n - 2 ~= limiter.PARAMS then return nil, limiter.ARITY end
     local params = {}
     for i = 1, n - 2 do params[i] = argv[i] end
     params[n - 1] = '1'
@@ -225,6 +233,8 @@ end
 -- @limiter sliding_log
 local sliding_log = {
   ARITY = "ERR wrong number of arguments for 'rl.slidinglog' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
   -- Every admitted unit is one member of about 120 bytes: this bounds a key's memory (and the
   -- time a server takes to free it when it expires).
   MAX_LIMIT = 10000,

@@ -39,11 +39,17 @@ local function foreign(holder, caller)
   return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
 end
 
+-- The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+-- before any of it is read (src/codec/number.rs).
+local MAX_NUMBER_LEN = 64
+
 local function is_integer(s)
+  if #s > MAX_NUMBER_LEN then return false end
   return string.match(s, '^[+-]?%d+$') ~= nil
 end
 
 local function is_decimal(s)
+  if #s > MAX_NUMBER_LEN then return false end
   local mantissa = s
   local e = string.find(s, '[eE]')
   if e then
@@ -176,11 +182,13 @@ end
 -- at most the limiter's UPTO_MAX (its cost's largest).
 local function parse_call(limiter, argv)
   local n = #argv
-  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+  if n >= 2 and #argv[n - 1] == 4 and string.upper(argv[n - 1]) == 'UPTO' then
     local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
       'ERR UPTO must be an integer',
       limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
     if not upto then return nil, err end
+    -- UPTO n stands in for the cost, never for a parameter.
+    if n - 2 ~= limiter.PARAMS then return nil, limiter.ARITY end
     local params = {}
     for i = 1, n - 2 do params[i] = argv[i] end
     params[n - 1] = '1'
@@ -353,8 +361,8 @@ function throttle.load(key, a, now_us)
           return nil, foreign('RL.GCRA', 'CL.THROTTLE')
         end
       end
-      local reach = ns_add(ns_from_us(now_us), ns_add(a.tolerance, a.tolerance))
-      if ns_less(ns_add(reach, {SKEW_US / 1000000, 0}), tat) then tat = reach end
+      -- As it is, however far ahead (parameters lowered since): the wait a denial replies
+      -- counts from it.
       return tat
     end
   end

@@ -33,11 +33,17 @@ local function foreign(holder, caller)
   return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
 end
 
+-- The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+-- before any of it is read (src/codec/number.rs).
+local MAX_NUMBER_LEN = 64
+
 local function is_integer(s)
+  if #s > MAX_NUMBER_LEN then return false end
   return string.match(s, '^[+-]?%d+$') ~= nil
 end
 
 local function is_decimal(s)
+  if #s > MAX_NUMBER_LEN then return false end
   local mantissa = s
   local e = string.find(s, '[eE]')
   if e then
@@ -170,11 +176,13 @@ end
 -- at most the limiter's UPTO_MAX (its cost's largest).
 local function parse_call(limiter, argv)
   local n = #argv
-  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+  if n >= 2 and #argv[n - 1] == 4 and string.upper(argv[n - 1]) == 'UPTO' then
     local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
       'ERR UPTO must be an integer',
       limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
     if not upto then return nil, err end
+    -- UPTO n stands in for the cost, never for a parameter.
+    if n - 2 ~= limiter.PARAMS then return nil, limiter.ARITY end
     local params = {}
     for i = 1, n - 2 do params[i] = argv[i] end
     params[n - 1] = '1'
@@ -224,6 +232,8 @@ end
 -- @limiter sliding_window
 local sliding_window = {
   ARITY = "ERR wrong number of arguments for 'rl.slidingwindow' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
   MAX_WINDOW_SECONDS = 1e10,
 }
 
@@ -281,12 +291,16 @@ function sliding_window.current(a, state, now)
   local w = math.floor(now / window) * window
   local start, elapsed, cur, prev = w, now - w, 0, 0
   if state then
-    if state.start > w then
+    -- A window of another length (changed since) is read as the window of this length that
+    -- holds its start.
+    local stored = state.start
+    if stored ~= w then stored = math.floor(stored / window) * window end
+    if stored > w then
       -- The clock went backwards: stay in the stored window, at its beginning.
-      start, elapsed, cur, prev = state.start, 0, state.cur, state.prev
-    elseif state.start == w then
+      start, elapsed, cur, prev = stored, 0, state.cur, state.prev
+    elseif stored == w then
       cur, prev = state.cur, state.prev
-    elseif state.start >= w - window then
+    elseif stored == w - window then
       prev = state.cur
     end
   end

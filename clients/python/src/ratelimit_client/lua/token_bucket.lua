@@ -34,11 +34,17 @@ local function foreign(holder, caller)
   return redis.error_reply('WRONGTYPE the key holds ' .. holder .. ' state, not ' .. caller .. ' state')
 end
 
+-- The longest number the grammar accepts, in bytes: a longer string is not a number, refused
+-- before any of it is read (src/codec/number.rs).
+local MAX_NUMBER_LEN = 64
+
 local function is_integer(s)
+  if #s > MAX_NUMBER_LEN then return false end
   return string.match(s, '^[+-]?%d+$') ~= nil
 end
 
 local function is_decimal(s)
+  if #s > MAX_NUMBER_LEN then return false end
   local mantissa = s
   local e = string.find(s, '[eE]')
   if e then
@@ -171,11 +177,13 @@ end
 -- at most the limiter's UPTO_MAX (its cost's largest).
 local function parse_call(limiter, argv)
   local n = #argv
-  if n >= 2 and string.upper(argv[n - 1]) == 'UPTO' then
+  if n >= 2 and #argv[n - 1] == 4 and string.upper(argv[n - 1]) == 'UPTO' then
     local upto, err = integer_arg(argv[n], 1, limiter.UPTO_MAX or MAX_INTEGER_ARG,
       'ERR UPTO must be an integer',
       limiter.UPTO_RANGE or 'ERR UPTO must be between 1 and 1000000000000000')
     if not upto then return nil, err end
+    -- UPTO n stands in for the cost, never for a parameter.
+    if n - 2 ~= limiter.PARAMS then return nil, limiter.ARITY end
     local params = {}
     for i = 1, n - 2 do params[i] = argv[i] end
     params[n - 1] = '1'
@@ -225,6 +233,8 @@ end
 -- @limiter token_bucket
 local token_bucket = {
   ARITY = "ERR wrong number of arguments for 'rl.tokenbucket' command",
+  -- The parameters between the key and the cost.
+  PARAMS = 2,
 }
 
 function token_bucket.parse(argv)
@@ -268,6 +278,8 @@ function token_bucket.current(a, state, now)
   local capacity = a.capacity
   local tokens, ts = capacity, now
   if state then tokens, ts = state.tokens, state.ts end
+  -- A debt is at most one capacity, cut to it as of the stored time, before the refill.
+  if tokens < -capacity then tokens = -capacity end
   -- A clock that went backwards refills nothing and never moves the stored time back.
   local elapsed = now - ts
   if elapsed < 0 then elapsed = 0 end
@@ -275,7 +287,6 @@ function token_bucket.current(a, state, now)
   if ts > now then t = ts end
   tokens = tokens + elapsed * a.rate / 1000000
   if tokens > capacity then tokens = capacity end
-  if tokens < -capacity then tokens = -capacity end
   return tokens, t
 end
 
