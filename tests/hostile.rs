@@ -756,9 +756,9 @@ fn a_denials_retry_after_is_a_time_after_which_the_same_call_is_admitted() {
             })
             .unwrap_or_else(|e| panic!("{}: {e}", p.command));
         // Not a vacuous pass: many generated cases end in a denial to check (about 40% of the
-        // runs, of the three paths together, here).
+        // runs of the three paths together, here; at least a twelfth, or the generator changed).
         assert!(
-            checked.get() >= cases * 3 / 4,
+            checked.get() >= cases / 4,
             "{}: only {} of {} cases (x3 paths) ended in a denial with a wait",
             p.command,
             checked.get(),
