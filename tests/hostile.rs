@@ -204,14 +204,19 @@ fn padded(value: &str, len: usize) -> String {
     )
 }
 
-/// Calls whose every numeric argument is checked: the command, its keys, its arguments, and the
-/// indexes of the numeric ones.
-fn numeric_calls() -> Vec<(
+/// A call: its command, its keys, its arguments, and the indexes of its numeric arguments.
+type NumericCall = (
     &'static str,
     Vec<&'static str>,
     Vec<&'static str>,
     Vec<usize>,
-)> {
+);
+
+/// A call through a twin: its command, its script, its keys and its arguments.
+type TwinCall<'a> = (&'a str, &'a str, Vec<&'a str>, Vec<&'a [u8]>);
+
+/// Calls whose every numeric argument is checked.
+fn numeric_calls() -> Vec<NumericCall> {
     vec![
         (
             "RL.TOKENBUCKET",
@@ -402,7 +407,7 @@ fn a_twin_given_a_million_arguments_allocates_what_it_does_for_a_few() {
     set_clock(&mut c, T0);
     const MANY: usize = 1_000_000;
     let filler = vec![&b"x"[..]; MANY];
-    let calls: Vec<(&str, &str, Vec<&str>, Vec<&[u8]>)> = vec![
+    let calls: Vec<TwinCall> = vec![
         (
             "RL.TOKENBUCKET",
             "token_bucket.lua",
