@@ -61,7 +61,8 @@ run: build $(if $(SERVER),servers)
 		--save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
 # Every crate of the workspace on Redis 7.0: unit tests, the embedded-Lua differential suite, the
-# module's server suites, the client's and the demo in headless Chromium (clients/rust/tests/e2e.rs).
+# module's server suites, the client's and the demo in headless Chromium (clients/rust/tests/e2e.rs),
+# the rate limit service's, behind Envoy too (rls/tests/envoy.rs, with Envoy from rls-deps).
 # Then the examples in Python, Node.js and Go, the module's server suites on every other server
 # of the matrix (with the Rust client's suites of the same names: its replay of the conformance
 # table, cluster, grants, leases, top, so that the table runs on every server for every client),

@@ -549,6 +549,11 @@ async fn cluster_and_sentinel() {
 
     let master = Redis::start(true);
     let sentinel = Redis::sentinel(master.port);
+    eventually("the sentinel naming the master", || {
+        sentinel
+            .cli(&["SENTINEL", "get-master-addr-by-name", "mymaster"])
+            .ends_with(&master.port.to_string())
+    });
     let mut env = env_for(&dir, master.port);
     env.push(("REDIS_TYPE".into(), "SENTINEL".into()));
     env.retain(|(k, _)| k != "REDIS_URL");
@@ -566,4 +571,77 @@ async fn cluster_and_sentinel() {
         assert_eq!(&codes(r.get_ref()), w, "sentinel request {i}");
     }
     assert_eq!(master.cli(&["EXISTS", "rls:{shop}:fw:user_ann"]), "1");
+}
+
+/// Without the module the client decides with the Lua twins (`all.lua` for several limits):
+/// the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_module_the_twins_decide_alike() {
+    let redis = Redis::start(false);
+    let dir = ConfigDir::new(&[("shop.yaml", SHOP)]);
+    let rls = Rls::start(&env_for(&dir, redis.port));
+    let mut client = rls.client().await;
+    let both: &[&[(&str, &str)]] = &[&[("route", "checkout")], &[("user", "ann")]];
+    let want = [
+        (OK, vec![(OK, 2), (OK, 4)]),
+        (OK, vec![(OK, 1), (OK, 3)]),
+        (OK, vec![(OK, 0), (OK, 2)]),
+        (OVER, vec![(OVER, 0), (OK, 2)]),
+    ];
+    for (i, w) in want.iter().enumerate() {
+        let r = client
+            .should_rate_limit(request("shop", both, 1))
+            .await
+            .unwrap();
+        assert_eq!(&codes(r.get_ref()), w, "request {i}");
+    }
+    assert_eq!(redis.cli(&["MODULE", "LIST"]), "");
+}
+
+/// `RUNTIME_WATCH_ROOT=true` (the default): the root is a link, and pointing it at another
+/// directory (as a deployment swaps a ConfigMap) loads that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_link_swapped_reloads() {
+    let redis = Redis::start(true);
+    let base = tempfile::tempdir().unwrap();
+    for (name, rpu) in [("v1", 1), ("v2", 3)] {
+        let dir = base.path().join(name).join("config");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("d.yaml"),
+            format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n"),
+        )
+        .unwrap();
+    }
+    let link = base.path().join("current");
+    std::os::unix::fs::symlink(base.path().join("v1"), &link).unwrap();
+    let env: Vec<(String, String)> = [
+        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("RUNTIME_ROOT", link.display().to_string()),
+        ("USE_PROMETHEUS", "true".to_string()),
+        ("RLS_RELOAD_INTERVAL_MS", "50".to_string()),
+        ("RLS_REDIS_TIMEOUT_MS", "2000".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let rls = Rls::start(&env);
+    let mut client = rls.client().await;
+    let r = client
+        .should_rate_limit(request("d", &[&[("k", "a")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), (OK, vec![(OK, 0)]));
+    let tmp = base.path().join("next");
+    std::os::unix::fs::symlink(base.path().join("v2"), &tmp).unwrap();
+    std::fs::rename(&tmp, &link).unwrap();
+    eventually("the reload", || {
+        rls.metric("ratelimit_service_config_load_success") == 2
+    });
+    let r = client
+        .should_rate_limit(request("d", &[&[("k", "b")]], 1))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), (OK, vec![(OK, 2)]));
 }

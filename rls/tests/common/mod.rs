@@ -231,6 +231,9 @@ pub fn env_for(dir: &ConfigDir, redis_port: u16) -> Vec<(String, String)> {
         ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
         ("USE_PROMETHEUS", "true".to_string()),
         ("RLS_RELOAD_INTERVAL_MS", "50".to_string()),
+        // A loaded machine answers late now and then: a generous bound, never reached when
+        // the server is down (refused at once).
+        ("RLS_REDIS_TIMEOUT_MS", "2000".to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
