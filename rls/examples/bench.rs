@@ -142,6 +142,14 @@ impl Run {
 }
 
 async fn direct(rls: &Rls, descriptors: usize, concurrency: usize, seconds: f64) -> Run {
+    // One call first: the connections made and the mode detected before the callers start.
+    let warm: &[&[(&str, &str)]] = &[&[("d1", "warm")]];
+    let r = rls
+        .client()
+        .await
+        .should_rate_limit(request("bench", warm, 1))
+        .await;
+    assert_eq!(r.expect("answer").get_ref().overall_code, 1);
     let calls0 = rls.metric("ratelimit_rls_client_calls_total");
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::new();
@@ -190,9 +198,19 @@ async fn through_envoy(
     concurrency: usize,
     seconds: f64,
 ) -> Run {
+    let path = if descriptors == 1 { "/one" } else { "/four" };
+    // One request first: Envoy's connection to the service made before the callers start.
+    let mut warm = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(
+        &mut warm,
+        format!("GET {path} HTTP/1.1\r\nhost: bench\r\nx-d1: warm\r\nx-d2: warm\r\nx-d3: warm\r\nx-d4: warm\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut warm, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let calls0 = rls.metric("ratelimit_rls_client_calls_total");
     let until = Instant::now() + Duration::from_secs_f64(seconds);
-    let path = if descriptors == 1 { "/one" } else { "/four" };
     let mut tasks = Vec::new();
     for t in 0..concurrency {
         tasks.push(tokio::spawn(async move {
