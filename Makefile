@@ -461,10 +461,13 @@ RLS_BENCH_CONCURRENCY ?= 16
 bench-rls: build rls-deps
 	$(CARGO) run --release -p ratelimit-rls --example bench -- $(RLS_BENCH_SECONDS) $(RLS_BENCH_CONCURRENCY)
 
+# PORT here is the Redis server's (as for `make run`); the service's own HTTP port is RLS_HTTP_PORT.
+RLS_HTTP_PORT ?= 8080
+
 rls: build
-	REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:$(PORT) RUNTIME_ROOT=$(CURDIR)/rls/examples \
-		RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config USE_PROMETHEUS=true \
-		$(TARGET_DIR)/release/ratelimit-rls
+	REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:$(PORT) PORT=$(RLS_HTTP_PORT) \
+		RUNTIME_ROOT=$(CURDIR)/rls/examples RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config \
+		USE_PROMETHEUS=true $(TARGET_DIR)/release/ratelimit-rls
 
 clean:
 	$(CARGO) clean
