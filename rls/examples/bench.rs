@@ -285,7 +285,7 @@ async fn main() {
     let envoy_bin = std::env::var_os("RLS_ENVOY")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/envoy")));
-    let mut envoy = std::process::Command::new(envoy_bin)
+    let envoy = std::process::Command::new(envoy_bin)
         .arg("-c")
         .arg(&cfg)
         .args(["--concurrency", "1", "--disable-hot-restart", "-l", "error"])
@@ -293,6 +293,15 @@ async fn main() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("envoy (make rls-deps)");
+    // Killed when main returns or a run panics.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _envoy = Killed(envoy);
     eventually("Envoy ready", || {
         std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok()
             && http_get(admin, "/ready").0 == 200
@@ -312,6 +321,4 @@ async fn main() {
         let mut r = through_envoy(&rls, listen, d, concurrency, seconds).await;
         println!("{}", r.row(&format!("through Envoy, {d} descriptor(s)")));
     }
-    let _ = envoy.kill();
-    let _ = envoy.wait();
 }
