@@ -1,13 +1,22 @@
-//! A circuit breaker: after `failures` consecutive failures the breaker opens and calls skip
-//! Redis for `cooldown`; then one trial call goes through (half open): success closes it, failure
-//! opens it again.
+//! A circuit breaker: after `failures` calls in a row that Redis did not answer, the breaker
+//! opens and calls skip Redis for `cooldown`; then one trial call goes through (half open):
+//! success closes it, failure opens it again.
+//!
+//! A failure counts only when Redis answered none of the client's calls since the failed call
+//! began: a call that outlasts its deadline while Redis answers others (a burst on a busy
+//! machine) was late, on a server that is there. A server that is down, frozen or too slow
+//! answers no one, and `failures` calls open the breaker as ever. The rule costs one atomic
+//! count of answers: a call notes it when it begins ([`Breaker::answered`]), and its failure
+//! counts only if no answer came since ([`Breaker::failure_since`]).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BreakerConfig {
-    /// Consecutive failures that open the breaker (at least 1).
+    /// Failures in a row that open the breaker (at least 1): calls that Redis did not answer,
+    /// while it answered none of the client's others.
     pub failures: u32,
     /// How long calls skip Redis once open.
     pub cooldown: Duration,
@@ -33,53 +42,108 @@ enum State {
 pub(crate) struct Breaker {
     config: BreakerConfig,
     state: Mutex<State>,
+    /// The state is `Closed { failures: 0 }`: a call is permitted, and an answer changes
+    /// nothing, without the lock. Written under the lock only.
+    clean: AtomicBool,
+    /// Calls Redis answered so far.
+    answers: AtomicU64,
 }
+
+/// A call on its way under the breaker, from [`Breaker::answered`]: the point it began at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Since(u64);
 
 impl Breaker {
     pub(crate) fn new(config: BreakerConfig) -> Breaker {
         Breaker {
             config,
             state: Mutex::new(State::Closed { failures: 0 }),
+            clean: AtomicBool::new(true),
+            answers: AtomicU64::new(0),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, s: &mut State, to: State) {
+        self.clean.store(
+            matches!(to, State::Closed { failures: 0 }),
+            Ordering::Release,
+        );
+        *s = to;
     }
 
     /// Whether this call may go to Redis.
     pub(crate) fn permit(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.clean.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut s = self.lock();
         match *s {
             State::Closed { .. } => true,
             State::Open { until } if Instant::now() >= until => {
-                *s = State::HalfOpen;
+                self.set(&mut s, State::HalfOpen);
                 true
             }
             State::Open { .. } | State::HalfOpen => false,
         }
     }
 
-    pub(crate) fn success(&self) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Closed { failures: 0 };
+    /// The answers so far, for a call that begins now.
+    pub(crate) fn answered(&self) -> Since {
+        Since(self.answers.load(Ordering::Acquire))
     }
 
-    pub(crate) fn failure(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let open = State::Open {
-            until: Instant::now() + self.config.cooldown,
-        };
-        *s = match *s {
+    /// Redis answered a call (a rejection included).
+    pub(crate) fn success(&self) {
+        // Sequentially consistent with `failure_since`: either that failure sees this answer,
+        // or this answer sees the breaker unclean and takes the lock after it.
+        self.answers.fetch_add(1, Ordering::SeqCst);
+        if self.clean.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut s = self.lock();
+        self.set(&mut s, State::Closed { failures: 0 });
+    }
+
+    /// Redis did not answer a call begun at `since`. While the breaker is closed, counted only
+    /// if Redis answered no call since then; a trial call's failure (half open) opens it again.
+    pub(crate) fn failure_since(&self, since: Since) {
+        let mut s = self.lock();
+        if let State::Closed { failures } = *s {
+            self.clean.store(false, Ordering::SeqCst);
+            if self.answers.load(Ordering::SeqCst) != since.0 {
+                self.clean.store(failures == 0, Ordering::Release);
+                return;
+            }
+        }
+        let next = match *s {
             State::Closed { failures } if failures + 1 < self.config.failures.max(1) => {
                 State::Closed {
                     failures: failures + 1,
                 }
             }
-            _ => open,
+            _ => State::Open {
+                until: Instant::now() + self.config.cooldown,
+            },
         };
+        self.set(&mut s, next);
+    }
+
+    /// A call that ended without telling anything about Redis (its caller dropped it): a
+    /// trial call (half open) lets the next call be the trial.
+    pub(crate) fn neutral(&self) {
+        let mut s = self.lock();
+        if matches!(*s, State::HalfOpen) {
+            let now = Instant::now();
+            self.set(&mut s, State::Open { until: now });
+        }
     }
 
     pub(crate) fn is_open(&self) -> bool {
-        !matches!(
-            *self.state.lock().unwrap_or_else(|e| e.into_inner()),
-            State::Closed { .. }
-        )
+        !matches!(*self.lock(), State::Closed { .. })
     }
 }
 
@@ -94,20 +158,70 @@ mod tests {
             cooldown: Duration::from_millis(50),
         });
         assert!(b.permit());
-        b.failure();
+        b.failure_since(b.answered());
         assert!(!b.is_open());
         assert!(b.permit());
-        b.failure();
+        b.failure_since(b.answered());
         assert!(b.is_open());
         assert!(!b.permit());
         std::thread::sleep(Duration::from_millis(60));
         assert!(b.permit(), "one trial after the cooldown");
         assert!(!b.permit(), "only one trial at a time");
-        b.failure();
+        b.failure_since(b.answered());
         assert!(!b.permit());
         std::thread::sleep(Duration::from_millis(60));
         assert!(b.permit());
         b.success();
+        assert!(!b.is_open());
+        assert!(b.permit());
+    }
+
+    /// Failures count only with no answer since the failed call began.
+    #[test]
+    fn counts_failures_with_no_answer_since() {
+        let b = Breaker::new(BreakerConfig {
+            failures: 2,
+            cooldown: Duration::from_secs(3600),
+        });
+        // Begun before an answer: not counted, however many.
+        let before = b.answered();
+        b.success();
+        for _ in 0..5 {
+            b.failure_since(before);
+        }
+        assert!(!b.is_open());
+        assert!(b.permit());
+        // Two calls begin, Redis answers neither: the second failure opens it.
+        let (x, y) = (b.answered(), b.answered());
+        b.failure_since(x);
+        assert!(!b.is_open());
+        b.failure_since(y);
+        assert!(b.is_open());
+        assert!(!b.permit());
+        // Open, every failure counts (a call begun before it opened included).
+        b.failure_since(before);
+        assert!(b.is_open());
+    }
+
+    /// A trial call that its caller dropped lets the next call be the trial.
+    #[test]
+    fn a_neutral_trial_lets_the_next_call_try() {
+        let b = Breaker::new(BreakerConfig {
+            failures: 1,
+            cooldown: Duration::from_millis(20),
+        });
+        b.failure_since(b.answered());
+        assert!(b.is_open());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(b.permit());
+        assert!(!b.permit());
+        b.neutral();
+        assert!(b.permit(), "the next call is the trial");
+        assert!(!b.permit());
+        b.success();
+        assert!(!b.is_open());
+        // Closed: neutral changes nothing.
+        b.neutral();
         assert!(!b.is_open());
         assert!(b.permit());
     }

@@ -400,6 +400,24 @@ enum Failure {
     Unavailable,
 }
 
+/// A call on its way under the breaker: dropped before [`Pending::ended`] (its caller gave up),
+/// the breaker learns nothing from it ([`Breaker::neutral`]: a trial call lets the next one try).
+struct Pending<'a>(Option<&'a Breaker>);
+
+impl Pending<'_> {
+    fn ended(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.0 {
+            b.neutral();
+        }
+    }
+}
+
 impl<C> Client<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -1033,16 +1051,22 @@ where
     where
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        if !self.inner.breaker.permit() {
+        let breaker = &self.inner.breaker;
+        if !breaker.permit() {
             return Err(Failure::Unavailable);
         }
-        match self.attempt(script, call).await {
+        let since = breaker.answered();
+        // Dropped before it ends (its caller gave up), the call tells nothing about Redis.
+        let pending = Pending(Some(breaker));
+        let got = self.attempt(script, call).await;
+        pending.ended();
+        match got {
             Ok(v) => {
-                self.inner.breaker.success();
+                breaker.success();
                 Ok(v)
             }
             Err(e) if !is_unavailable(&e) => {
-                self.inner.breaker.success();
+                breaker.success();
                 if e.code() == Some("READONLY") {
                     self.reconnect().await;
                 }
@@ -1052,7 +1076,9 @@ where
                 }))
             }
             Err(_) => {
-                self.inner.breaker.failure();
+                // Counted only if Redis answered none of the client's calls since this one
+                // began (a call late behind others that were answered is not a server gone).
+                breaker.failure_since(since);
                 Err(Failure::Unavailable)
             }
         }

@@ -1,14 +1,20 @@
-//! Failure policies: a closed port, a hung server (SIGSTOP), a server killed mid-run.
+//! Failure policies: a closed port, a hung server (SIGSTOP), a server killed mid-run; the
+//! breaker's rule (a failure counts only when Redis answered none of the client's calls since
+//! the failed call began), and a trial call given up by its caller.
 
 mod common;
 
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Opts, Server, free_port};
 use ratelimit_client::{
-    Algorithm, BreakerConfig, Decision, Degraded, FailurePolicy, Limiter, Mode, Options,
+    Algorithm, BreakerConfig, Client, Decision, Degraded, FailurePolicy, Limiter, Mode, ModeChoice,
+    Options,
 };
+use redis::aio::ConnectionManager;
 
 fn bucket() -> Algorithm {
     Algorithm::TokenBucket {
@@ -155,6 +161,213 @@ async fn breaker_spares_the_timeout_on_a_hung_server() {
         assert!(Instant::now() < deadline, "never recovered");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(!l.client().breaker_open());
+}
+
+/// A burst on a frozen server: the calls that Redis answers none of are failures all, and the
+/// breaker opens at their deadline, as many failures as `failures` (here 3 of 10 at once).
+#[tokio::test]
+async fn a_burst_on_a_frozen_server_opens_the_breaker_at_its_deadline() {
+    let server = Server::with_module();
+    let l = Limiter::connect(
+        &server.url(),
+        bucket(),
+        Options {
+            policy: FailurePolicy::FailOpen,
+            timeout: Duration::from_millis(100),
+            breaker: BreakerConfig {
+                failures: 3,
+                cooldown: Duration::from_secs(3600),
+            },
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(l.check("k").await.unwrap().degraded, None);
+    signal(&server, "-STOP");
+    let t = Instant::now();
+    let burst: Vec<_> = (0..10)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move { l.check("k").await.unwrap().degraded })
+        })
+        .collect();
+    for call in burst {
+        assert_eq!(call.await.unwrap(), Some(Degraded::FailOpen));
+    }
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(95) && took < Duration::from_millis(1000),
+        "{took:?}"
+    );
+    assert!(l.client().breaker_open());
+    let t = Instant::now();
+    assert_eq!(
+        l.check("k").await.unwrap().degraded,
+        Some(Degraded::FailOpen)
+    );
+    assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+    signal(&server, "-CONT");
+}
+
+/// A connection whose commands on keys that start with `late:` reach the server `delay_ms`
+/// after they were sent (bytes on a slow link: a task of their own carries them), while every
+/// other command goes at once: calls that outlast their deadline while Redis answers others.
+#[derive(Clone)]
+struct LateKeys {
+    inner: ConnectionManager,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl redis::aio::ConnectionLike for LateKeys {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        let late = matches!(
+            cmd.args_iter().nth(1),
+            Some(redis::Arg::Simple(key)) if key.starts_with(b"late:")
+        );
+        if delay == 0 || !late {
+            return self.inner.req_packed_command(cmd);
+        }
+        let (mut conn, cmd) = (self.inner.clone(), cmd.clone());
+        let on_its_way = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            conn.req_packed_command(&cmd).await
+        });
+        Box::pin(async move {
+            on_its_way
+                .await
+                .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "lost")))?
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// Calls that fail while Redis answered another call since they began are late, not a server
+/// gone: however many, they do not open the breaker (nor does the rest of the burst skip
+/// Redis). The same failures with no answer meanwhile open it, `failures` of them as ever.
+#[tokio::test]
+async fn failures_overlapping_answered_calls_do_not_open_the_breaker() {
+    let server = Server::with_module();
+    let manager = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let conn = LateKeys {
+        inner: manager,
+        delay_ms: Default::default(),
+    };
+    let client = Client::new(
+        conn.clone(),
+        Options {
+            policy: FailurePolicy::FailOpen,
+            mode: ModeChoice::Module,
+            timeout: Duration::from_millis(100),
+            breaker: BreakerConfig {
+                failures: 3,
+                cooldown: Duration::from_secs(3600),
+            },
+            ..Options::default()
+        },
+    );
+    let check = |key: &str| {
+        let (c, key) = (client.clone(), key.to_string());
+        tokio::spawn(async move { c.check(&key, &bucket(), 1).await.unwrap().degraded })
+    };
+    assert_eq!(check("k").await.unwrap(), None);
+    conn.delay_ms.store(300, Ordering::SeqCst);
+    for round in 0..3 {
+        // Five calls whose commands are on their way for 300 ms, then one that Redis answers
+        // within their deadline: the five fail after the answer, one after the other.
+        let late: Vec<_> = (0..5)
+            .map(|i| check(&format!("late:{round}:{i}")))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(check("k").await.unwrap(), None, "round {round}");
+        for call in late {
+            assert_eq!(
+                call.await.unwrap(),
+                Some(Degraded::FailOpen),
+                "round {round}"
+            );
+        }
+        assert!(!client.breaker_open(), "round {round}: the breaker opened");
+    }
+    // Their commands did reach Redis, late: the server was there.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut admin = server.connect();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("late:*").query(&mut admin).unwrap();
+    assert_eq!(keys.len(), 15);
+    // Three late calls and no answer meanwhile: three failures, the breaker opens.
+    let late: Vec<_> = (0..3).map(|i| check(&format!("late:alone:{i}"))).collect();
+    for call in late {
+        assert_eq!(call.await.unwrap(), Some(Degraded::FailOpen));
+    }
+    assert!(client.breaker_open());
+    let t = Instant::now();
+    assert_eq!(check("k").await.unwrap(), Some(Degraded::FailOpen));
+    assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+}
+
+/// A trial call (the breaker half open) that its caller gave up on tells nothing about Redis:
+/// the next call is the trial, and finds the server back.
+#[tokio::test]
+async fn a_trial_call_given_up_by_its_caller_lets_the_next_call_try() {
+    let server = Server::with_module();
+    let l = Limiter::connect(
+        &server.url(),
+        bucket(),
+        Options {
+            policy: FailurePolicy::FailOpen,
+            timeout: Duration::from_millis(100),
+            breaker: BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_millis(200),
+            },
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(l.check("k").await.unwrap().degraded, None);
+    signal(&server, "-STOP");
+    assert_eq!(
+        l.check("k").await.unwrap().degraded,
+        Some(Degraded::FailOpen)
+    );
+    assert!(l.client().breaker_open());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The trial, given up after 20 ms (a caller's own timeout, an HTTP client gone away).
+    let gave_up = tokio::time::timeout(Duration::from_millis(20), l.check("k")).await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    signal(&server, "-CONT");
+    // The next call is the trial: Redis decides it (its reply may follow the replies to the
+    // calls given up on the connection, so within a few tries, with no cooldown between).
+    let mut decided = None;
+    for _ in 0..5 {
+        let o = l.check("k").await.unwrap();
+        if o.degraded.is_none() {
+            decided = Some(o);
+            break;
+        }
+    }
+    let o = decided.expect("never decided by Redis after the trial was given up");
+    assert_eq!(o.mode, Some(Mode::Module));
     assert!(!l.client().breaker_open());
 }
 
