@@ -214,6 +214,46 @@ func Example_middleware() {
 	// {"detail":"rate limit 'per-minute' exceeded; retry in 60 s","limit":"per-minute","retry_after":60,"status":429,"title":"Too Many Requests","type":"about:blank"}
 }
 
+// The same middleware with the fields of the draft's next revision (HeaderDraft12): a, w and c in
+// RateLimit, and RateLimit-Partition.
+func Example_middlewareDraft12() {
+	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{})
+	limits := ratelimit.NewMiddleware(client).
+		Key(ratelimit.HeaderKey("X-Api-Key")).
+		Limits("*", "*", ratelimit.NewPolicy("per-minute", ratelimit.FixedWindow{Limit: 2, WindowSec: 60})).
+		Options(ratelimit.MiddlewareOptions{HeaderFormat: ratelimit.HeaderDraft12})
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "hello")
+	})
+	srv := httptest.NewServer(limits.Handler(app))
+	defer srv.Close()
+	for i := 0; i < 3; i++ {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		req.Header.Set("X-Api-Key", "carol")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, resp.Header.Get("RateLimit"))
+		if resp.StatusCode == http.StatusTooManyRequests {
+			fmt.Println("Retry-After:", resp.Header.Get("Retry-After"))
+		}
+		if i == 0 {
+			fmt.Println(resp.Header.Get("RateLimit-Policy"))
+			fmt.Println(resp.Header.Get("RateLimit-Partition"))
+		}
+	}
+	// Output:
+	// 200 "per-minute";a=1;w=60;c=1
+	// "per-minute";q=2;w=60
+	// "per-minute";client_id
+	// 200 "per-minute";a=0;w=60;c=1
+	// 429 "per-minute";a=0;w=60;c=0
+	// Retry-After: 60
+}
+
 // The keys with the most denials on the server (RL.TOP), for an operator.
 func Example_top() {
 	client := ratelimit.New(redigoadapter.New(newPool(exampleAddr())), ratelimit.Options{})

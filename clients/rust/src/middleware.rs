@@ -1015,3 +1015,133 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Concurrency;
+
+    fn decision(allowed: bool, remaining: u64, reset_after_ms: u64, limit: u64) -> Decision {
+        Decision {
+            allowed,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms,
+            limit,
+        }
+    }
+
+    fn fields(headers: &HeaderMap) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn both_formats_byte_for_byte() {
+        let policies = [
+            Policy::new(
+                "in flight",
+                Algorithm::Concurrency(Concurrency {
+                    limit: 3,
+                    lease_sec: 30.0,
+                }),
+            ),
+            Policy::new(
+                "b",
+                Algorithm::Gcra {
+                    max_burst: 0,
+                    count_per_period: 1,
+                    period_sec: 2.5,
+                },
+            ),
+            Policy::new(
+                "new",
+                Algorithm::FixedWindow {
+                    limit: 1,
+                    window_sec: 60.0,
+                },
+            )
+            .shadow(),
+        ];
+        let outcome = MultiOutcome {
+            allowed: true,
+            denied_by: 0,
+            decisions: vec![
+                decision(true, 2, 30_000, 3),
+                decision(true, 0, 2_500, 1),
+                decision(false, 0, 59_000, 1),
+            ],
+            degraded: Some(Degraded::Local),
+            mode: None,
+            granted: 7,
+            answered_locally: None,
+        };
+        let s = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let policy = r#""in_flight";q=3;qu="concurrent-requests", "b";q=1;w=3, "new";q=1;w=60"#;
+        // A cost missing from `costs` is 0.
+        let mut h12 = HeaderMap::new();
+        rate_limit_headers_as(
+            HeaderFormat::Draft12,
+            &policies,
+            &outcome,
+            &[1, 7],
+            true,
+            &mut h12,
+        );
+        assert_eq!(
+            fields(&h12),
+            s(&[
+                (
+                    "ratelimit",
+                    r#""in_flight";a=2;w=30;c=1, "b";a=0;w=3;c=7, "new";a=0;w=59;c=0"#
+                ),
+                ("ratelimit-degraded", "local"),
+                ("ratelimit-limit", "1"),
+                (
+                    "ratelimit-partition",
+                    r#""in_flight";client_id, "b";client_id, "new";client_id"#
+                ),
+                ("ratelimit-policy", policy),
+                ("ratelimit-remaining", "0"),
+                ("ratelimit-reset", "3"),
+            ])
+        );
+        // Draft-11 through either function: the same bytes, no partition, the costs unused.
+        let (mut h11, mut h11_as) = (HeaderMap::new(), HeaderMap::new());
+        rate_limit_headers(&policies, &outcome, false, &mut h11);
+        rate_limit_headers_as(
+            HeaderFormat::Draft11,
+            &policies,
+            &outcome,
+            &[1, 7, 7],
+            false,
+            &mut h11_as,
+        );
+        let want = s(&[
+            (
+                "ratelimit",
+                r#""in_flight";r=2;t=30, "b";r=0;t=3, "new";r=0;t=59"#,
+            ),
+            ("ratelimit-degraded", "local"),
+            ("ratelimit-policy", policy),
+        ]);
+        assert_eq!(fields(&h11), want);
+        assert_eq!(fields(&h11_as), want);
+        assert_eq!(HeaderFormat::default(), HeaderFormat::Draft11);
+        assert_eq!(
+            (
+                HeaderFormat::Draft11.as_str(),
+                HeaderFormat::Draft12.as_str()
+            ),
+            ("draft-11", "draft-12")
+        );
+    }
+}

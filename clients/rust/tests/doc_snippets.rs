@@ -9,6 +9,7 @@ use ratelimit_client::Batching;
 use ratelimit_client::Client;
 use ratelimit_client::Concurrency;
 use ratelimit_client::middleware::ActualCost;
+use ratelimit_client::middleware::HeaderFormat;
 use ratelimit_client::middleware::{KeySource, Policy, RateLimitLayer};
 use ratelimit_client::{Algorithm, FailurePolicy, Limiter, Options};
 
@@ -188,6 +189,42 @@ async fn the_hot_keys(url: &str) -> Result {
     Ok(())
 }
 
+#[rustfmt::skip]
+#[allow(unused_variables)]
+async fn the_header_format(url: &str) -> Result {
+    // --- docs/client.md, block 9 (its URL replaced by the test server's) ---
+    let client = Client::open(url, Options::default()).await?;
+    let layer = RateLimitLayer::builder(client)
+        .limits("*", "*", vec![Policy::new("per-minute", Algorithm::FixedWindow { limit: 2, window_sec: 60.0 })])
+        .header_format(HeaderFormat::Draft12) // HeaderFormat::Draft11 by default
+        .build();
+    let app: axum::Router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(layer);
+    // ---
+    use tower::ServiceExt;
+    let field = |r: &http::Response<axum::body::Body>, name: &str| {
+        r.headers().get(name).map(|v| v.to_str().unwrap().to_string())
+    };
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 3], 9))));
+        let resp = app.clone().oneshot(req).await?;
+        assert_eq!(field(&resp, "ratelimit-policy").as_deref(), Some("\"per-minute\";q=2;w=60"));
+        assert_eq!(field(&resp, "ratelimit-partition").as_deref(), Some("\"per-minute\";client_id"));
+        seen.push((resp.status().as_u16(), field(&resp, "ratelimit").unwrap(), field(&resp, "retry-after")));
+    }
+    // The page's bytes; the window's rest is 60 s rounded up unless a second passed meanwhile.
+    let w = |i: usize| if seen[i].1.contains(";w=59;") { 59 } else { 60 };
+    let (w1, w2) = (w(1), w(2));
+    assert_eq!(seen, [
+        (200, "\"per-minute\";a=1;w=60;c=1".to_string(), None),
+        (200, format!("\"per-minute\";a=0;w={w1};c=1"), None),
+        (429, format!("\"per-minute\";a=0;w={w2};c=0"), Some(w2.to_string())),
+    ]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     let this = include_str!("doc_snippets.rs");
@@ -197,7 +234,7 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
         .skip(1)
         .map(|b| b.split("```").next().unwrap())
         .collect();
-    assert_eq!(blocks.len(), 8, "the page's Rust blocks");
+    assert_eq!(blocks.len(), 9, "the page's Rust blocks");
     for block in blocks {
         // `use` lines are this file's imports; the rest is the body of a function.
         let (uses, body): (Vec<&str>, Vec<&str>) =
@@ -231,4 +268,5 @@ async fn the_snippets_of_the_client_page_are_these_and_they_run() {
     the_middleware(&server.url()).await.unwrap();
     the_top(&server.url()).await.unwrap();
     the_shadow_policies(&server.url()).await.unwrap();
+    the_header_format(&server.url()).await.unwrap();
 }
