@@ -254,6 +254,7 @@ def wsgi_app(flavor: str, client: Client, options: dict[str, Any]) -> Any:
 FIELDS = (
     "ratelimit-policy",
     "ratelimit",
+    "ratelimit-partition",
     "ratelimit-limit",
     "ratelimit-remaining",
     "ratelimit-reset",

@@ -291,3 +291,59 @@ def test_results_print_as_what_they_hold(clock: Server) -> None:
     assert repr(client_ip(["10.0.0.1"])) == "client_ip(['10.0.0.1'])"
     assert isinstance(Outcome(Decision(True, 1, 0, 0, 1), None, Mode.MODULE), Outcome)
     assert MultiOutcome(True, 0, (), None, None).allowed
+
+
+# The header format ------------------------------------------------------------------------------
+
+
+def test_draft_12_fields_through_flask(clock: Server) -> None:
+    """``header_format="draft-12"``: the same policies; ``RateLimit`` items with ``a``, ``w`` and
+    ``c`` (the estimate taken, 1 for a concurrency policy, 0 from a policy that did not allow
+    the request or on a refusal); ``RateLimit-Partition`` one ``client_id`` item per policy."""
+    app = flask_app()
+    WsgiMiddleware(
+        client=Client.from_url(clock.url, SLACK),
+        key=header("x-user"),
+        limits={
+            ("*", "*"): [
+                Policy("burst", TokenBucket(5, 1)),
+                Policy("inflight", Concurrency(2, 30)),
+                Policy("new", FixedWindow(3, 60)).as_shadow(),
+            ]
+        },
+        estimates={"*": 2},
+        header_format="draft-12",
+        legacy_headers=True,
+    ).init_app(app)
+    web = app.test_client()
+    got = [web.get("/x", headers={"x-user": "ann"}) for _ in range(3)]
+    fields = [
+        {k: r.headers.get(k) for k in ("ratelimit-policy", "ratelimit", "ratelimit-partition", "ratelimit-remaining")}
+        | {"status": r.status_code}
+        for r in got
+    ]
+    policy = '"burst";q=5;w=5, "inflight";q=2;qu="concurrent-requests", "new";q=3;w=60'
+    partition = '"burst";client_id, "inflight";client_id, "new";client_id'
+    assert fields == [
+        {
+            "status": 200,
+            "ratelimit-policy": policy,
+            "ratelimit": '"burst";a=3;w=2;c=2, "inflight";a=1;w=30;c=1, "new";a=1;w=60;c=2',
+            "ratelimit-partition": partition,
+            "ratelimit-remaining": "1",
+        },
+        {
+            "status": 200,
+            "ratelimit-policy": policy,
+            "ratelimit": '"burst";a=1;w=4;c=2, "inflight";a=1;w=30;c=1, "new";a=1;w=60;c=0',
+            "ratelimit-partition": partition,
+            "ratelimit-remaining": "1",
+        },
+        {
+            "status": 429,
+            "ratelimit-policy": '"burst";q=5;w=5, "inflight";q=2;qu="concurrent-requests", "new";q=3;w=60',
+            "ratelimit": '"burst";a=1;w=4;c=0, "inflight";a=2;w=0;c=0, "new";a=1;w=60;c=0',
+            "ratelimit-partition": partition,
+            "ratelimit-remaining": "1",
+        },
+    ]
