@@ -329,7 +329,8 @@ test-conformance-rust: servers
 # to detection and NOSCRIPT are tested everywhere. `make test-python-cold` runs 20 rounds per
 # mode and writes each round's figures to target/python-cold.txt.
 # `make python-lua` copies lua-reference/ into the package, whose tests fail while the copy
-# differs; `make dist-python` builds the wheel and the sdist into target/dist/python.
+# differs; `make dist-python` builds the wheel and the sdist into target/dist/python with the
+# build backend alone.
 PY_DIR := clients/python
 PY_VENV := $(PY_DIR)/.venv
 PY_READY := $(PY_VENV)/.installed
@@ -365,9 +366,20 @@ test-python-cold: servers $(PY_READY)
 	cd $(PY_DIR) && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
 		RL_COLD_ROUNDS=20 RL_COLD_REPORT=$(TARGET_DIR)/python-cold.txt .venv/bin/pytest -q tests/test_cold.py
 
-dist-python: $(PY_READY)
-	$(PY_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check
-	cd $(PY_DIR) && .venv/bin/python -m build --no-isolation --sdist --wheel --outdir $(TARGET_DIR)/dist/python .
+# The dist needs the build backend alone: flit-core (requirements/build.txt, hashes checked) in a
+# venv of its own, whose hooks tools/build_dist.py calls.
+PY_BUILD_VENV := $(PY_DIR)/.venv-build
+PY_BUILD_READY := $(PY_BUILD_VENV)/.installed
+
+$(PY_BUILD_READY): $(PY_DIR)/requirements/build.txt
+	rm -rf $(PY_BUILD_VENV) && $(PYTHON3) -m venv $(PY_BUILD_VENV)
+	$(PY_BUILD_VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps \
+		-r $(PY_DIR)/requirements/build.txt
+	touch $@
+
+dist-python: $(PY_BUILD_READY)
+	$(PY_BUILD_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check
+	$(PY_BUILD_VENV)/bin/python $(PY_DIR)/tools/build_dist.py $(TARGET_DIR)/dist/python
 
 # The Node.js package (clients/node): `npm ci` of its pinned dependencies (package-lock.json),
 # the build (Lua twins bundled from lua-reference/, ES module and CommonJS with declarations),
