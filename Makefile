@@ -320,7 +320,8 @@ test-conformance-rust: servers
 # restarted under each policy, a hung server, a 3-master cluster. On Redis 7.0 only, what tests
 # the package alone, whatever the server: 200 threads and 200 tasks racing (each command's
 # atomicity is the module's and the twins', which their own suites test everywhere), FastAPI
-# and Django beside Starlette and Flask, the decorator, the wheel installed in a fresh venv; and
+# and Django beside Starlette and Flask, the decorator, the wheel installed in a fresh venv, the
+# python blocks of README.md and docs/python.md (mypy --strict, then run); and
 # the cold start (tests/test_cold.py: a new client, default options, 200 first calls through the
 # sync and asyncio clients and 200 first HTTP requests through the ASGI and WSGI middleware, both
 # cores kept busy; exactly the limit admitted, none degraded, one detection and one SCRIPT LOAD
