@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from fastapi import Request, Response
 
 from ratelimit_client import (
     AsyncClient,
@@ -24,7 +25,7 @@ from ratelimit_client import (
 )
 from ratelimit_client.asgi import RateLimitMiddleware as AsgiMiddleware
 from ratelimit_client.decorators import limit, parse_rate
-from ratelimit_client.middleware import Policy, client_ip, header, parse_rates
+from ratelimit_client.middleware import Policy, client_ip, exempt, header, parse_rates
 from ratelimit_client.wsgi import RateLimitMiddleware as WsgiMiddleware
 from servers import SLACK, Server, call
 
@@ -157,7 +158,6 @@ def test_flask_default_limits_exempt_paths_and_rate_strings(clock: Server) -> No
 
 def test_starlette_default_limits_and_exempt_paths(clock: Server) -> None:
     from starlette.applications import Starlette
-    from starlette.requests import Request
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
     from starlette.testclient import TestClient
@@ -347,3 +347,83 @@ def test_draft_12_fields_through_flask(clock: Server) -> None:
             "ratelimit-remaining": "1",
         },
     ]
+
+
+# Views marked exempt, and views with limits of their own (@limit) ------------------------------
+
+
+def test_flask_views_exempt_or_with_their_own_limits(clock: Server) -> None:
+    from flask import Flask
+
+    client = Client.from_url(clock.url, SLACK)
+    app = Flask("marks")
+
+    @app.route("/health")
+    @exempt
+    def health() -> str:
+        return "up"
+
+    @app.route("/login", methods=["POST"])
+    @limit(client, "3/minute", key=client_ip())
+    def login() -> str:
+        return "welcome"
+
+    @app.route("/other")
+    def other() -> str:
+        return "ok"
+
+    WsgiMiddleware(client=client, default_limits="1/minute").init_app(app)
+    web = app.test_client()
+    health_answers = [web.get("/health") for _ in range(3)]
+    logins = [web.post("/login") for _ in range(2)]
+    others = [web.get("/other") for _ in range(2)]
+    assert [(r.status_code, r.headers.get("ratelimit")) for r in health_answers] == [(200, None)] * 3
+    # The view's own limit alone: the default does not apply to it.
+    assert [(r.status_code, r.headers.get("ratelimit")) for r in logins] == [
+        (200, '"3/minute";r=2;t=60'),
+        (200, '"3/minute";r=1;t=60'),
+    ]
+    assert [(r.status_code, r.headers.get("ratelimit")) for r in others] == [
+        (200, '"1/minute";r=0;t=60'),
+        (429, '"1/minute";r=0;t=60'),
+    ]
+    assert sorted(clock.connect().keys("*")) == [
+        "rl:{127.0.0.1}:default:1/minute",
+        "rl:{127.0.0.1}:test_flask_views_exempt_or_with_their_own_limits.<locals>.login:3/minute",
+    ]
+
+
+def test_fastapi_endpoints_exempt_or_with_their_own_limits(clock: Server) -> None:
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    aclient = AsyncClient.from_url(clock.url, SLACK)
+    app = FastAPI()
+
+    @app.get("/metrics")
+    @exempt
+    async def metrics() -> str:
+        return "up"
+
+    @app.get("/search")
+    @limit(aclient, "2/minute", key=header("x-user"), name="search")
+    async def search(request: Request, response: Response) -> dict[str, str]:
+        return {"found": "nothing"}
+
+    @app.get("/items/{item}")
+    async def item(item: str) -> dict[str, str]:
+        return {"item": item}
+
+    app.add_middleware(AsgiMiddleware, client=aclient, key=header("x-user"), default_limits="1/minute")
+    with TestClient(app) as web:
+        got = [
+            web.get(p, headers={"x-user": "ann"}) for p in ("/metrics", "/metrics", "/search", "/items/a", "/items/b")
+        ]
+    assert [(r.status_code, r.headers.get("ratelimit")) for r in got] == [
+        (200, None),
+        (200, None),
+        (200, '"2/minute";r=1;t=60'),  # its own limit's fields, not the default's
+        (200, '"1/minute";r=0;t=60'),
+        (429, '"1/minute";r=0;t=60'),
+    ]
+    assert sorted(clock.connect().keys("*")) == ["rl:{ann}:default:1/minute", "rl:{ann}:search:2/minute"]

@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._core import Limits, has_concurrency
 from ._types import Decision, Degraded, MultiOutcome, RateLimitError, Settlement
@@ -21,6 +21,8 @@ from .metrics import Metrics
 if TYPE_CHECKING:
     from .aio import AsyncClient
     from .client import Client
+
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,62 @@ class RequestInfo:
         )
 
 
+#: The attribute that marks a view: ``"exempt"`` (:func:`exempt`) or ``"limited"`` (``@limit``).
+MARK = "__ratelimit__"
+
+
+def exempt(view: _V) -> _V:
+    """Marks a view (a Flask view function, a Starlette or FastAPI endpoint) as never limited by
+    the middleware: no call to Redis, no fields, whatever ``limits`` and ``default_limits`` say.
+    The WSGI middleware finds the view of a request in the Flask application it was installed in
+    by :meth:`~ratelimit_client.wsgi.RateLimitMiddleware.init_app`; the ASGI middleware in the
+    Starlette or FastAPI application that runs it. (Elsewhere, ``exempt=[paths]``.)"""
+    setattr(view, MARK, "exempt")
+    return view
+
+
+def mark_of(view: object) -> str | None:
+    """``"exempt"``, ``"limited"`` (a view with limits of its own, ``@limit``) or ``None``."""
+    seen = 0
+    while view is not None and seen < 8:  # through functools.wraps layers
+        mark = getattr(view, MARK, None)
+        if isinstance(mark, str):
+            return mark
+        view = getattr(view, "__wrapped__", None)
+        seen += 1
+    return None
+
+
+def flask_view(app: Any, environ: Mapping[str, Any]) -> object:
+    """The view function a Flask application routes a request to, or ``None``."""
+    try:
+        endpoint, _ = app.url_map.bind_to_environ(environ).match()
+    except Exception:  # no route, a redirect, a method not allowed: the application answers
+        return None
+    return app.view_functions.get(endpoint)
+
+
+def starlette_view(scope: Mapping[str, Any]) -> object:
+    """The endpoint a Starlette (or FastAPI) application routes a request to, or ``None``."""
+    app = scope.get("app")
+    routes = getattr(app, "routes", None)
+    if not isinstance(routes, list):
+        return None
+    full = None
+    for route in routes:
+        matches = getattr(route, "matches", None)
+        if matches is None:
+            continue
+        try:
+            match, _ = matches(dict(scope))
+        except Exception:
+            continue
+        if getattr(match, "name", "") == "FULL":
+            full = route
+            break
+    return getattr(full, "endpoint", None)
+
+
 def _visible(v: str) -> bool:
     return all(c == "\t" or " " <= c <= "~" for c in v)
 
@@ -254,7 +312,7 @@ class Rules:
     #: The format of the RateLimit fields: ``"draft-11"`` or ``"draft-12"`` (see docs/python.md).
     header_format: HeaderFormat = "draft-11"
 
-    def policies(self, plan: str, route_class: str) -> list[Policy]:
+    def policies(self, plan: str, route_class: str, defaults: bool = True) -> list[Policy]:
         if self.limits_fn is not None:
             own = policies_of(self.limits_fn(plan, route_class))
         else:
@@ -266,7 +324,7 @@ class Rules:
                 ),
                 [],
             )
-        return own if own else list(self.default_limits)
+        return own if own or not defaults else list(self.default_limits)
 
     def is_exempt(self, path: str) -> bool:
         return any(path.startswith(e[:-1]) if e.endswith("*") else path == e for e in self.exempt)
@@ -605,14 +663,15 @@ class Admission:
         )
 
 
-def admit(config: Rules, metrics: Metrics, info: RequestInfo) -> Flow:
-    """Decides a request before its handler: ``None`` when its path is exempt or its route has
-    no limits, else its :class:`Admission`."""
-    if config.is_exempt(info.path):
+def admit(config: Rules, metrics: Metrics, info: RequestInfo, mark: str | None = None) -> Flow:
+    """Decides a request before its handler: ``None`` when its path or its view is exempt or its
+    route has no limits, else its :class:`Admission`. ``mark`` is its view's (:func:`mark_of`):
+    a view limited by ``@limit`` has limits of its own, and the default limits do not apply."""
+    if mark == "exempt" or config.is_exempt(info.path):
         return None
     who = config.key(info) or "anonymous"
     route_class = config.route_class(info)
-    policies = config.policies(config.plan(info), route_class)
+    policies = config.policies(config.plan(info), route_class, defaults=mark != "limited")
     if not policies:
         return None
     limits = [(f"{config.prefix}:{{{who}}}:{route_class}:{p.name}", p.algorithm) for p in policies]

@@ -37,9 +37,11 @@ from ._http import (
     header,
     keep_alive,
     make_rules,
+    mark_of,
     release_async,
     report_cost,
     run_async,
+    starlette_view,
 )
 from .aio import AsyncClient
 from .metrics import Metrics
@@ -115,8 +117,9 @@ class RateLimitMiddleware:
             return
         state = RateLimitState()
         scope[STATE_KEY] = state
+        mark = mark_of(starlette_view(scope))
         adm: Admission | None = await run_async(
-            self.client, admit(self.rules, self.metrics, RequestInfo.from_scope(scope))
+            self.client, admit(self.rules, self.metrics, RequestInfo.from_scope(scope), mark)
         )
         if adm is None:
             await self.app(scope, receive, send)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 from ._http import (
+    MARK,
     STATE_KEY,
     Admission,
     Headers,
@@ -41,6 +42,7 @@ from ._http import (
     Rules,
     admit,
     client_ip,
+    exempt,
     finish,
     header,
     parse_rates,
@@ -308,6 +310,7 @@ def limit(
                     await release_async(adm)
                 return request.add_headers(result, fields, kwargs) if request is not None else result
 
+            setattr(limited_async, MARK, "limited")
             return cast(F, limited_async)
 
         sclient = cast(Client, client)
@@ -327,9 +330,10 @@ def limit(
                 release_sync(adm)
             return request.add_headers(result, fields, kwargs) if request is not None else result
 
+        setattr(limited, MARK, "limited")
         return cast(F, limited)
 
     return decorate
 
 
-__all__ = ["RateLimited", "client_ip", "header", "limit", "parse_rate", "parse_rates"]
+__all__ = ["RateLimited", "client_ip", "exempt", "header", "limit", "parse_rate", "parse_rates"]

@@ -34,9 +34,11 @@ from ._http import (
     admit,
     client_ip,
     finish,
+    flask_view,
     header,
     keep_alive,
     make_rules,
+    mark_of,
     release_sync,
     report_cost,
     run_sync,
@@ -150,6 +152,8 @@ class RateLimitMiddleware:
             header_format=header_format,
         )
         self.metrics = metrics if metrics is not None else Metrics()
+        #: The Flask application of init_app, where a request's view is found (exempt, @limit).
+        self._flask: Any = None
 
     def init_app(self, app: Any) -> None:
         """Installs the middleware in front of a Flask application's ``wsgi_app`` (and as its
@@ -159,6 +163,7 @@ class RateLimitMiddleware:
         if not callable(getattr(app, "wsgi_app", None)):
             raise TypeError(f"init_app takes a Flask application (with a wsgi_app), not {app!r}")
         self.app = app.wsgi_app
+        self._flask = app
         app.wsgi_app = self
         extensions = getattr(app, "extensions", None)
         if isinstance(extensions, dict):
@@ -170,8 +175,9 @@ class RateLimitMiddleware:
             raise RuntimeError("the middleware wraps no application: give it one, or call init_app(app)")
         state = RateLimitState()
         environ[STATE_KEY] = state
+        mark = mark_of(flask_view(self._flask, environ)) if self._flask is not None else None
         adm: Admission | None = run_sync(
-            self.client, admit(self.rules, self.metrics, RequestInfo.from_environ(environ))
+            self.client, admit(self.rules, self.metrics, RequestInfo.from_environ(environ), mark)
         )
         if adm is None:
             return app(environ, start_response)
