@@ -86,7 +86,7 @@ class RateLimited(RateLimitError):
         self.status = status
         self.headers = headers
         self.body = body
-        #: Every limit's decision (``None`` on a 500: Redis refused a limit).
+        #: Every enforced limit's decision (``None`` on a 500: Redis refused a limit).
         self.outcome = outcome
         #: The name of the limit that refused.
         self.limit = limit
