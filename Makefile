@@ -362,7 +362,8 @@ test-conformance-rust: servers
 # restarted under each policy, a hung server, a 3-master cluster. On Redis 7.0 only, what tests
 # the package alone, whatever the server: 200 threads and 200 tasks racing (each command's
 # atomicity is the module's and the twins', which their own suites test everywhere), FastAPI
-# and Django beside Starlette and Flask, the decorator, the wheel installed in a fresh venv; and
+# and Django beside Starlette and Flask, the decorator, the wheel installed in a fresh venv, the
+# python blocks of README.md and docs/python.md (mypy --strict, then run); and
 # the cold start (tests/test_cold.py: a new client, default options, 200 first calls through the
 # sync and asyncio clients and 200 first HTTP requests through the ASGI and WSGI middleware, both
 # cores kept busy; exactly the limit admitted, none degraded, one detection and one SCRIPT LOAD
@@ -371,7 +372,8 @@ test-conformance-rust: servers
 # to detection and NOSCRIPT are tested everywhere. `make test-python-cold` runs 20 rounds per
 # mode and writes each round's figures to target/python-cold.txt.
 # `make python-lua` copies lua-reference/ into the package, whose tests fail while the copy
-# differs; `make dist-python` builds the wheel and the sdist into target/dist/python.
+# differs; `make dist-python` builds the wheel and the sdist into target/dist/python with the
+# build backend alone.
 PY_DIR := clients/python
 PY_VENV := $(PY_DIR)/.venv
 PY_READY := $(PY_VENV)/.installed
@@ -407,9 +409,20 @@ test-python-cold: servers $(PY_READY)
 	cd $(PY_DIR) && RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
 		RL_COLD_ROUNDS=20 RL_COLD_REPORT=$(TARGET_DIR)/python-cold.txt .venv/bin/pytest -q tests/test_cold.py
 
-dist-python: $(PY_READY)
-	$(PY_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check
-	cd $(PY_DIR) && .venv/bin/python -m build --no-isolation --sdist --wheel --outdir $(TARGET_DIR)/dist/python .
+# The dist needs the build backend alone: flit-core (requirements/build.txt, hashes checked) in a
+# venv of its own, whose hooks tools/build_dist.py calls.
+PY_BUILD_VENV := $(PY_DIR)/.venv-build
+PY_BUILD_READY := $(PY_BUILD_VENV)/.installed
+
+$(PY_BUILD_READY): $(PY_DIR)/requirements/build.txt
+	rm -rf $(PY_BUILD_VENV) && $(PYTHON3) -m venv $(PY_BUILD_VENV)
+	$(PY_BUILD_VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps \
+		-r $(PY_DIR)/requirements/build.txt
+	touch $@
+
+dist-python: $(PY_BUILD_READY)
+	$(PY_BUILD_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check
+	$(PY_BUILD_VENV)/bin/python $(PY_DIR)/tools/build_dist.py $(TARGET_DIR)/dist/python
 
 # The Node.js package (clients/node): `npm ci` of its pinned dependencies (package-lock.json),
 # the build (Lua twins bundled from lua-reference/, ES module and CommonJS with declarations),

@@ -243,7 +243,7 @@ def expose_shadow_wsgi(app: Callable[..., Any]) -> Callable[..., Any]:
 def wsgi_app(flavor: str, client: Client, options: dict[str, Any]) -> Any:
     if flavor == "flask":
         app = flask_app()
-        app.wsgi_app = WsgiMiddleware(app.wsgi_app, client=client, **options)
+        WsgiMiddleware(client=client, **options).init_app(app)
         return expose_shadow_wsgi(app)
     return expose_shadow_wsgi(WsgiMiddleware(django_app(), client=client, **options))
 
@@ -254,6 +254,7 @@ def wsgi_app(flavor: str, client: Client, options: dict[str, Any]) -> Any:
 FIELDS = (
     "ratelimit-policy",
     "ratelimit",
+    "ratelimit-partition",
     "ratelimit-limit",
     "ratelimit-remaining",
     "ratelimit-reset",

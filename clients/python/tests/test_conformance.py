@@ -195,7 +195,11 @@ def options(case: dict[str, Any], mode: str) -> Options:
 def middleware_options(case: dict[str, Any], metrics: Metrics) -> dict[str, Any]:
     layer = case["layer"]
     limits = case["limits"]
-    opts: dict[str, Any] = {"metrics": metrics, "legacy_headers": layer.get("legacy_headers", False)}
+    opts: dict[str, Any] = {
+        "metrics": metrics,
+        "legacy_headers": layer.get("legacy_headers", False),
+        "header_format": layer.get("header_format", "draft-11"),
+    }
     key = layer.get("key")
     if key and "header" in key:
         opts["key"] = header(key["header"])

@@ -60,13 +60,39 @@ def wheelhouse() -> Path:
     return WHEELHOUSE
 
 
+def build_wheelhouse() -> Path:
+    """flit-core's wheel, checked against its hash (make dist-python installs it from PyPI)."""
+    if not any(WHEELHOUSE.glob("flit_core-*.whl")):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--require-hashes", "--no-deps", "-r",
+             str(PROJECT / "requirements" / "build.txt"), "-d", str(WHEELHOUSE)],
+            check=True,
+        )  # fmt: skip
+    return WHEELHOUSE
+
+
 def test_the_wheel_installs_into_a_fresh_venv_and_works(tmp_path: Path, server: Server, bare_server: Server) -> None:
     dist = tmp_path / "dist"
+    # As make dist-python builds: the backend's hooks, in a venv of requirements/build.txt alone.
+    builder = tmp_path / "build-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(builder)], check=True)
     subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(dist), str(PROJECT)],
+        [str(builder / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--require-hashes",
+         "--no-deps", "--no-index", "--find-links", str(build_wheelhouse()), "-r",
+         str(PROJECT / "requirements" / "build.txt")],
+        check=True,
+    )  # fmt: skip
+    frozen = subprocess.run(
+        [str(builder / "bin" / "python"), "-m", "pip", "freeze"], check=True, capture_output=True, text=True
+    ).stdout
+    assert frozen.splitlines() == ["flit_core==4.2.0"]
+    built = subprocess.run(
+        [str(builder / "bin" / "python"), str(PROJECT / "tools" / "build_dist.py"), str(dist)],
         check=True,
         capture_output=True,
-    )
+        text=True,
+    ).stdout
+    assert built.splitlines() == ["ratelimit_client-0.1.0.tar.gz", "ratelimit_client-0.1.0-py3-none-any.whl"]
     [wheel] = dist.glob("ratelimit_client-*.whl")
     [sdist] = dist.glob("ratelimit_client-*.tar.gz")
     lua = sorted(p.name for p in (PROJECT / "src" / "ratelimit_client" / "lua").glob("*.lua"))

@@ -16,10 +16,10 @@ import pytest
 from fastapi import Request, Response
 
 from apps import DJANGO_VIEW, AsgiServer, WaitressServer, WerkzeugServer, django_app, send_request
-from ratelimit_client import AsyncClient, Client, Concurrency, FixedWindow, TokenBucket
+from ratelimit_client import AsyncClient, Client, Concurrency, Decision, FixedWindow, Mode, MultiOutcome, TokenBucket
 from ratelimit_client.asgi import RateLimitMiddleware as AsgiMiddleware
 from ratelimit_client.decorators import RateLimited, limit, parse_rate
-from ratelimit_client.middleware import Metrics, Policy, header, report_cost
+from ratelimit_client.middleware import Metrics, Policy, client_ip, header, report_cost
 from ratelimit_client.wsgi import RateLimitMiddleware as WsgiMiddleware
 from servers import SLACK, Server, call
 
@@ -77,7 +77,7 @@ def test_a_flask_view(clock: Server) -> None:
     app = Flask("decorated")
 
     @app.route("/login")
-    @limit(client, "2/minute", legacy_headers=True)
+    @limit(client, "2/minute", key=client_ip(), legacy_headers=True)
     def login() -> str:
         return "welcome"
 
@@ -147,11 +147,11 @@ def test_fastapi_and_starlette_endpoints(clock: Server) -> None:
     api = FastAPI()
 
     @api.get("/search")
-    @limit(aclient, "2/minute", name="search")
+    @limit(aclient, "2/minute", key=client_ip(), name="search")
     async def search(request: Request, response: Response) -> dict[str, str]:
         return {"found": "nothing"}
 
-    @limit(aclient, "2/minute", name="plain")
+    @limit(aclient, "2/minute", key=client_ip(), name="plain")
     async def plain(request: Request) -> PlainTextResponse:
         return PlainTextResponse("welcome")
 
@@ -191,6 +191,15 @@ def test_plain_functions_raise(clock: Server) -> None:
     with pytest.raises(RateLimited) as e:
         send_sms("ann")
     assert (e.value.status, e.value.retry_after, e.value.body.decode()) == (429, 60, problem("2/minute", 60))
+    # The decision behind it, with the exact milliseconds (the test clock stands still).
+    refused = Decision(allowed=False, remaining=0, retry_after_ms=60000, reset_after_ms=60000, limit=2)
+    assert (e.value.limit, e.value.decision) == ("2/minute", refused)
+    assert e.value.outcome == MultiOutcome(False, 1, (refused,), None, Mode.MODULE)
+    assert repr(e.value) == (
+        "RateLimited(status=429, limit='2/minute', retry_after=60, decision=Decision(allowed=False, remaining=0, "
+        "retry_after_ms=60000, reset_after_ms=60000, limit=2))"
+    )
+    assert str(e.value) == "rate limit '2/minute' exceeded (429)"
 
     aclient = AsyncClient.from_url(clock.url, SLACK)
 
@@ -209,10 +218,14 @@ def test_plain_functions_raise(clock: Server) -> None:
         raise AssertionError("not refused")
 
     assert asyncio.run(twice()) == ("j", 10)
-    with pytest.raises(TypeError):
-        limit(aclient, "1/second")(lambda: None)
-    with pytest.raises(TypeError):
-        limit(client, "1/second")(send_sms.__wrapped__)()  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="is a coroutine function: limit it with an AsyncClient"):
+        limit(client, "1/second", key=lambda job: job)(run_job.__wrapped__)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="is a function: limit it with a Client"):
+        limit(aclient, "1/second", key=lambda: "k")(lambda: None)
+    # A key of the request on a function that has none: known only when it is called.
+    no_request = limit(client, "1/second", key=client_ip())(send_sms.__wrapped__)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"send_sms has no request to take client_ip\(\[\]\) from"):
+        no_request("ann")
 
 
 def test_leases_kept_alive_and_given_back_after_a_failure(server: Server) -> None:
@@ -231,13 +244,12 @@ def test_leases_kept_alive_and_given_back_after_a_failure(server: Server) -> Non
             raise RuntimeError("the handler failed")
         return "ok"
 
-    app.wsgi_app = WsgiMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app,
+    WsgiMiddleware(
         client=client,
         key=header("x-api-key"),
         limits={("*", "*"): [Policy("inflight", Concurrency(1, 0.6))]},
         lease_keep_alive=0.1,
-    )
+    ).init_app(app)
     web = WerkzeugServer()
     web.dispatch.current = app
     try:
@@ -336,14 +348,13 @@ def test_keys_limits_and_classes_from_functions(clock: Server) -> None:
             else []
         )
 
-    app.wsgi_app = WsgiMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app,
+    WsgiMiddleware(
         client=client,
         key=lambda info: f"user-{info.header('x-user')}" if info.header("x-user") else None,
         plan=lambda info: info.header("x-plan") or "free",
         route_class=lambda info: "api" if info.path.startswith("/api/") else "assets",
         limits_fn=per_route,
-    )
+    ).init_app(app)
     web = WerkzeugServer()
     web.dispatch.current = app
     try:

@@ -8,18 +8,21 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import re
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ._core import Limits, has_concurrency
 from ._types import Decision, Degraded, MultiOutcome, RateLimitError, Settlement
-from .algorithms import Algorithm, Concurrency
+from .algorithms import Algorithm, Concurrency, FixedWindow
 from .metrics import Metrics
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
     from .client import Client
+
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,76 @@ class Policy:
         but never refusing a request; the enforced limits decide and consume exactly as if it
         were not there."""
         return dataclasses.replace(self, shadow=True)
+
+
+# Rates written as text -----------------------------------------------------------------------
+
+#: Seconds in each unit of a rate (a month is 30 days and a year 12 such months, as the
+#: ``limits`` library counts them).
+UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "month": 30 * 86400, "year": 12 * 30 * 86400}
+_ONE_RATE = r"\s*([0-9]+)\s*(?:/|\s+per\s+)\s*([0-9]+)?\s*(second|minute|hour|day|month|year)s?\s*"
+_RATE = re.compile(_ONE_RATE, re.IGNORECASE)
+_SEPARATORS = re.compile(r"[,;|]")
+
+
+def parse_rates(text: str) -> list[Policy]:
+    """The limits of a rate string as Flask-Limiter, slowapi and ``limits`` read them: one rate or
+    several separated by ``;``, ``,`` or ``|`` (``"5/minute;100/hour"``), each an amount, ``/`` or
+    ``per``, an optional multiple and a unit (``second``, ``minute``, ``hour``, ``day``, ``month``
+    of 30 days, ``year`` of 12 such months; singular or plural, any case): ``"10 per second"``,
+    ``"1/2 seconds"``. Each is a :class:`~ratelimit_client.FixedWindow` of that amount per that
+    many seconds (``"5/minute"`` is ``FixedWindow(5, 60)``), named by its text. Anything else,
+    an amount of 0 and the same rate twice are refused (``ValueError``)."""
+    if not isinstance(text, str):
+        raise TypeError(f"a rate string such as '5/minute', not {text!r}")
+    out: list[Policy] = []
+    for part in _SEPARATORS.split(text):
+        m = _RATE.fullmatch(part)
+        if m is None:
+            raise ValueError(
+                f"not a rate: {part.strip()!r} in {text!r} (expected such as '5/minute', '100 per hour', "
+                "'1/2 seconds' or '5/minute;100/hour')"
+            )
+        amount, every, unit = int(m.group(1)), int(m.group(2) or 1), m.group(3).lower()
+        if amount == 0 or every == 0:
+            raise ValueError(f"not a rate: {part.strip()!r} in {text!r} (an amount and a multiple of at least 1)")
+        out.append(Policy(" ".join(part.split()), FixedWindow(amount, every * UNITS[unit])))
+    _distinct(out, text)
+    return out
+
+
+#: A limit as the middleware and the decorator take it: a :class:`Policy`, an algorithm (named
+#: after its command, ``tokenbucket``) or a rate string (``"5/minute"``, ``"5/minute;100/hour"``).
+LimitSpec = Policy | Algorithm | str
+#: A route's limits: a rate string, or a sequence of limits.
+LimitsSpec = str | Sequence[LimitSpec]
+
+
+def policies_of(spec: LimitsSpec) -> list[Policy]:
+    """The policies of a route's limits as given (see :data:`LimitsSpec`)."""
+    if isinstance(spec, str):
+        return parse_rates(spec)
+    if isinstance(spec, (Policy, Algorithm)):
+        spec = [spec]
+    out: list[Policy] = []
+    for p in spec:
+        if isinstance(p, Policy):
+            out.append(p)
+        elif isinstance(p, str):
+            out.extend(parse_rates(p))
+        elif isinstance(p, Algorithm):
+            out.append(Policy(p.keyword.lower(), p))
+        else:
+            raise TypeError(f"a Policy, an algorithm or a rate such as '5/minute', not {p!r}")
+    _distinct(out, spec)
+    return out
+
+
+def _distinct(policies: Sequence[Policy], given: object) -> None:
+    names = [p.name for p in policies]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"two limits of one route are named {twice[0]!r} (they would share a key): {given!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +158,62 @@ class RequestInfo:
         )
 
 
+#: The attribute that marks a view: ``"exempt"`` (:func:`exempt`) or ``"limited"`` (``@limit``).
+MARK = "__ratelimit__"
+
+
+def exempt(view: _V) -> _V:
+    """Marks a view (a Flask view function, a Starlette or FastAPI endpoint) as never limited by
+    the middleware: no call to Redis, no fields, whatever ``limits`` and ``default_limits`` say.
+    The WSGI middleware finds the view of a request in the Flask application it was installed in
+    by :meth:`~ratelimit_client.wsgi.RateLimitMiddleware.init_app`; the ASGI middleware in the
+    Starlette or FastAPI application that runs it. (Elsewhere, ``exempt=[paths]``.)"""
+    setattr(view, MARK, "exempt")
+    return view
+
+
+def mark_of(view: object) -> str | None:
+    """``"exempt"``, ``"limited"`` (a view with limits of its own, ``@limit``) or ``None``."""
+    seen = 0
+    while view is not None and seen < 8:  # through functools.wraps layers
+        mark = getattr(view, MARK, None)
+        if isinstance(mark, str):
+            return mark
+        view = getattr(view, "__wrapped__", None)
+        seen += 1
+    return None
+
+
+def flask_view(app: Any, environ: Mapping[str, Any]) -> object:
+    """The view function a Flask application routes a request to, or ``None``."""
+    try:
+        endpoint, _ = app.url_map.bind_to_environ(environ).match()
+    except Exception:  # no route, a redirect, a method not allowed: the application answers
+        return None
+    return app.view_functions.get(endpoint)
+
+
+def starlette_view(scope: Mapping[str, Any]) -> object:
+    """The endpoint a Starlette (or FastAPI) application routes a request to, or ``None``."""
+    app = scope.get("app")
+    routes = getattr(app, "routes", None)
+    if not isinstance(routes, list):
+        return None
+    full = None
+    for route in routes:
+        matches = getattr(route, "matches", None)
+        if matches is None:
+            continue
+        try:
+            match, _ = matches(dict(scope))
+        except Exception:
+            continue
+        if getattr(match, "name", "") == "FULL":
+            full = route
+            break
+    return getattr(full, "endpoint", None)
+
+
 def _visible(v: str) -> bool:
     return all(c == "\t" or " " <= c <= "~" for c in v)
 
@@ -93,14 +222,31 @@ def _visible(v: str) -> bool:
 KeyFunc = Callable[[RequestInfo], "str | None"]
 
 
-def header(name: str) -> KeyFunc:
+class RequestKey:
+    """A key taken from the request (what :func:`header` and :func:`client_ip` make): the
+    middleware calls it with the :class:`RequestInfo`, and so does ``@limit`` with a view's."""
+
+    __slots__ = ("_fn", "_text")
+
+    def __init__(self, fn: Callable[[RequestInfo], str | None], text: str) -> None:
+        self._fn = fn
+        self._text = text
+
+    def __call__(self, info: RequestInfo) -> str | None:
+        return self._fn(info)
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+def header(name: str) -> RequestKey:
     """The value of a header (an API key, a user id set by an authentication layer)."""
 
     def key(info: RequestInfo) -> str | None:
         v = info.header(name)
         return v if v else None
 
-    return key
+    return RequestKey(key, f"header({name!r})")
 
 
 def _parse_ip(s: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -110,7 +256,7 @@ def _parse_ip(s: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
+def client_ip(trusted_proxies: Iterable[str] = ()) -> RequestKey:
     """The client's IP: the peer address, or, when the peer is one of ``trusted_proxies``, the
     rightmost address in ``X-Forwarded-For`` that is not a trusted proxy. ``X-Forwarded-For``
     from anyone else is ignored, and so is a chain with anything but addresses in it."""
@@ -130,7 +276,7 @@ def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
                 return str(ip)
         return str(peer)
 
-    return key
+    return RequestKey(key, f"client_ip({sorted(str(t) for t in trusted)!r})")
 
 
 @dataclass(slots=True)
@@ -147,7 +293,7 @@ class Rules:
     #: ("*", class), (plan, "*"), ("*", "*"). All of a request's policies apply at once.
     limits: Mapping[tuple[str, str], Sequence[Policy]] = field(default_factory=dict)
     #: Limits computed per request from (plan, class), instead of the table.
-    limits_fn: Callable[[str, str], Sequence[Policy]] | None = None
+    limits_fn: Callable[[str, str], LimitsSpec] | None = None
     #: Units a request of a route class (``"*"``: any other) reserves from each of its limits
     #: before the handler runs (default 1); settled with the cost the handler reports.
     estimates: Mapping[str, int] = field(default_factory=dict)
@@ -157,14 +303,31 @@ class Rules:
     prefix: str = "rl"
     #: Renew the concurrency leases of requests still in flight every this many seconds.
     lease_keep_alive: float | None = None
+    #: The limits of every request whose route has none of its own (not in ``limits``, or
+    #: ``limits_fn`` answering none).
+    default_limits: Sequence[Policy] = ()
+    #: Paths never limited: an exact path (``/health``), or a prefix ending with ``*``
+    #: (``/metrics*``, ``/static/*``).
+    exempt: Sequence[str] = ()
+    #: The format of the RateLimit fields: ``"draft-11"`` or ``"draft-12"`` (see docs/python.md).
+    header_format: HeaderFormat = "draft-11"
 
-    def policies(self, plan: str, route_class: str) -> list[Policy]:
+    def policies(self, plan: str, route_class: str, defaults: bool = True) -> list[Policy]:
         if self.limits_fn is not None:
-            return list(self.limits_fn(plan, route_class))
-        for key in ((plan, route_class), ("*", route_class), (plan, "*"), ("*", "*")):
-            if key in self.limits:
-                return list(self.limits[key])
-        return []
+            own = policies_of(self.limits_fn(plan, route_class))
+        else:
+            own = next(
+                (
+                    list(self.limits[key])
+                    for key in ((plan, route_class), ("*", route_class), (plan, "*"), ("*", "*"))
+                    if key in self.limits
+                ),
+                [],
+            )
+        return own if own or not defaults else list(self.default_limits)
+
+    def is_exempt(self, path: str) -> bool:
+        return any(path.startswith(e[:-1]) if e.endswith("*") else path == e for e in self.exempt)
 
     def estimate(self, route_class: str) -> int:
         if route_class in self.estimates:
@@ -172,20 +335,57 @@ class Rules:
         return self.estimates.get("*", 1)
 
 
+#: The format of the RateLimit response fields.
+HeaderFormat = Literal["draft-11", "draft-12"]
+HEADER_FORMATS: tuple[HeaderFormat, ...] = ("draft-11", "draft-12")
+
+
 def make_rules(
     *,
     key: KeyFunc | None,
     plan: Callable[[RequestInfo], str] | None,
     route_class: Callable[[RequestInfo], str] | None,
-    limits: Mapping[tuple[str, str], Sequence[Policy]] | None,
-    limits_fn: Callable[[str, str], Sequence[Policy]] | None,
+    limits: Mapping[tuple[str, str], LimitsSpec] | None,
+    limits_fn: Callable[[str, str], LimitsSpec] | None,
     estimates: Mapping[str, int] | None,
     legacy_headers: bool,
     prefix: str,
     lease_keep_alive: float | None,
+    default_limits: LimitsSpec | None = None,
+    exempt: Iterable[str] = (),
+    header_format: HeaderFormat = "draft-11",
 ) -> Rules:
-    """:class:`Rules` from the middleware's keyword arguments, ``None`` for the defaults."""
-    r = Rules(legacy_headers=legacy_headers, prefix=prefix, lease_keep_alive=lease_keep_alive, limits_fn=limits_fn)
+    """:class:`Rules` from the middleware's keyword arguments, ``None`` for the defaults; a rate
+    string, a limit or a table that cannot be read is refused here (``ValueError``,
+    ``TypeError``), before the first request."""
+    if header_format not in HEADER_FORMATS:
+        raise ValueError(f"header_format is 'draft-11' or 'draft-12', not {header_format!r}")
+    if isinstance(exempt, str):
+        raise TypeError(f"exempt is a list of paths, not the string {exempt!r}")
+    paths = list(exempt)
+    for p in paths:
+        if not isinstance(p, str) or not p.startswith("/"):
+            raise ValueError(f"an exempt path starts with '/': {p!r}")
+    if limits is not None:
+        for k in limits:
+            if not (isinstance(k, tuple) and len(k) == 2 and all(isinstance(x, str) for x in k)):
+                raise TypeError(f"the limits table is keyed by (plan, route class), not {k!r}")
+    if estimates is not None:
+        for c, units in estimates.items():
+            if not isinstance(units, int) or isinstance(units, bool) or units < 0:
+                raise ValueError(f"the estimate of {c!r} is a whole number of units, 0 or more, not {units!r}")
+    r = Rules(
+        legacy_headers=legacy_headers,
+        prefix=prefix,
+        lease_keep_alive=lease_keep_alive,
+        exempt=paths,
+        header_format=header_format,
+    )
+    if limits_fn is not None:
+        fn = limits_fn
+        r.limits_fn = lambda plan, route_class: policies_of(fn(plan, route_class))
+    if default_limits is not None:
+        r.default_limits = policies_of(default_limits)
     if key is not None:
         r.key = key
     if plan is not None:
@@ -193,7 +393,7 @@ def make_rules(
     if route_class is not None:
         r.route_class = route_class
     if limits is not None:
-        r.limits = {k: list(v) for k, v in limits.items()}
+        r.limits = {k: policies_of(v) for k, v in limits.items()}
     if estimates is not None:
         r.estimates = dict(estimates)
     return r
@@ -252,7 +452,15 @@ def report_cost(request: Any, units: int) -> bool:
 
 #: The response fields the middleware sets (any the handler set are replaced).
 FIELDS = frozenset(
-    {"ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "ratelimit-degraded"}
+    {
+        "ratelimit-policy",
+        "ratelimit",
+        "ratelimit-partition",
+        "ratelimit-limit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+        "ratelimit-degraded",
+    }
 )
 
 Headers = list[tuple[str, str]]
@@ -267,21 +475,42 @@ def _sf_string(name: str) -> str:
     return "".join(c if ("!" <= c <= "~" and c not in '"\\') else "_" for c in name)
 
 
-def rate_limit_headers(policies: Sequence[Policy], outcome: MultiOutcome, legacy: bool) -> Headers:
-    """``RateLimit-Policy`` and ``RateLimit`` (draft-ietf-httpapi-ratelimit-headers-11) for these
-    policies and decisions, the legacy fields when asked, ``RateLimit-Degraded`` when Redis did
-    not decide. A concurrency limit's policy has the quota unit ``concurrent-requests`` and no
-    window."""
+def rate_limit_headers(
+    policies: Sequence[Policy],
+    outcome: MultiOutcome,
+    legacy: bool,
+    header_format: HeaderFormat = "draft-11",
+    cost: int = 1,
+) -> Headers:
+    """``RateLimit-Policy`` and ``RateLimit`` for these policies and decisions, the legacy fields
+    when asked, ``RateLimit-Degraded`` when Redis did not decide. A concurrency limit's policy
+    has the quota unit ``concurrent-requests`` and no window.
+
+    ``draft-11`` (draft-ietf-httpapi-ratelimit-headers-11): ``RateLimit`` items
+    ``"<name>";r=<remaining>;t=<seconds>``. ``draft-12`` (the working group editors' text of
+    the next revision): ``"<name>";a=<available>;w=<seconds>;c=<units>``, ``c`` what this
+    request took from the policy (``cost``, 1 for a concurrency policy) when the request was
+    admitted and the policy allowed it, else 0; and ``RateLimit-Partition``, one
+    ``"<name>";client_id`` per policy."""
     policy = []
     state = []
+    partition = []
     for p, d in zip(policies, outcome.decisions, strict=True):
         name = _sf_string(p.name)
-        if isinstance(p.algorithm, Concurrency):
+        concurrency = isinstance(p.algorithm, Concurrency)
+        if concurrency:
             policy.append(f'"{name}";q={d.limit};qu="concurrent-requests"')
         else:
             policy.append(f'"{name}";q={d.limit};w={p.algorithm.window_secs}')
-        state.append(f'"{name}";r={d.remaining};t={_ceil_secs(d.reset_after_ms)}')
+        if header_format == "draft-12":
+            took = (1 if concurrency else cost) if outcome.allowed and d.allowed else 0
+            state.append(f'"{name}";a={d.remaining};w={_ceil_secs(d.reset_after_ms)};c={took}')
+            partition.append(f'"{name}";client_id')
+        else:
+            state.append(f'"{name}";r={d.remaining};t={_ceil_secs(d.reset_after_ms)}')
     out: Headers = [("ratelimit-policy", ", ".join(policy)), ("ratelimit", ", ".join(state))]
+    if partition:
+        out.append(("ratelimit-partition", ", ".join(partition)))
     if legacy:
         d0 = _tightest(policies, outcome)
         if d0 is not None:
@@ -390,6 +619,7 @@ class Admission:
     shadowed: list[Shadowed] = field(default_factory=list)
     denials: list[str] = field(default_factory=list)
     error: RateLimitError | None = None
+    header_format: HeaderFormat = "draft-11"
 
     @property
     def allowed(self) -> bool:
@@ -428,22 +658,29 @@ class Admission:
             degraded,
             self.outcome.mode,
         )
-        return rate_limit_headers([self.policies[i] for i, _ in answers], shown, legacy)
+        return rate_limit_headers(
+            [self.policies[i] for i, _ in answers], shown, legacy, self.header_format, self.estimate
+        )
 
 
-def admit(config: Rules, metrics: Metrics, info: RequestInfo) -> Flow:
-    """Decides a request before its handler: ``None`` when its route has no limits, else its
-    :class:`Admission`."""
+def admit(config: Rules, metrics: Metrics, info: RequestInfo, mark: str | None = None) -> Flow:
+    """Decides a request before its handler: ``None`` when its path or its view is exempt or its
+    route has no limits, else its :class:`Admission`. ``mark`` is its view's (:func:`mark_of`):
+    a view limited by ``@limit`` has limits of its own, and the default limits do not apply."""
+    if mark == "exempt" or config.is_exempt(info.path):
+        return None
     who = config.key(info) or "anonymous"
     route_class = config.route_class(info)
-    policies = config.policies(config.plan(info), route_class)
+    policies = config.policies(config.plan(info), route_class, defaults=mark != "limited")
     if not policies:
         return None
     limits = [(f"{config.prefix}:{{{who}}}:{route_class}:{p.name}", p.algorithm) for p in policies]
     estimate = config.estimate(route_class)
     enforced = [i for i, p in enumerate(policies) if not p.shadow]
     shadows = [i for i, p in enumerate(policies) if p.shadow]
-    adm = Admission(policies, limits, estimate, enforced, MultiOutcome(True, 0, (), None, None))
+    adm = Admission(
+        policies, limits, estimate, enforced, MultiOutcome(True, 0, (), None, None), header_format=config.header_format
+    )
     if enforced:
         try:
             adm.outcome, lease = yield Decide(adm.enforced_limits, estimate)

@@ -55,7 +55,7 @@ from ._types import (
     Unsupported,
 )
 from .algorithms import Algorithm, Concurrency
-from .client import gate_of, stall_of
+from .client import address_of, gate_of, stall_of
 
 T = TypeVar("T")
 
@@ -161,6 +161,9 @@ class AsyncClient:
     @property
     def options(self) -> Options:
         return self._core.options
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({address_of(self._redis)!r}, mode={self.mode!r}, options={self._core.options!r})"
 
     @property
     def mode(self) -> Mode | None:
@@ -642,6 +645,9 @@ class AsyncLeaseOutcome:
         if self.lease is not None:
             await self.lease.__aexit__(exc_type, exc, tb)
 
+    def __repr__(self) -> str:
+        return f"AsyncLeaseOutcome(outcome={self.outcome!r}, lease={self.lease!r})"
+
 
 class AsyncMultiLeaseOutcome:
     def __init__(self, outcome: MultiOutcome, lease: AsyncLease | None) -> None:
@@ -660,6 +666,9 @@ class AsyncMultiLeaseOutcome:
     ) -> None:
         if self.lease is not None:
             await self.lease.__aexit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"AsyncMultiLeaseOutcome(outcome={self.outcome!r}, lease={self.lease!r})"
 
 
 class AsyncReservation:
@@ -688,6 +697,9 @@ class AsyncReservation:
         self._settled = True
         return await self._client._settle_charged(self._limits, actual - self._estimate, self._charged)
 
+    def __repr__(self) -> str:
+        return f"AsyncReservation(limits={self._limits!r}, estimate={self._estimate}, degraded={self._charged})"
+
 
 class AsyncReservationOutcome:
     def __init__(self, outcome: Outcome, reservation: AsyncReservation | None) -> None:
@@ -698,6 +710,9 @@ class AsyncReservationOutcome:
     def allowed(self) -> bool:
         return self.outcome.decision.allowed
 
+    def __repr__(self) -> str:
+        return f"AsyncReservationOutcome(outcome={self.outcome!r}, reservation={self.reservation!r})"
+
 
 class AsyncMultiReservationOutcome:
     def __init__(self, outcome: MultiOutcome, reservation: AsyncReservation | None) -> None:
@@ -707,6 +722,9 @@ class AsyncMultiReservationOutcome:
     @property
     def allowed(self) -> bool:
         return self.outcome.allowed
+
+    def __repr__(self) -> str:
+        return f"AsyncMultiReservationOutcome(outcome={self.outcome!r}, reservation={self.reservation!r})"
 
 
 class AsyncLimiter:
@@ -735,3 +753,6 @@ async def load_library(conn: redis.asyncio.Redis | redis.asyncio.cluster.RedisCl
     """``FUNCTION LOAD REPLACE`` of the library ``ratelimit`` on ``conn``'s server."""
     name = await conn.execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
     return name.decode() if isinstance(name, bytes) else str(name)
+
+    def __repr__(self) -> str:
+        return f"AsyncLimiter(client={self.client!r}, algorithm={self.algorithm!r})"

@@ -17,15 +17,17 @@ response, and the difference is settled before the response fields are written.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from ._http import (
     FIELDS,
     STATE_KEY,
     Admission,
+    HeaderFormat,
     Headers,
     KeyFunc,
+    LimitsSpec,
     Policy,
     RateLimitState,
     RequestInfo,
@@ -35,9 +37,11 @@ from ._http import (
     header,
     keep_alive,
     make_rules,
+    mark_of,
     release_async,
     report_cost,
     run_async,
+    starlette_view,
 )
 from .aio import AsyncClient
 from .metrics import Metrics
@@ -63,8 +67,12 @@ class RateLimitMiddleware:
 
     Keyword options (as :class:`ratelimit_client.middleware.Rules`): ``key`` (default: the client
     IP, :func:`client_ip`), ``plan``, ``route_class``, ``limits`` (``{(plan, class): [Policy,
-    ...]}``), ``limits_fn``, ``estimates``, ``legacy_headers``, ``prefix``, ``lease_keep_alive``;
-    and ``metrics`` to share counters."""
+    ...]}``, or a rate string such as ``"5/minute;100/hour"`` in place of a list), ``limits_fn``,
+    ``default_limits`` (for the routes with none of their own), ``exempt`` (paths never
+    limited), ``estimates``, ``legacy_headers``, ``prefix``, ``lease_keep_alive``,
+    ``header_format`` (``"draft-11"``, the default, or ``"draft-12"``); and ``metrics`` to share
+    counters. A limit or an option that cannot be read is refused here, not at the first
+    request."""
 
     def __init__(
         self,
@@ -74,13 +82,16 @@ class RateLimitMiddleware:
         key: KeyFunc | None = None,
         plan: Callable[[RequestInfo], str] | None = None,
         route_class: Callable[[RequestInfo], str] | None = None,
-        limits: Mapping[tuple[str, str], Sequence[Policy]] | None = None,
-        limits_fn: Callable[[str, str], Sequence[Policy]] | None = None,
+        limits: Mapping[tuple[str, str], LimitsSpec] | None = None,
+        limits_fn: Callable[[str, str], LimitsSpec] | None = None,
+        default_limits: LimitsSpec | None = None,
+        exempt: Iterable[str] = (),
         estimates: Mapping[str, int] | None = None,
         legacy_headers: bool = False,
         prefix: str = "rl",
         lease_keep_alive: float | None = None,
         metrics: Metrics | None = None,
+        header_format: HeaderFormat = "draft-11",
     ) -> None:
         self.app = app
         self.client = client
@@ -94,6 +105,9 @@ class RateLimitMiddleware:
             legacy_headers=legacy_headers,
             prefix=prefix,
             lease_keep_alive=lease_keep_alive,
+            default_limits=default_limits,
+            exempt=exempt,
+            header_format=header_format,
         )
         self.metrics = metrics if metrics is not None else Metrics()
 
@@ -103,8 +117,9 @@ class RateLimitMiddleware:
             return
         state = RateLimitState()
         scope[STATE_KEY] = state
+        mark = mark_of(starlette_view(scope))
         adm: Admission | None = await run_async(
-            self.client, admit(self.rules, self.metrics, RequestInfo.from_scope(scope))
+            self.client, admit(self.rules, self.metrics, RequestInfo.from_scope(scope), mark)
         )
         if adm is None:
             await self.app(scope, receive, send)

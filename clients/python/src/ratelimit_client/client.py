@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
+import redis.asyncio.cluster
 import redis.cluster
 import redis.cluster as redis_cluster
 from redis.backoff import NoBackoff
@@ -107,6 +108,9 @@ class Client:
     @property
     def options(self) -> Options:
         return self._core.options
+
+    def __repr__(self) -> str:
+        return f"Client({address_of(self._redis)!r}, mode={self.mode!r}, options={self._core.options!r})"
 
     @property
     def mode(self) -> Mode | None:
@@ -573,6 +577,9 @@ class MultiLeaseOutcome:
         if self.lease is not None:
             self.lease.__exit__(exc_type, exc, tb)
 
+    def __repr__(self) -> str:
+        return f"MultiLeaseOutcome(outcome={self.outcome!r}, lease={self.lease!r})"
+
 
 class Reservation:
     """An estimate consumed from one or several limits, to be settled with the true cost.
@@ -625,6 +632,9 @@ class ReservationOutcome:
     def allowed(self) -> bool:
         return self.outcome.decision.allowed
 
+    def __repr__(self) -> str:
+        return f"ReservationOutcome(outcome={self.outcome!r}, reservation={self.reservation!r})"
+
 
 class MultiReservationOutcome:
     """The answer to :meth:`Client.reserve_all`."""
@@ -636,6 +646,9 @@ class MultiReservationOutcome:
     @property
     def allowed(self) -> bool:
         return self.outcome.allowed
+
+    def __repr__(self) -> str:
+        return f"MultiReservationOutcome(outcome={self.outcome!r}, reservation={self.reservation!r})"
 
 
 class Limiter:
@@ -659,6 +672,9 @@ class Limiter:
     def reserve(self, key: str, estimate: int) -> ReservationOutcome:
         return self.client.reserve(key, self.algorithm, estimate)
 
+    def __repr__(self) -> str:
+        return f"Limiter(client={self.client!r}, algorithm={self.algorithm!r})"
+
 
 def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | None:
     """The gate of a client on one server: ``options.max_in_flight`` places, no more than its
@@ -668,6 +684,17 @@ def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | 
     if not isinstance(size, int) or isinstance(conn, redis_cluster.RedisCluster):
         return None
     return Gate(min(size, max(1, options.max_in_flight)), stall_of(options), connected_in(pool), refused)
+
+
+def address_of(conn: Any) -> str:
+    """Where a redis-py client connects, for a repr: ``redis://host:port/db``, ``unix://path``,
+    ``cluster``."""
+    if isinstance(conn, (redis_cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        return "cluster"
+    kw = getattr(getattr(conn, "connection_pool", None), "connection_kwargs", {})
+    if "path" in kw:
+        return f"unix://{kw['path']}"
+    return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
 def stall_of(options: Options) -> float:

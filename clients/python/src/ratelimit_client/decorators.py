@@ -2,15 +2,15 @@
 write them.
 
     @app.route("/login", methods=["POST"])
-    @limit(client, "5/minute")                         # Flask: the client IP, 429 when refused
+    @limit(client, "5/minute", key=client_ip())        # Flask: the client IP, 429 when refused
     def login(): ...
 
     @limit(client, Policy("burst", TokenBucket(10, 1)), key=lambda request: request.user.username)
     def export(request): ...                           # Django view
 
     @app.get("/search")
-    @limit(async_client, "100/hour")                   # FastAPI / Starlette: takes `request: Request`
-    async def search(request: Request): ...
+    @limit(async_client, "5/minute;100/hour", key=header("x-api-key"))   # FastAPI / Starlette:
+    async def search(request: Request): ...            # takes `request: Request`
 
     @limit(client, "10/second", key=lambda user_id: f"user:{user_id}")
     def send_sms(user_id: str): ...                     # any function: raises RateLimited
@@ -26,75 +26,95 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 from ._http import (
+    MARK,
     STATE_KEY,
     Admission,
     Headers,
+    LimitSpec,
     Policy,
     RateLimitState,
     RequestInfo,
+    RequestKey,
     Rules,
     admit,
     client_ip,
+    exempt,
     finish,
+    header,
+    parse_rates,
+    policies_of,
     release_async,
     release_sync,
     run_async,
     run_sync,
 )
-from ._types import RateLimitError
+from ._types import Decision, MultiOutcome, RateLimitError
 from .aio import AsyncClient
-from .algorithms import Algorithm, FixedWindow
 from .client import Client
 from .metrics import Metrics
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
-_RATE = re.compile(r"^\s*(\d+)\s*(?:/|per)\s*(\d+)?\s*(second|minute|hour|day)s?\s*$", re.IGNORECASE)
-
 
 def parse_rate(text: str) -> Policy:
-    """``"5/minute"``, ``"5 per minute"``, ``"100/2 hours"``: a fixed window (Flask-Limiter's
-    default strategy), named by the text."""
-    m = _RATE.match(text)
-    if m is None:
-        raise ValueError(f"not a rate: {text!r} (expected such as '5/minute' or '100 per hour')")
-    count, every, unit = int(m.group(1)), int(m.group(2) or 1), m.group(3).lower()
-    return Policy(text.strip(), FixedWindow(count, every * _UNITS[unit]))
-
-
-def _policy(p: Policy | Algorithm | str) -> Policy:
-    if isinstance(p, Policy):
-        return p
-    if isinstance(p, str):
-        return parse_rate(p)
-    if isinstance(p, Algorithm):
-        return Policy(p.keyword.lower(), p)
-    raise TypeError(f"a Policy, an algorithm or a rate such as '5/minute', not {p!r}")
+    """One rate (``"5/minute"``, ``"100 per hour"``, ``"1/2 seconds"``): a fixed window named by
+    its text (:func:`~ratelimit_client.middleware.parse_rates` reads several)."""
+    policies = parse_rates(text)
+    if len(policies) != 1:
+        raise ValueError(f"one rate, not {len(policies)}: {text!r} (parse_rates reads several)")
+    return policies[0]
 
 
 class RateLimited(RateLimitError):
     """Raised by a limited function that is not a view (no framework response to answer with):
-    the refusal, with the response a view would have given."""
+    the refusal, with the response a view would have given (``status``, ``headers``, ``body``)
+    and the decision behind it (``outcome``, ``decision``, ``limit``)."""
 
-    def __init__(self, status: int, headers: Headers, body: bytes) -> None:
-        super().__init__(f"rate limited ({status})")
+    def __init__(
+        self,
+        status: int,
+        headers: Headers,
+        body: bytes,
+        outcome: MultiOutcome | None = None,
+        limit: str | None = None,
+    ) -> None:
+        super().__init__(f"rate limited ({status})" if limit is None else f"rate limit {limit!r} exceeded ({status})")
         self.status = status
         self.headers = headers
         self.body = body
+        #: Every enforced limit's decision (``None`` on a 500: Redis refused a limit).
+        self.outcome = outcome
+        #: The name of the limit that refused.
+        self.limit = limit
+
+    @property
+    def decision(self) -> Decision | None:
+        """The refusing limit's decision, with the exact milliseconds: ``retry_after_ms`` (-1 when
+        this cost can never be admitted) and ``reset_after_ms``."""
+        if self.outcome is None or self.outcome.denied_by == 0:
+            return None
+        return self.outcome.decisions[self.outcome.denied_by - 1]
 
     @property
     def retry_after(self) -> int | None:
-        """Seconds until a retry may be admitted (``Retry-After``), when the refusal was a 429."""
+        """Whole seconds until a retry may be admitted, as the ``Retry-After`` field says them: the
+        decision's ``retry_after_ms`` rounded up, at least 1 (its ``reset_after_ms`` when the cost
+        can never be admitted); ``None`` when the refusal was not a 429. :attr:`decision` has the
+        milliseconds."""
         for name, value in self.headers:
             if name == "retry-after":
                 return int(value)
         return None
+
+    def __repr__(self) -> str:
+        return (
+            f"RateLimited(status={self.status}, limit={self.limit!r}, retry_after={self.retry_after}, "
+            f"decision={self.decision!r})"
+        )
 
 
 # Frameworks: found from the call's arguments, imported only when seen.
@@ -165,10 +185,30 @@ def _find_request(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Request 
     return None
 
 
+def _check_key(key: object, fn: Callable[..., Any], route: str) -> None:
+    """A key that cannot take the function's arguments is refused at decoration time (when both
+    signatures can be read and the function's parameters are plain positional ones)."""
+    if isinstance(key, RequestKey):
+        return
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+        key_sig = inspect.signature(cast(Callable[..., Any], key))
+    except (TypeError, ValueError):
+        return
+    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    if all(p.kind is plain and p.default is inspect.Parameter.empty for p in params):
+        try:
+            key_sig.bind(*params)
+        except TypeError as e:
+            raise TypeError(
+                f"the key of {route} is called with its arguments ({', '.join(p.name for p in params)}): {e}"
+            ) from None
+
+
 def limit(
     client: Client | AsyncClient,
-    *limits: Policy | Algorithm | str,
-    key: Callable[..., str | None] | None = None,
+    *limits: LimitSpec,
+    key: Callable[..., str | None],
     name: str | None = None,
     cost: int = 1,
     prefix: str = "rl",
@@ -176,36 +216,61 @@ def limit(
     metrics: Metrics | None = None,
 ) -> Callable[[F], F]:
     """Limits a view or a function: all of ``limits`` at once (policies, algorithms named after
-    their command, or rates such as ``"5/minute"``), each call costing ``cost`` (an estimate the
-    view may settle with :func:`~ratelimit_client.middleware.report_cost`).
+    their command, or rates such as ``"5/minute"`` and ``"5/minute;100/hour"``), each call
+    costing ``cost`` (an estimate the view may settle with
+    :func:`~ratelimit_client.middleware.report_cost`).
 
-    ``key`` is called with the function's own arguments and returns who the call is counted
-    against; without it, a view's client IP. A refused view answers ``429`` with the fields and
-    the problem+json body (Flask, Django, Starlette, FastAPI); a refused function raises
-    :class:`RateLimited`. An admitted view's response gets the ``RateLimit`` fields (for a
-    FastAPI endpoint returning a plain value, on its ``response: Response`` parameter when it has
-    one). Concurrency limits are held while the function runs."""
-    policies = [_policy(p) for p in limits]
-    if not policies:
+    ``key`` says who the call is counted against: :func:`client_ip` or :func:`header` for a
+    view (taken from its request), or any function, called with the function's own arguments.
+    A refused view answers ``429`` with the fields and the problem+json body (Flask, Django,
+    Starlette, FastAPI); a refused function raises :class:`RateLimited`. An admitted view's
+    response gets the ``RateLimit`` fields (for a FastAPI endpoint returning a plain value, on
+    its ``response: Response`` parameter when it has one). Concurrency limits are held while the
+    function runs.
+
+    What can be checked before the first call is checked here (``TypeError``, ``ValueError``):
+    the client, the limits and their rate strings, the key, the cost, the name; the client's
+    kind against the function's (a coroutine function takes an :class:`AsyncClient`)."""
+    if not isinstance(client, (Client, AsyncClient)):
+        raise TypeError(f"limit() takes a Client or an AsyncClient first, not {client!r}")
+    if not limits:
         raise TypeError("limit() needs at least one limit")
+    policies = policies_of(list(limits))
+    if key is None:
+        raise TypeError(
+            "limit() needs key=: client_ip() or header(name) for a view, or a function of the limited "
+            "function's arguments returning who the call is counted against"
+        )
+    if not callable(key):
+        raise TypeError(f"key is a function, not {key!r}")
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+        raise ValueError(f"cost is a whole number of units, 0 or more, not {cost!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"name is a non-empty string, not {name!r}")
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"prefix is a non-empty string, not {prefix!r}")
     counters = metrics if metrics is not None else Metrics()
+    from_request = isinstance(key, RequestKey)
 
     def decorate(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"limit() decorates a function, not {fn!r}")
         route = name or fn.__qualname__
         is_async = inspect.iscoroutinefunction(fn)
         if is_async and not isinstance(client, AsyncClient):
             raise TypeError(f"{route} is a coroutine function: limit it with an AsyncClient")
         if not is_async and not isinstance(client, Client):
             raise TypeError(f"{route} is a function: limit it with a Client (AsyncClient for coroutines)")
+        _check_key(key, fn, route)
 
         def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Request | None, Rules, RequestInfo]:
             request = _find_request(args, kwargs)
-            if key is None and request is None:
-                raise TypeError(f"{route} has no request to take a client IP from: give limit() a key=")
-            who = key(*args, **kwargs) if key is not None else None
+            if from_request and request is None:
+                raise TypeError(f"{route} has no request to take {key!r} from: give limit() a key of its arguments")
+            who = None if from_request else key(*args, **kwargs)
             info = request.info() if request is not None else RequestInfo("CALL", route, {}, None, {})
             rules = Rules(
-                key=(lambda _: who) if key is not None else client_ip(),
+                key=cast(RequestKey, key) if from_request else (lambda _: who),
                 route_class=lambda _: route,
                 limits={("*", "*"): policies},
                 estimates={"*": cost},
@@ -217,7 +282,8 @@ def limit(
         def refused(request: _Request | None, adm: Admission) -> Any:
             status, headers, body = adm.refusal(legacy_headers)
             if request is None:
-                raise RateLimited(status, headers, body)
+                denier = adm.enforced_policies[adm.outcome.denied_by - 1].name if adm.outcome.denied_by else None
+                raise RateLimited(status, headers, body, None if adm.error else adm.outcome, denier)
             return request.respond(status, headers, body)
 
         def state_for(request: _Request | None) -> RateLimitState:
@@ -244,6 +310,7 @@ def limit(
                     await release_async(adm)
                 return request.add_headers(result, fields, kwargs) if request is not None else result
 
+            setattr(limited_async, MARK, "limited")
             return cast(F, limited_async)
 
         sclient = cast(Client, client)
@@ -263,9 +330,10 @@ def limit(
                 release_sync(adm)
             return request.add_headers(result, fields, kwargs) if request is not None else result
 
+        setattr(limited, MARK, "limited")
         return cast(F, limited)
 
     return decorate
 
 
-__all__ = ["RateLimited", "limit", "parse_rate"]
+__all__ = ["RateLimited", "client_ip", "exempt", "header", "limit", "parse_rate", "parse_rates"]

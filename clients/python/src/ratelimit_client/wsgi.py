@@ -16,7 +16,7 @@ reserves it; the application reports the actual cost with :func:`report_cost` be
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -24,17 +24,21 @@ from ._http import (
     FIELDS,
     STATE_KEY,
     Admission,
+    HeaderFormat,
     Headers,
     KeyFunc,
+    LimitsSpec,
     Policy,
     RateLimitState,
     RequestInfo,
     admit,
     client_ip,
     finish,
+    flask_view,
     header,
     keep_alive,
     make_rules,
+    mark_of,
     release_sync,
     report_cost,
     run_sync,
@@ -106,23 +110,30 @@ class _Released:
 
 class RateLimitMiddleware:
     """Rate limits HTTP requests in front of a WSGI application; the options are those of
-    :class:`ratelimit_client.asgi.RateLimitMiddleware`."""
+    :class:`ratelimit_client.asgi.RateLimitMiddleware`.
+
+    ``RateLimitMiddleware(app, client=...)`` wraps a WSGI application (Django's
+    ``get_wsgi_application()``); ``RateLimitMiddleware(client=...)`` then :meth:`init_app`
+    installs itself in a Flask application, as Flask extensions do."""
 
     def __init__(
         self,
-        app: WSGIApp,
-        client: Client,
+        app: WSGIApp | None = None,
         *,
+        client: Client,
         key: KeyFunc | None = None,
         plan: Callable[[RequestInfo], str] | None = None,
         route_class: Callable[[RequestInfo], str] | None = None,
-        limits: Mapping[tuple[str, str], Sequence[Policy]] | None = None,
-        limits_fn: Callable[[str, str], Sequence[Policy]] | None = None,
+        limits: Mapping[tuple[str, str], LimitsSpec] | None = None,
+        limits_fn: Callable[[str, str], LimitsSpec] | None = None,
+        default_limits: LimitsSpec | None = None,
+        exempt: Iterable[str] = (),
         estimates: Mapping[str, int] | None = None,
         legacy_headers: bool = False,
         prefix: str = "rl",
         lease_keep_alive: float | None = None,
         metrics: Metrics | None = None,
+        header_format: HeaderFormat = "draft-11",
     ) -> None:
         self.app = app
         self.client = client
@@ -136,17 +147,40 @@ class RateLimitMiddleware:
             legacy_headers=legacy_headers,
             prefix=prefix,
             lease_keep_alive=lease_keep_alive,
+            default_limits=default_limits,
+            exempt=exempt,
+            header_format=header_format,
         )
         self.metrics = metrics if metrics is not None else Metrics()
+        #: The Flask application of init_app, where a request's view is found (exempt, @limit).
+        self._flask: Any = None
+
+    def init_app(self, app: Any) -> None:
+        """Installs the middleware in front of a Flask application's ``wsgi_app`` (and as its
+        extension ``"ratelimit"``)."""
+        if self.app is not None:
+            raise RuntimeError("this middleware already wraps an application")
+        if not callable(getattr(app, "wsgi_app", None)):
+            raise TypeError(f"init_app takes a Flask application (with a wsgi_app), not {app!r}")
+        self.app = app.wsgi_app
+        self._flask = app
+        app.wsgi_app = self
+        extensions = getattr(app, "extensions", None)
+        if isinstance(extensions, dict):
+            extensions["ratelimit"] = self
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        app = self.app
+        if app is None:
+            raise RuntimeError("the middleware wraps no application: give it one, or call init_app(app)")
         state = RateLimitState()
         environ[STATE_KEY] = state
+        mark = mark_of(flask_view(self._flask, environ)) if self._flask is not None else None
         adm: Admission | None = run_sync(
-            self.client, admit(self.rules, self.metrics, RequestInfo.from_environ(environ))
+            self.client, admit(self.rules, self.metrics, RequestInfo.from_environ(environ), mark)
         )
         if adm is None:
-            return self.app(environ, start_response)
+            return app(environ, start_response)
         state.outcome = adm.outcome
         state.shadow_denials = list(adm.denials)
         legacy = self.rules.legacy_headers
@@ -170,7 +204,7 @@ class RateLimitMiddleware:
             return start_response(status, kept + fields[0])
 
         try:
-            response = self.app(environ, start_with_fields)
+            response = app(environ, start_with_fields)
         except BaseException:
             release_sync(adm)
             raise
