@@ -6,7 +6,8 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::task::Poll;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
@@ -102,6 +103,10 @@ struct Inner {
     /// The scripts this client loaded, by SHA1.
     scripts: Mutex<HashMap<&'static str, Arc<ScriptLoad>>>,
     breaker: Breaker,
+    /// When Redis last answered a request of this client: nanoseconds after `epoch`, plus one
+    /// (0: never).
+    answered_at: AtomicU64,
+    epoch: Instant,
     local: LocalLimiter,
     leases: LocalLeases,
     /// Where the durable lane opens its connections ([`Client::connect`]'s URL, or
@@ -395,6 +400,10 @@ fn unexpected(v: &Value) -> RedisError {
     ))
 }
 
+/// The most a request waits, in timeouts, while Redis answers the client's other requests
+/// ([`Client::bounded`]).
+const WAIT_FACTOR: u32 = 10;
+
 enum Failure {
     Rejected(String),
     Unavailable,
@@ -442,6 +451,8 @@ where
                 start_up: Flight::default(),
                 scripts: Mutex::new(HashMap::new()),
                 breaker: Breaker::new(options.breaker),
+                answered_at: AtomicU64::new(0),
+                epoch: Instant::now(),
                 local: LocalLimiter::default(),
                 leases: LocalLeases::default(),
                 origin,
@@ -713,19 +724,75 @@ where
         }
     }
 
-    /// `fut`, one request, within the client's timeout.
+    /// `fut`, one request, within the client's timeout. At the deadline the runtime polls its
+    /// sockets once more before the request fails (a yield lets it): a reply that has arrived
+    /// but is not read yet (the timer and the socket became ready in the same turn of a busy
+    /// runtime) is taken. And while Redis answers the client's other requests (this one's waits
+    /// behind theirs, or was read after theirs), the request waits on: it fails once Redis has
+    /// answered none of them for a whole timeout, at most [`WAIT_FACTOR`] timeouts after it was
+    /// sent. A server that is down or frozen answers none, and the request fails at its
+    /// timeout.
     async fn bounded<T>(
         &self,
         fut: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, RedisError> {
-        tokio::time::timeout(self.inner.options.timeout, fut)
-            .await
-            .unwrap_or_else(|_| {
-                Err(RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no answer within the client's timeout",
-                )))
+        let budget = self.inner.options.timeout;
+        let sent = tokio::time::Instant::now();
+        let latest = sent + budget * WAIT_FACTOR;
+        let mut until = sent + budget;
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            if let Ok(got) = tokio::time::timeout_at(until, fut.as_mut()).await {
+                return self.answered(got);
+            }
+            tokio::task::yield_now().await;
+            let polled = std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+                Poll::Ready(got) => Poll::Ready(Some(got)),
+                Poll::Pending => Poll::Ready(None),
             })
+            .await;
+            if let Some(got) = polled {
+                return self.answered(got);
+            }
+            let now = tokio::time::Instant::now();
+            match self.last_answer() {
+                Some(at) if at + budget > now && now < latest => until = (at + budget).min(latest),
+                _ => {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "no answer within the client's timeout",
+                    )));
+                }
+            }
+        }
+    }
+
+    /// `got`, noted as an answer of Redis if it is one (a reply, an error reply included).
+    fn answered<T>(&self, got: Result<T, RedisError>) -> Result<T, RedisError> {
+        let reply = match &got {
+            Ok(_) => true,
+            Err(e) => matches!(
+                e.kind(),
+                redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+            ),
+        };
+        if reply {
+            let i = &self.inner;
+            let nanos = u64::try_from(i.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+            i.answered_at.fetch_max(nanos + 1, Ordering::Relaxed);
+        }
+        got
+    }
+
+    /// When Redis last answered a request of this client.
+    fn last_answer(&self) -> Option<tokio::time::Instant> {
+        let i = &self.inner;
+        match i.answered_at.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(tokio::time::Instant::from_std(
+                i.epoch + Duration::from_nanos(n - 1),
+            )),
+        }
     }
 
     /// This client's loads of `script`.

@@ -291,9 +291,10 @@ async fn failures_overlapping_answered_calls_do_not_open_the_breaker() {
         tokio::spawn(async move { c.check(&key, &bucket(), 1).await.unwrap().degraded })
     };
     assert_eq!(check("k").await.unwrap(), None);
-    conn.delay_ms.store(300, Ordering::SeqCst);
+    // Longer than a call waits on after Redis's last answer (a timeout).
+    conn.delay_ms.store(600, Ordering::SeqCst);
     for round in 0..3 {
-        // Five calls whose commands are on their way for 300 ms, then one that Redis answers
+        // Five calls whose commands are on their way for 600 ms, then one that Redis answers
         // within their deadline: the five fail after the answer, one after the other.
         let late: Vec<_> = (0..5)
             .map(|i| check(&format!("late:{round}:{i}")))
@@ -310,7 +311,7 @@ async fn failures_overlapping_answered_calls_do_not_open_the_breaker() {
         assert!(!client.breaker_open(), "round {round}: the breaker opened");
     }
     // Their commands did reach Redis, late: the server was there.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
     let mut admin = server.connect();
     let keys: Vec<String> = redis::cmd("KEYS").arg("late:*").query(&mut admin).unwrap();
     assert_eq!(keys.len(), 15);
@@ -323,6 +324,80 @@ async fn failures_overlapping_answered_calls_do_not_open_the_breaker() {
     let t = Instant::now();
     assert_eq!(check("k").await.unwrap(), Some(Degraded::FailOpen));
     assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+}
+
+/// The deadline is time without an answer: a call whose reply comes late while Redis answers
+/// the client's other calls waits on, up to 10 timeouts after it was sent; with no other answer
+/// it ends at its timeout.
+#[tokio::test]
+async fn a_call_late_behind_answered_calls_waits_on_up_to_ten_timeouts() {
+    let server = Server::with_module();
+    let manager = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let conn = LateKeys {
+        inner: manager,
+        delay_ms: Default::default(),
+    };
+    let client = Client::new(
+        conn.clone(),
+        Options {
+            policy: FailurePolicy::FailOpen,
+            mode: ModeChoice::Module,
+            timeout: Duration::from_millis(100),
+            breaker: BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_secs(3600),
+            },
+            ..Options::default()
+        },
+    );
+    assert_eq!(
+        client.check("k", &bucket(), 1).await.unwrap().degraded,
+        None
+    );
+    // One late call, `others` calls answered 30 ms apart meanwhile: how it ended, and when.
+    let late_call = |key: &'static str, delay: u64, others: bool| {
+        let (client, conn) = (client.clone(), conn.clone());
+        async move {
+            conn.delay_ms.store(delay, Ordering::SeqCst);
+            let t = Instant::now();
+            let late = {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let o = client.check(key, &bucket(), 1).await.unwrap();
+                    (o.degraded, o.decision.remaining, t.elapsed())
+                })
+            };
+            while others && !late.is_finished() {
+                let o = client.check("k", &bucket(), 0).await.unwrap();
+                assert_eq!(o.degraded, None);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            late.await.unwrap()
+        }
+    };
+    let (degraded, remaining, took) = late_call("late:1", 300, true).await;
+    assert_eq!((degraded, remaining), (None, 9), "{took:?}");
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    let (degraded, _, took) = late_call("late:2", 2000, true).await;
+    assert_eq!(degraded, Some(Degraded::FailOpen));
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(1800),
+        "{took:?}"
+    );
+    // Redis answered others since it began: not counted (the breaker opens at 1 failure).
+    assert!(!client.breaker_open());
+    let (degraded, _, took) = late_call("late:3", 300, false).await;
+    assert_eq!(degraded, Some(Degraded::FailOpen));
+    assert!(
+        took >= Duration::from_millis(95) && took < Duration::from_millis(290),
+        "{took:?}"
+    );
+    assert!(client.breaker_open());
+    conn.delay_ms.store(0, Ordering::SeqCst);
 }
 
 /// A trial call (the breaker half open) that its caller gave up on tells nothing about Redis:
