@@ -102,9 +102,11 @@ SERVERS ?= $(MATRIX)
 SERVERLESS_TESTS := lua_differential lua_blocks layers bounds
 # tests/release.rs checks the portable tarball on every server at once (make test-release).
 SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS) release,$(basename $(notdir $(wildcard tests/*.rs))))
-# The Rust client's cold-burst suite (clients/rust/tests/cold.rs) runs on Redis 7.0 only: what it
-# tests is the client's start-up, the same on every server (make test-rust-cold runs its 20 rounds
-# of 20).
+# The Rust client's cold-burst suite (clients/rust/tests/cold.rs: 3 rounds of calls per mode and
+# constructor, 2 of requests through the axum middleware per mode) runs on Redis 7.0 only, in the
+# first cargo test of make test: what it tests is the client's own start-up and deadlines, the
+# same on every server, and each round keeps both cores busy (make test-rust-cold runs its 20
+# rounds of 20).
 CLIENT_ONLY_TESTS := $(filter-out $(SERVER_TESTS) cold,$(basename $(notdir $(wildcard clients/rust/tests/*.rs))))
 
 test-servers: servers
@@ -336,12 +338,13 @@ test-go-cold: go-deps
 		$(GO_ENV) $(GO) test -count=1 -v -run 'ColdClient' .
 
 # A cold Rust client under a burst (clients/rust/tests/cold.rs): 200 concurrent first calls, and 200
-# first HTTP requests through the middleware, on one key of capacity 50 in each mode while a CPU
-# burner keeps every core busy; 20 rounds of 20 per mode and constructor (make test runs 3 of the
-# client's, without the middleware's).
+# first HTTP requests through the axum middleware, on one key of capacity 50 in each mode while a
+# CPU burner keeps every core busy; 20 rounds of 20 per mode, for each constructor and for the
+# middleware (make test runs 3 rounds of each constructor's and 2 of the middleware's).
 test-rust-cold: servers
 	$(CARGO) build -p redis-rate-limiter
-	RL_COLD_ROUNDS=400 RL_COLD_HTTP=1 RL_MODULE=$(RL_MODULE_DEBUG) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
+	RL_COLD_ROUNDS=400 RL_COLD_HTTP_ROUNDS=400 RL_MODULE=$(RL_MODULE_DEBUG) \
+		RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
 		$(CARGO) test --workspace --test cold -- --nocapture
 
 # The Rust crate's replay of the same conformance table, on each server of SERVERS in turn

@@ -5,11 +5,9 @@
 //! INFO`, at most one `FUNCTION LIST` and at most one `SCRIPT LOAD` per round. The same through
 //! the HTTP middleware: 200 concurrent first requests over real HTTP.
 //!
-//! `RL_COLD_ROUNDS` sets the rounds per mode and constructor (3 by default; `make
-//! test-rust-cold` runs 400: 20 rounds of 20, reported per 20). The middleware's rounds run when
-//! `RL_COLD_HTTP=1` (`make test-rust-cold` sets it): there each request's own call to Redis has
-//! the 100 ms deadline too, and 200 requests served by a debug build on a machine kept busy by
-//! more than this test's burner take longer than that.
+//! `RL_COLD_ROUNDS` sets the rounds per mode and constructor (3 by default), `RL_COLD_HTTP_ROUNDS`
+//! the middleware's per mode (2 by default); `make test-rust-cold` runs 400 of each: 20 rounds of
+//! 20, reported per 20.
 
 mod common;
 
@@ -37,11 +35,13 @@ fn bucket() -> Algorithm {
     }
 }
 
-fn rounds() -> usize {
-    std::env::var("RL_COLD_ROUNDS")
+/// Rounds per mode: of the calls per constructor (`RL_COLD_ROUNDS`), of the middleware
+/// (`RL_COLD_HTTP_ROUNDS`).
+fn rounds(var: &str, default: usize) -> usize {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(default)
 }
 
 /// Spinning threads, one per core, until dropped.
@@ -400,7 +400,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn cold_burst(setup: Setup) {
     let _serial = SERIAL.lock().await;
     let server = setup.server();
-    let n = rounds();
+    let n = rounds("RL_COLD_ROUNDS", 3);
     let _burner = Burner::start();
     let mut failed = Vec::new();
     // Every round's figures are printed, the failures listed at the end.
@@ -426,8 +426,7 @@ async fn cold_burst(setup: Setup) {
         .enable_all()
         .build()
         .unwrap();
-    let http = std::env::var("RL_COLD_HTTP").is_ok_and(|v| v == "1");
-    for i in 0..if http { n } else { 0 } {
+    for i in 0..rounds("RL_COLD_HTTP_ROUNDS", 2) {
         round += 1;
         let r = middleware_round(&server, setup, round, clients.handle()).await;
         // The deny cache answers some of the denials without calling Redis.
