@@ -16,6 +16,7 @@ export {
   type FixedWindow,
   type Gcra,
   type LeakyBucket,
+  type Limit,
   type SlidingLog,
   type SlidingWindow,
   type TokenBucket,
@@ -36,7 +37,6 @@ export {
 } from './algorithm.js';
 export {
   Client,
-  type Limit,
   Limiter,
   type LeaseOutcome,
   type MultiLeaseOutcome,

@@ -9,8 +9,8 @@
 
 import { isIP } from 'node:net';
 
-import { type Algorithm, windowSecs } from '../algorithm.js';
-import type { Client, Limit } from '../client.js';
+import { type Algorithm, type Limit, windowSecs } from '../algorithm.js';
+import type { Client } from '../client.js';
 import type { Lease } from '../lease.js';
 import { Metrics, type PromRegistry, exposeToPrometheus } from '../metrics.js';
 import { Reservation } from '../reservation.js';
