@@ -1,3 +1,4 @@
+/// <reference lib="esnext.disposable" preserve="true" />
 /**
  * Concurrency leases: the handle that holds a slot, renews it and gives it back.
  */
