@@ -66,6 +66,7 @@ run: build $(if $(SERVER),servers)
 # Then the examples in Python, Node.js and Go, the module's server suites on every other server
 # of the matrix (with the Rust client's suites of the same names: its replay of the conformance
 # table, cluster, grants, leases, top, so that the table runs on every server for every client),
+# the portable release built and checked on every server (make test-release),
 # the Rust client's other integration suites on Redis 8.2 (what they add to the module's own
 # suites is the client's own code, the same on every server; its unit and doc tests need no
 # server and ran above); the Go, Python and Node.js packages (each on the whole matrix, see their
@@ -75,6 +76,7 @@ test: deps servers rls-deps
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
 	$(MAKE) examples
 	$(MAKE) test-servers SERVERS="$(filter-out redis-7.0,$(MATRIX))"
+	$(MAKE) test-release
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-8.2/server $(CARGO) test --workspace \
 		$(addprefix --test ,$(CLIENT_ONLY_TESTS))
 	$(MAKE) test-go
@@ -98,7 +100,8 @@ examples: deps servers
 # `make test-servers SERVERS=valkey-9.1`.
 SERVERS ?= $(MATRIX)
 SERVERLESS_TESTS := lua_differential lua_blocks layers bounds
-SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS),$(basename $(notdir $(wildcard tests/*.rs))))
+# tests/release.rs checks the portable tarball on every server at once (make test-release).
+SERVER_TESTS := $(filter-out $(SERVERLESS_TESTS) release,$(basename $(notdir $(wildcard tests/*.rs))))
 # The Rust client's cold-burst suite (clients/rust/tests/cold.rs) runs on Redis 7.0 only: what it
 # tests is the client's start-up, the same on every server (make test-rust-cold runs its 20 rounds
 # of 20).
@@ -224,12 +227,51 @@ bench-hot: deps servers
 		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so --seconds $(HOT_SECONDS) \
 		--rounds $(HOT_ROUNDS)
 
-# A release tarball in target/dist: the module with its SHA-256, the Lua twins, a redis.conf
-# snippet, the licence and the README (tests/dist.rs unpacks one and loads the module from it).
-dist: build
-	@bash dist/pack.sh $(MODULE) $(TARGET_DIR)/dist
+# A release tarball in target/dist that loads where operators run Redis: the module and the
+# rate limit service (ratelimit-rls) built against glibc 2.17 (Debian 10+, Ubuntu 18.04+, RHEL
+# and CentOS 7+, Amazon Linux 2), with their SHA-256, the Lua twins, a redis.conf snippet, the
+# service's example configuration, the licence and the README; then the Python and Node.js
+# packages. The portable build uses Zig as C compiler and linker through cargo-zigbuild, both
+# from pinned, hashed PyPI wheels in dist/.venv (dist/requirements.txt; Zig 0.13: the glibc-
+# versioned targets of 0.14 and 0.15 fail `zig cc -v`, which cargo-zigbuild asks for the include
+# paths that bindgen needs). `make test-release` builds it and checks each binary's highest
+# GLIBC_ symbol version, then loads the module into every server of the matrix and serves the
+# service from the unpacked tarball (tests/release.rs); tests/dist.rs checks the packing itself.
+PORTABLE_TARGET := x86_64-unknown-linux-gnu.2.17
+PORTABLE_OUT := $(TARGET_DIR)/x86_64-unknown-linux-gnu/release
+DIST_VENV := dist/.venv
+DIST_READY := $(DIST_VENV)/.installed
+DIST_TARBALL = $(TARGET_DIR)/dist/redis-rate-limiter-$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)-$(shell uname -m)-linux.tar.gz
+
+.PHONY: dist-portable test-release
+
+$(DIST_READY): dist/requirements.txt
+	rm -rf $(DIST_VENV) && $(PYTHON3) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps \
+		-r dist/requirements.txt
+	touch $@
+
+# redis-module's bindgen reads the C headers of the target's glibc from Zig's own tree; named here
+# by absolute paths, as cargo-zigbuild hands them over relative to the directory it runs in, where
+# no build script (each runs in its own crate's directory) finds them.
+ZIG_LIB = $(shell $(DIST_VENV)/bin/python -c 'import os, ziglang; print(os.path.dirname(ziglang.__file__))')/lib
+ZIG_GLIBC_INCLUDES = include libc/include/x86_64-linux-gnu libc/include/generic-glibc \
+	libc/include/x86-linux-any libc/include/any-linux-any
+
+dist-portable: deps $(DIST_READY)
+	env "BINDGEN_EXTRA_CLANG_ARGS_x86_64-unknown-linux-gnu=-nostdinc $(addprefix -isystem $(ZIG_LIB)/,$(ZIG_GLIBC_INCLUDES))" \
+		PATH=$(CURDIR)/$(DIST_VENV)/bin:$$PATH $(CARGO) zigbuild --release \
+		--target $(PORTABLE_TARGET) -p redis-rate-limiter -p ratelimit-rls
+	@bash dist/pack.sh $(PORTABLE_OUT)/libredis_rate_limiter.so $(TARGET_DIR)/dist \
+		$(PORTABLE_OUT)/ratelimit-rls
+
+dist: dist-portable
 	$(MAKE) dist-python
 	$(MAKE) dist-node
+
+test-release: servers dist-portable
+	RL_DIST_TARBALL=$(DIST_TARBALL) RL_SERVERS_DIR=$(SERVERS_DIR) $(CARGO) test --workspace \
+		--test release -- --ignored --nocapture
 
 # The Go package (clients/go, standard library only): gofmt, go vet and its unit tests, go vet of
 # its redigo adapter (clients/go/redigoadapter, a module of its own), then

@@ -131,9 +131,45 @@ func SetActualCost(r *http.Request, units int64) {
 	}
 }
 
+// HeaderFormat is the format of the IETF RateLimit response fields (MiddlewareOptions).
+type HeaderFormat int
+
+const (
+	// HeaderDraft11 is draft-ietf-httpapi-ratelimit-headers-11 (the zero value, the default until
+	// the RFC): RateLimit-Policy: "per-minute";q=2;w=60 and RateLimit: "per-minute";r=1;t=60.
+	HeaderDraft11 HeaderFormat = iota
+	// HeaderDraft12 is the fields of the draft's next revision as its editors' text describes
+	// them (pull request 166 of the working group's repository): RateLimit-Policy as in
+	// draft-11; RateLimit with a (available, draft-11's r), w (effective window, draft-11's t)
+	// and c (the units this request took from the policy: the route's estimate, 1 for a
+	// concurrency limit, 0 on a 429 or for a shadow policy that would have refused it), as in
+	// "per-minute";a=1;w=60;c=1; and RateLimit-Partition, one "<name>";client_id per policy
+	// (each quota is the caller's own; the caller's key itself is not sent). Receivers ignore
+	// parameters they do not know.
+	HeaderDraft12
+)
+
+// String is "draft-11" or "draft-12".
+func (f HeaderFormat) String() string {
+	if f == HeaderDraft12 {
+		return "draft-12"
+	}
+	return "draft-11"
+}
+
+// MiddlewareOptions are settings of the middleware given as one value (Middleware.Options); the
+// zero value of each field is its default.
+type MiddlewareOptions struct {
+	// HeaderFormat is the format of the RateLimit fields: HeaderDraft11 (the zero value) or
+	// HeaderDraft12. The legacy fields, Retry-After, RateLimit-Degraded and the bodies are the
+	// same in both.
+	HeaderFormat HeaderFormat
+}
+
 // Middleware limits HTTP requests: limits per route class and plan, the IETF RateLimit-Policy
-// and RateLimit response fields (draft-ietf-httpapi-ratelimit-headers-11), optionally the older
-// RateLimit-Limit / -Remaining / -Reset, 429 with Retry-After and a problem+json body,
+// and RateLimit response fields (draft-ietf-httpapi-ratelimit-headers-11 by default, the next
+// revision's fields with HeaderDraft12), optionally the older RateLimit-Limit / -Remaining /
+// -Reset, 429 with Retry-After and a problem+json body,
 // RateLimit-Degraded when Redis could not decide, and counters per limit. Configure it with its
 // methods before serving, then wrap handlers with Handler (a func(http.Handler) http.Handler,
 // for chi, gorilla/mux and the adapters of echo and gin).
@@ -146,6 +182,7 @@ type Middleware struct {
 	limitsFn   func(plan, class string) []Policy
 	estimates  map[string]int64
 	legacy     bool
+	format     HeaderFormat
 	prefix     string
 	keepAlive  time.Duration
 	metrics    *Metrics
@@ -208,6 +245,13 @@ func (m *Middleware) Estimate(class string, units int64) *Middleware {
 // LegacyHeaders also sends RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (default
 // off).
 func (m *Middleware) LegacyHeaders(on bool) *Middleware { m.legacy = on; return m }
+
+// Options sets the settings given as one value (MiddlewareOptions: the RateLimit fields'
+// HeaderFormat).
+func (m *Middleware) Options(o MiddlewareOptions) *Middleware {
+	m.format = o.HeaderFormat
+	return m
+}
 
 // Prefix sets the prefix of the Redis keys (default "rl"): rl:{client}:class:limit, one hash
 // tag per client so that a request's keys share a cluster slot.
@@ -383,17 +427,22 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	// The fields list every policy answered for, in the route's order.
 	fields := func(h http.Header, outcome MultiOutcome, shadowed []shadowAnswer) {
+		// took: whether the request took units from the limit. Every enforced limit took them
+		// when the request was admitted (one call, all or nothing), none when it was refused; a
+		// shadow limit when it admitted the request too, and only then.
 		type answer struct {
 			index    int
 			decision Decision
+			took     bool
 		}
 		answers := make([]answer, 0, len(policies))
 		for j, i := range enforced {
-			answers = append(answers, answer{i, outcome.Decisions[j]})
+			answers = append(answers, answer{i, outcome.Decisions[j], outcome.Allowed})
 		}
 		degraded := outcome.Degraded
 		for _, s := range shadowed {
-			answers = append(answers, answer{s.index, s.outcome.Decisions[0]})
+			answers = append(answers, answer{s.index, s.outcome.Decisions[0],
+				outcome.Allowed && s.consumed})
 			if degraded == NotDegraded {
 				degraded = s.outcome.Degraded
 			}
@@ -408,7 +457,22 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 				all.DeniedBy = k + 1
 			}
 		}
-		RateLimitHeaders(shown, all, m.legacy, h)
+		if m.format != HeaderDraft12 {
+			RateLimitHeaders(shown, all, m.legacy, h)
+			return
+		}
+		costs := make([]int64, len(answers))
+		for k, a := range answers {
+			if !a.took {
+				continue
+			}
+			if _, ok := concurrencyOf(shown[k].Algorithm); ok {
+				costs[k] = 1
+			} else {
+				costs[k] = estimate
+			}
+		}
+		RateLimitHeadersAs(HeaderDraft12, shown, all, costs, m.legacy, h)
 	}
 	if !outcome.Allowed {
 		h := w.Header()
@@ -535,14 +599,24 @@ func sfString(name string) string {
 }
 
 // RateLimitHeaders sets the response fields for these policies and decisions (one decision per
-// policy, in order): RateLimit-Policy and RateLimit, with legacy RateLimit-Limit,
-// RateLimit-Remaining and RateLimit-Reset from the limit that decided (the one that denied,
-// else the enforced one with the fewest units left), and RateLimit-Degraded when the outcome
-// did not come from Redis. A concurrency limit's policy has the quota unit
-// qu="concurrent-requests" and no window.
+// policy, in order) in the default format (HeaderDraft11): RateLimit-Policy and RateLimit, with
+// legacy RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset from the limit that decided
+// (the one that denied, else the enforced one with the fewest units left), and
+// RateLimit-Degraded when the outcome did not come from Redis. A concurrency limit's policy has
+// the quota unit qu="concurrent-requests" and no window.
 func RateLimitHeaders(policies []Policy, outcome MultiOutcome, legacy bool, h http.Header) {
+	RateLimitHeadersAs(HeaderDraft11, policies, outcome, nil, legacy, h)
+}
+
+// RateLimitHeadersAs sets the response fields as RateLimitHeaders does, in format: with
+// HeaderDraft12, RateLimit's items carry a, w and c (costs: the units the request took from
+// each policy, in the same order; a missing one is 0) and RateLimit-Partition is set.
+func RateLimitHeadersAs(format HeaderFormat, policies []Policy, outcome MultiOutcome,
+	costs []int64, legacy bool, h http.Header) {
+	draft12 := format == HeaderDraft12
 	policy := make([]string, 0, len(policies))
 	state := make([]string, 0, len(policies))
+	var partition []string
 	for i, p := range policies {
 		if i >= len(outcome.Decisions) {
 			break
@@ -555,10 +629,24 @@ func RateLimitHeaders(policies []Policy, outcome MultiOutcome, legacy bool, h ht
 			policy = append(policy, name+";q="+integer(d.Limit)+";w="+
 				integer(p.Algorithm.WindowSecs()))
 		}
-		state = append(state, name+";r="+integer(d.Remaining)+";t="+integer(ceilMs(d.ResetAfterMs)))
+		if !draft12 {
+			state = append(state, name+";r="+integer(d.Remaining)+";t="+
+				integer(ceilMs(d.ResetAfterMs)))
+			continue
+		}
+		var c int64
+		if i < len(costs) {
+			c = costs[i]
+		}
+		state = append(state, name+";a="+integer(d.Remaining)+";w="+
+			integer(ceilMs(d.ResetAfterMs))+";c="+integer(c))
+		partition = append(partition, name+";client_id")
 	}
 	h.Set("RateLimit-Policy", strings.Join(policy, ", "))
 	h.Set("RateLimit", strings.Join(state, ", "))
+	if draft12 {
+		h.Set("RateLimit-Partition", strings.Join(partition, ", "))
+	}
 	if d, ok := tightest(policies, outcome); legacy && ok {
 		h.Set("RateLimit-Limit", integer(d.Limit))
 		h.Set("RateLimit-Remaining", integer(d.Remaining))

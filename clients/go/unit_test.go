@@ -260,3 +260,40 @@ func TestProblemBodiesAreSerdeJSON(t *testing.T) {
 		t.Fatalf("%v", h)
 	}
 }
+
+func TestDraft12Fields(t *testing.T) {
+	policies := []Policy{NewPolicy("in flight", Concurrency{3, 30}), NewPolicy("b", GCRA{0, 1, 2.5}),
+		NewPolicy("new", FixedWindow{1, 60}).Shadowed()}
+	outcome := MultiOutcome{Allowed: true, Decisions: []Decision{
+		{Allowed: true, Remaining: 2, ResetAfterMs: 30_000, Limit: 3},
+		{Allowed: true, Remaining: 0, ResetAfterMs: 2_500, Limit: 1},
+		{Allowed: false, Remaining: 0, RetryAfterMs: 59_000, ResetAfterMs: 59_000, Limit: 1}}}
+	h := http.Header{}
+	RateLimitHeadersAs(HeaderDraft12, policies, outcome, []int64{1, 7}, true, h)
+	want := http.Header{
+		"Ratelimit-Policy":    {`"in_flight";q=3;qu="concurrent-requests", "b";q=1;w=3, "new";q=1;w=60`},
+		"Ratelimit":           {`"in_flight";a=2;w=30;c=1, "b";a=0;w=3;c=7, "new";a=0;w=59;c=0`},
+		"Ratelimit-Partition": {`"in_flight";client_id, "b";client_id, "new";client_id`},
+		"Ratelimit-Limit":     {"1"},
+		"Ratelimit-Remaining": {"0"},
+		"Ratelimit-Reset":     {"3"},
+	}
+	if !reflect.DeepEqual(h, want) {
+		t.Fatalf("%v", h)
+	}
+	// Draft-11 through either function: the same bytes, no partition, costs unused.
+	h11, h11As := http.Header{}, http.Header{}
+	RateLimitHeaders(policies, outcome, false, h11)
+	RateLimitHeadersAs(HeaderDraft11, policies, outcome, []int64{1, 7, 7}, false, h11As)
+	want11 := http.Header{
+		"Ratelimit-Policy": {`"in_flight";q=3;qu="concurrent-requests", "b";q=1;w=3, "new";q=1;w=60`},
+		"Ratelimit":        {`"in_flight";r=2;t=30, "b";r=0;t=3, "new";r=0;t=59`},
+	}
+	if !reflect.DeepEqual(h11, want11) || !reflect.DeepEqual(h11As, want11) {
+		t.Fatalf("%v %v", h11, h11As)
+	}
+	if HeaderFormat(0) != HeaderDraft11 || HeaderDraft11.String() != "draft-11" ||
+		HeaderDraft12.String() != "draft-12" {
+		t.Fatal("the zero value is draft-11")
+	}
+}

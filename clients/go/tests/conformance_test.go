@@ -33,8 +33,8 @@ import (
 var modes = []string{"module", "function", "script"}
 
 // fields are the response fields the table records, when present.
-var fields = []string{"ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining",
-	"ratelimit-reset", "ratelimit-degraded", "retry-after", "content-type"}
+var fields = []string{"ratelimit-policy", "ratelimit", "ratelimit-partition", "ratelimit-limit",
+	"ratelimit-remaining", "ratelimit-reset", "ratelimit-degraded", "retry-after", "content-type"}
 
 type obj = map[string]interface{}
 
@@ -329,6 +329,14 @@ func middleware(c obj, cl *ratelimit.Client, denials *sync.Map) *ratelimit.Middl
 		}
 	}
 	m.LegacyHeaders(l["legacy_headers"] == true)
+	switch f := l["header_format"]; f {
+	case nil, "draft-11":
+		m.Options(ratelimit.MiddlewareOptions{HeaderFormat: ratelimit.HeaderDraft11})
+	case "draft-12":
+		m.Options(ratelimit.MiddlewareOptions{HeaderFormat: ratelimit.HeaderDraft12})
+	default:
+		panic(fmt.Sprintf("header_format %v", f))
+	}
 	m.OnShadowDenials(func(r *http.Request, names []string) {
 		denials.Store(r.Header.Get("X-Request-Id"), append([]string(nil), names...))
 	})

@@ -1,7 +1,8 @@
 //! A tower [`Layer`] for axum: limits per route class and plan, the IETF `RateLimit-Policy` and
-//! `RateLimit` response fields (draft-ietf-httpapi-ratelimit-headers-11), optionally the older
-//! `RateLimit-Limit` / `-Remaining` / `-Reset`, 429 with `Retry-After` and a problem+json body,
-//! `RateLimit-Degraded` when Redis could not decide, and counters per limit.
+//! `RateLimit` response fields (draft-ietf-httpapi-ratelimit-headers-11 by default, the next
+//! revision's fields with [`HeaderFormat::Draft12`]), optionally the older `RateLimit-Limit` /
+//! `-Remaining` / `-Reset`, 429 with `Retry-After` and a problem+json body, `RateLimit-Degraded`
+//! when Redis could not decide, and counters per limit.
 //!
 //! A concurrency limit ([`Algorithm::Concurrency`]) counts requests in flight: its slot is taken
 //! before the handler runs and given back when the response body has been sent or dropped (the
@@ -87,6 +88,34 @@ impl Policy {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShadowDenials(pub Vec<String>);
 
+/// The format of the IETF RateLimit response fields ([`Builder::header_format`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HeaderFormat {
+    /// draft-ietf-httpapi-ratelimit-headers-11 (the default until the RFC):
+    /// `RateLimit-Policy: "per-minute";q=2;w=60` and `RateLimit: "per-minute";r=1;t=60`.
+    #[default]
+    Draft11,
+    /// The fields of the draft's next revision as its editors' text describes them (pull request
+    /// 166 of the working group's repository): `RateLimit-Policy` as in draft-11; `RateLimit`
+    /// with `a` (available, draft-11's `r`), `w` (effective window, draft-11's `t`) and `c` (the
+    /// units this request took from the policy: the route's estimate, 1 for a concurrency limit,
+    /// 0 on a 429 or for a shadow policy that would have refused it), as in
+    /// `"per-minute";a=1;w=60;c=1`; and `RateLimit-Partition`, one `"<name>";client_id` per
+    /// policy (each quota is the caller's own; the caller's key itself is not sent). Receivers
+    /// ignore parameters they do not know.
+    Draft12,
+}
+
+impl HeaderFormat {
+    /// `"draft-11"` or `"draft-12"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeaderFormat::Draft11 => "draft-11",
+            HeaderFormat::Draft12 => "draft-12",
+        }
+    }
+}
+
 type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 
 /// Who a request is counted against.
@@ -160,6 +189,7 @@ pub struct Config {
     limits_fn: Option<LimitsFn>,
     estimates: HashMap<String, u64>,
     legacy_headers: bool,
+    header_format: HeaderFormat,
     prefix: String,
     keep_alive: Option<Duration>,
 }
@@ -189,6 +219,43 @@ impl Config {
             .or_else(|| self.estimates.get("*"))
             .copied()
             .unwrap_or(1)
+    }
+
+    /// The response fields of `policies` (those shown, in the route's order) and their answers;
+    /// `took(i)` says whether the request took units from the `i`-th of them (draft-12's `c`):
+    /// the route's estimate from a rate limit, 1 from a concurrency limit.
+    fn fields(
+        &self,
+        policies: &[Policy],
+        outcome: &MultiOutcome,
+        estimate: u64,
+        took: impl Fn(usize) -> bool,
+        headers: &mut HeaderMap,
+    ) {
+        match self.header_format {
+            HeaderFormat::Draft11 => {
+                rate_limit_headers(policies, outcome, self.legacy_headers, headers);
+            }
+            HeaderFormat::Draft12 => {
+                let costs: Vec<u64> = policies
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| match (took(i), &p.algorithm) {
+                        (false, _) => 0,
+                        (true, Algorithm::Concurrency(_)) => 1,
+                        (true, _) => estimate,
+                    })
+                    .collect();
+                rate_limit_headers_as(
+                    HeaderFormat::Draft12,
+                    policies,
+                    outcome,
+                    &costs,
+                    self.legacy_headers,
+                    headers,
+                );
+            }
+        }
     }
 }
 
@@ -258,6 +325,15 @@ where
     /// Also send `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (default off).
     pub fn legacy_headers(mut self, on: bool) -> Self {
         self.config.legacy_headers = on;
+        self
+    }
+
+    /// The format of the `RateLimit` fields (default [`HeaderFormat::Draft11`], until the RFC):
+    /// [`HeaderFormat::Draft12`] writes `a`, `w` and `c` in `RateLimit` and adds
+    /// `RateLimit-Partition`. The legacy fields, `Retry-After`, `RateLimit-Degraded` and the
+    /// bodies are the same in both.
+    pub fn header_format(mut self, format: HeaderFormat) -> Self {
+        self.config.header_format = format;
         self
     }
 
@@ -360,6 +436,7 @@ where
                 limits_fn: None,
                 estimates: HashMap::new(),
                 legacy_headers: false,
+                header_format: HeaderFormat::Draft11,
                 prefix: "rl".to_string(),
                 keep_alive: None,
             },
@@ -454,22 +531,49 @@ fn push_sf_string(out: &mut String, name: &str) {
     }));
 }
 
-/// The response fields for these policies and decisions. A concurrency limit's policy has the
-/// quota unit `qu="concurrent-requests"` and no window.
+/// The response fields for these policies and decisions, in the default format
+/// ([`HeaderFormat::Draft11`]). A concurrency limit's policy has the quota unit
+/// `qu="concurrent-requests"` and no window.
 pub fn rate_limit_headers(
     policies: &[Policy],
     outcome: &MultiOutcome,
     legacy: bool,
     headers: &mut HeaderMap,
 ) {
+    rate_limit_headers_as(
+        HeaderFormat::Draft11,
+        policies,
+        outcome,
+        &[],
+        legacy,
+        headers,
+    );
+}
+
+/// The response fields for these policies and decisions in `format`. `costs` are the units the
+/// request took from each policy, in the same order (draft-12's `c`; a missing one is 0; unused
+/// by draft-11).
+pub fn rate_limit_headers_as(
+    format: HeaderFormat,
+    policies: &[Policy],
+    outcome: &MultiOutcome,
+    costs: &[u64],
+    legacy: bool,
+    headers: &mut HeaderMap,
+) {
     use crate::text::push_u64;
+    let draft12 = format == HeaderFormat::Draft12;
     // Each field written into one string, without the formatter.
     let mut policy = String::with_capacity(48 * policies.len());
     let mut state = String::with_capacity(40 * policies.len());
+    let mut partition = String::with_capacity(if draft12 { 24 * policies.len() } else { 0 });
     for (i, (p, d)) in policies.iter().zip(&outcome.decisions).enumerate() {
         if i > 0 {
             policy.push_str(", ");
             state.push_str(", ");
+            if draft12 {
+                partition.push_str(", ");
+            }
         }
         policy.push('"');
         push_sf_string(&mut policy, &p.name);
@@ -484,13 +588,23 @@ pub fn rate_limit_headers(
         }
         state.push('"');
         push_sf_string(&mut state, &p.name);
-        state.push_str("\";r=");
+        state.push_str(if draft12 { "\";a=" } else { "\";r=" });
         push_u64(&mut state, d.remaining);
-        state.push_str(";t=");
+        state.push_str(if draft12 { ";w=" } else { ";t=" });
         push_u64(&mut state, ceil_secs(d.reset_after_ms));
+        if draft12 {
+            state.push_str(";c=");
+            push_u64(&mut state, costs.get(i).copied().unwrap_or(0));
+            partition.push('"');
+            push_sf_string(&mut partition, &p.name);
+            partition.push_str("\";client_id");
+        }
     }
     headers.insert(RATELIMIT_POLICY, header(policy));
     headers.insert(RATELIMIT, header(state));
+    if draft12 {
+        headers.insert(RATELIMIT_PARTITION, header(partition));
+    }
     if legacy && let Some(d) = tightest(policies, outcome) {
         headers.insert(RATELIMIT_LIMIT, header(d.limit.to_string()));
         headers.insert(RATELIMIT_REMAINING, header(d.remaining.to_string()));
@@ -507,6 +621,7 @@ pub fn rate_limit_headers(
 // The fields' names, made once (a `&str` name is parsed and checked on every insert).
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_PARTITION: HeaderName = HeaderName::from_static("ratelimit-partition");
 const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
 const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
@@ -848,40 +963,51 @@ where
             };
             // The fields list every policy answered for, in the route's order: without shadow
             // policies, those of the one call.
+            // Every enforced limit took its units when the request was admitted (one call, all
+            // or nothing), none when it was refused.
+            let admitted = outcome.allowed;
             if shadowed.is_empty() {
-                rate_limit_headers(
+                cfg.fields(
                     &e_policies,
                     &outcome,
-                    cfg.legacy_headers,
+                    estimate,
+                    |_| admitted,
                     resp.headers_mut(),
                 );
                 return Ok(resp);
             }
-            let mut answers: Vec<(usize, Decision)> = enforced
+            // (index, answer, whether the request took units from it): a shadow limit took them
+            // when it admitted the request, and only then.
+            let mut answers: Vec<(usize, Decision, bool)> = enforced
                 .iter()
                 .copied()
                 .zip(outcome.decisions.iter().copied())
+                .map(|(i, d)| (i, d, admitted))
                 .collect();
             let mut degraded = outcome.degraded;
-            for (i, o, _) in &shadowed {
-                answers.push((*i, o.decisions[0]));
+            for (i, o, consumed) in &shadowed {
+                answers.push((*i, o.decisions[0], admitted && *consumed));
                 degraded = degraded.or(o.degraded);
             }
-            answers.sort_by_key(|(i, _)| *i);
+            answers.sort_by_key(|(i, _, _)| *i);
             let denier = (outcome.denied_by > 0).then(|| enforced[outcome.denied_by - 1]);
-            let shown: Vec<Policy> = answers.iter().map(|(i, _)| policies[*i].clone()).collect();
+            let shown: Vec<Policy> = answers
+                .iter()
+                .map(|(i, _, _)| policies[*i].clone())
+                .collect();
+            let took: Vec<bool> = answers.iter().map(|(_, _, t)| *t).collect();
             let all = MultiOutcome {
                 allowed: outcome.allowed,
                 denied_by: denier
-                    .and_then(|d| answers.iter().position(|(i, _)| *i == d))
+                    .and_then(|d| answers.iter().position(|(i, _, _)| *i == d))
                     .map_or(0, |p| p + 1),
-                decisions: answers.into_iter().map(|(_, d)| d).collect(),
+                decisions: answers.into_iter().map(|(_, d, _)| d).collect(),
                 degraded,
                 mode: outcome.mode,
                 granted: outcome.granted,
                 answered_locally: outcome.answered_locally,
             };
-            rate_limit_headers(&shown, &all, cfg.legacy_headers, resp.headers_mut());
+            cfg.fields(&shown, &all, estimate, |i| took[i], resp.headers_mut());
             if !denials.is_empty() {
                 resp.extensions_mut().insert(ShadowDenials(denials));
             }

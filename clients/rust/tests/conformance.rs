@@ -25,7 +25,9 @@ use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 use common::{Server, free_port};
 use http::{HeaderMap, Request};
-use ratelimit_client::middleware::{ActualCost, KeySource, Policy, RateLimitLayer, ShadowDenials};
+use ratelimit_client::middleware::{
+    ActualCost, HeaderFormat, KeySource, Policy, RateLimitLayer, ShadowDenials,
+};
 use ratelimit_client::{
     Algorithm, Batching, BreakerConfig, Client, Concurrency, Decision, Degraded, Error,
     FailurePolicy, Lease, Limiter, LocalAnswer, Mode, ModeChoice, Options, Reservation,
@@ -40,9 +42,10 @@ type Conn = ConnectionManager;
 const MODES: [&str; 3] = ["module", "function", "script"];
 
 /// The response fields the table records, when present.
-const FIELDS: [&str; 8] = [
+const FIELDS: [&str; 9] = [
     "ratelimit-policy",
     "ratelimit",
+    "ratelimit-partition",
     "ratelimit-limit",
     "ratelimit-remaining",
     "ratelimit-reset",
@@ -471,7 +474,13 @@ fn layer(case: &Value, client: Client<Conn>) -> RateLimitLayer<Conn> {
     }
     // The deny cache counts down on the process's clock, which the test clock does not move: off
     // unless the case turns it on.
+    let format = match l["header_format"].as_str() {
+        None | Some("draft-11") => HeaderFormat::Draft11,
+        Some("draft-12") => HeaderFormat::Draft12,
+        Some(other) => panic!("header_format {other}"),
+    };
     b.legacy_headers(l["legacy_headers"].as_bool().unwrap_or(false))
+        .header_format(format)
         .deny_cache(l["deny_cache"].as_bool().unwrap_or(false))
         .build()
 }
@@ -1151,7 +1160,7 @@ async fn every_case_of_the_conformance_table() {
 }
 
 /// Keys in this order first, the others after them in byte order.
-const KEY_ORDER: [&str; 78] = [
+const KEY_ORDER: [&str; 79] = [
     "format",
     "clock_start_us",
     "name",
@@ -1172,6 +1181,7 @@ const KEY_ORDER: [&str; 78] = [
     "layer",
     "estimates",
     "legacy_headers",
+    "header_format",
     "steps",
     "advance_us",
     "check",
