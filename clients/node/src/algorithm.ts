@@ -65,6 +65,9 @@ export type Algorithm =
   | Gcra
   | Concurrency;
 
+/** A limit of a call over several limits: its key and its algorithm. */
+export type Limit = readonly [key: string, algorithm: Algorithm];
+
 export function tokenBucket(capacity: number, refillPerSec: number): TokenBucket {
   return { kind: 'token_bucket', capacity, refillPerSec };
 }

@@ -9,6 +9,7 @@ import { performance } from 'node:perf_hooks';
 import {
   type Algorithm,
   type Concurrency,
+  type Limit,
   commandOf,
   keywordOf,
   limitOf,
@@ -46,8 +47,7 @@ import {
   UnsupportedError,
 } from './types.js';
 
-/** A limit of a call over several limits: its key and its algorithm. */
-export type Limit = readonly [key: string, algorithm: Algorithm];
+export type { Limit } from './algorithm.js';
 
 /** The answer to {@link Client.acquire}: the outcome, and the lease when admitted. */
 export interface LeaseOutcome {

@@ -159,12 +159,13 @@ export interface IORedisLike extends Events {
   readonly status?: string;
 }
 
-/** ioredis's `Command` class, to route module commands on an ioredis `Cluster` by their key. */
+/**
+ * ioredis's `Command` class (`import { Command } from 'ioredis'`), to route module commands on an
+ * ioredis `Cluster` by their key: made with the command's name, its arguments and a UTF-8 reply,
+ * its `promise` answers. (Its slot, which ioredis declares private, is set before it is sent.)
+ */
 export interface IORedisCommandClass {
-  new (name: string, args: string[], options?: { replyEncoding?: string | null }): {
-    slot?: number | null;
-    promise: Promise<unknown>;
-  };
+  new (name: string, args: string[], options: { replyEncoding: 'utf8' }): { readonly promise: Promise<unknown> };
 }
 
 /** A node-redis client or cluster (`redis` v4 and later). */
@@ -219,7 +220,7 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
     send(args, key) {
       if (cluster && Command && key !== undefined) {
         const cmd = new Command(args[0]!, args.slice(1), { replyEncoding: 'utf8' });
-        cmd.slot = keySlot(key);
+        (cmd as { slot?: number | null }).slot = keySlot(key);
         sender.sendCommand(cmd);
         return cmd.promise.catch(normalise);
       }

@@ -6,7 +6,7 @@
  * - {@link Client}: mode detection, per-call timeouts and abort signals, failure policies, a
  *   circuit breaker; `check`, `checkAll`, `acquire` (leases), `reserve` (settled with the actual
  *   cost), `settle`, `top`.
- * - {@link rateLimit}: the Express middleware; {@link fastifyRateLimit}: the Fastify plugin.
+ * - {@link redisRateLimit}: the Express middleware; {@link fastifyRateLimit}: the Fastify plugin.
  * - {@link RateLimitStore}: express-rate-limit's store on `RL.FIXEDWINDOW`.
  */
 
@@ -16,6 +16,7 @@ export {
   type FixedWindow,
   type Gcra,
   type LeakyBucket,
+  type Limit,
   type SlidingLog,
   type SlidingWindow,
   type TokenBucket,
@@ -36,7 +37,6 @@ export {
 } from './algorithm.js';
 export {
   Client,
-  type Limit,
   Limiter,
   type LeaseOutcome,
   type MultiLeaseOutcome,
@@ -87,14 +87,18 @@ export {
 export {
   type Admission,
   type Admitted,
+  type ExpressRequestLike,
   type Fields,
+  type HeaderFormat,
   type KeySource,
+  type Label,
   type LimitsEntry,
   type Policy,
   type RateLimitInfo,
   type RateLimitOptions,
   type Refusal,
   type RequestLike,
+  type ResponseLike,
   RateLimitEngine,
   actualCostOf,
   canonicalIp,
@@ -104,7 +108,7 @@ export {
   rateLimitInfo,
   setActualCost,
 } from './http/core.js';
-export { type RateLimitMiddleware, rateLimit } from './http/express.js';
+export { type RateLimitMiddleware, rateLimit, redisRateLimit } from './http/express.js';
 export {
   type FastifyInstanceLike,
   type FastifyRateLimitOptions,

@@ -1,10 +1,20 @@
+/// <reference lib="esnext.disposable" preserve="true" />
 /**
  * Concurrency leases: the handle that holds a slot, renews it and gives it back.
  */
 
 import type { Concurrency } from './algorithm.js';
-import type { Client } from './client.js';
 import type { CallOptions, Degraded, Outcome } from './types.js';
+
+/**
+ * @internal What a lease needs of the client that made it (the client is one): a concurrency
+ * decision under the lease's id, and the slot given back on Redis or in process.
+ */
+export interface LeaseHolder {
+  decideOne(key: string, limit: Concurrency, cost: number, lease: string, call?: CallOptions): Promise<Outcome>;
+  releaseLocal(key: string, id: string): boolean;
+  release(key: string, id: string, call?: CallOptions): Promise<boolean>;
+}
 
 /**
  * A slot held on one key (or one on each concurrency limit of `Client.acquireAll`) under one
@@ -23,7 +33,7 @@ export class Lease implements AsyncDisposable {
 
   /** @internal */
   constructor(
-    private readonly client: Client,
+    private readonly client: LeaseHolder,
     /** The lease id (the sorted set's member). */
     readonly id: string,
     /** The keys and limits it holds a slot of. */

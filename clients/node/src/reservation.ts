@@ -3,8 +3,16 @@
  * the true cost is charged or refunded once the work is done (`RL.SETTLE`).
  */
 
-import type { Client, Limit } from './client.js';
+import type { Limit } from './algorithm.js';
 import type { CallOptions, Degraded, Settlement } from './types.js';
+
+/**
+ * @internal What a reservation needs of the client that made it (the client is one): the
+ * settlement sent where the estimate was charged.
+ */
+export interface SettlementTarget {
+  settleCharged(limits: readonly Limit[], delta: number, charged: Degraded | undefined, call?: CallOptions): Promise<Settlement>;
+}
 
 /**
  * An estimate consumed from one or several limits, to be settled with the true cost. Left
@@ -13,7 +21,7 @@ import type { CallOptions, Degraded, Settlement } from './types.js';
 export class Reservation {
   /** @internal */
   constructor(
-    private readonly client: Client,
+    private readonly client: SettlementTarget,
     /** The limits it covers, in the order of the settlement's decisions. */
     readonly limits: readonly Limit[],
     /** The units consumed when the reservation was made. */

@@ -5,8 +5,8 @@
  * whole switch.
  */
 
-import { type Algorithm, fixedWindow, limitOf } from './algorithm.js';
-import { Client, type Limit } from './client.js';
+import { type Algorithm, type Limit, fixedWindow, limitOf } from './algorithm.js';
+import { Client } from './client.js';
 import {
   type SendCommandClusterFn,
   type SendCommandFn,

@@ -3,6 +3,15 @@
  * policies and errors.
  */
 
+declare global {
+  /**
+   * The platform's `AbortSignal`, which Node's types and the DOM's declare. Named here, empty, so
+   * that the declarations also compile in a program that loads neither (this adds nothing to
+   * theirs).
+   */
+  interface AbortSignal {}
+}
+
 /** One limit's answer: the five fields every `RL.*` command replies. */
 export interface Decision {
   readonly allowed: boolean;

@@ -17,7 +17,7 @@ import {
   type RateLimitOptions,
   type RequestLike,
   fastifyRateLimit,
-  rateLimit,
+  redisRateLimit,
   rateLimitInfo,
   setActualCost,
 } from '../src/index.js';
@@ -105,7 +105,7 @@ export async function startApp(
       } as typeof res.writeHead;
       next();
     });
-    app.use(rateLimit(client, opts));
+    app.use(redisRateLimit(client, opts));
     app.use(async (req: IncomingMessage, res: ServerResponse) => {
       const hold = req.headers['x-hold'];
       if (typeof hold === 'string') await gates.pass(hold);
@@ -133,7 +133,7 @@ export async function startApp(
     };
   }
   const app = Fastify();
-  await app.register(fastifyRateLimit, { client, ...opts } as never);
+  await app.register(fastifyRateLimit, { client, ...opts });
   app.addHook('onSend', async (_req, reply, payload) => {
     const denials = rateLimitInfo(reply)?.shadowDenials ?? [];
     if (denials.length > 0) reply.header(SHADOW_HEADER, JSON.stringify(denials));
@@ -180,6 +180,7 @@ export interface HttpReply {
 export const FIELDS = [
   'ratelimit-policy',
   'ratelimit',
+  'ratelimit-partition',
   'ratelimit-limit',
   'ratelimit-remaining',
   'ratelimit-reset',

@@ -15,7 +15,6 @@ import {
   type Mode,
   UnsupportedError,
   concurrency,
-  fromNodeRedis,
   tokenBucket,
 } from '../src/index.js';
 import { type Admin, LIBRARIES, type Library, type Opened, PATIENT, Server, cmd, open, ready, sleep } from './harness.js';
@@ -243,7 +242,7 @@ describe('leases', () => {
   test('a lease id of the caller renews its own slot instead of taking a second', async () => {
     const a = await connect('node-redis', server);
     try {
-      const c = new Client(fromNodeRedis(a.raw as never), { ...PATIENT, mode: 'module' });
+      const c = new Client(a.raw, { ...PATIENT, mode: 'module' });
       const one = await c.acquireAs('job', concurrency(1, 10), 'job-7');
       const again = await c.acquireAs('job', concurrency(1, 10), 'job-7');
       assert.deepEqual([one.outcome.decision.allowed, again.outcome.decision.allowed], [true, true]);

@@ -20,7 +20,7 @@ import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { createClient } from 'redis';
 
-import { Client, LIBRARY, type Mode, fixedWindow, policy, tokenBucket } from '../src/index.js';
+import { Client, type ConnectionSource, LIBRARY, type Mode, fixedWindow, policy, tokenBucket } from '../src/index.js';
 import { type Framework, Gates, send, startApp } from './apps.js';
 import { type Admin, LIBRARIES, type Library, Server, cmd } from './harness.js';
 
@@ -54,7 +54,7 @@ class Burner {
 }
 
 /** The connection as docs/node.md starts it, and how to close it. */
-function documentedStart(library: Library, port: number): { redis: unknown; close(): void } {
+function documentedStart(library: Library, port: number): { redis: ConnectionSource; close(): void } {
   const url = `redis://127.0.0.1:${port}`;
   if (library === 'node-redis') {
     const redis = createClient({ url, disableOfflineQueue: true });
@@ -181,7 +181,7 @@ describe(`a cold client under a burst (${CALLS} first calls, capacity ${CAPACITY
             const t0 = performance.now();
             const start = documentedStart(library, servers.get(mode)!.port);
             try {
-              const limiter = new Client(start.redis as never);
+              const limiter = new Client(start.redis);
               let firstMs = Number.NaN;
               const outs = await Promise.all(
                 Array.from({ length: CALLS }, () =>
@@ -221,7 +221,7 @@ describe(`a cold client under a burst (${CALLS} first calls, capacity ${CAPACITY
             const key = `rl:{cold-${framework}}:default:minute`;
             const admin = await fresh(mode, key);
             const start = documentedStart(library, servers.get(mode)!.port);
-            const limiter = new Client(start.redis as never);
+            const limiter = new Client(start.redis);
             const app = await startApp(
               framework,
               limiter,

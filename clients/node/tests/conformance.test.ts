@@ -164,6 +164,11 @@ function layerOptions(c: Obj): RateLimitOptions<RequestLike> {
   }));
   if (l['estimates']) out.estimates = l['estimates'] as Record<string, number>;
   out.legacyHeaders = l['legacy_headers'] === true;
+  const format = l['header_format'];
+  if (format !== undefined) {
+    if (format !== 'draft-11' && format !== 'draft-12') throw new Error(`unknown header_format ${JSON.stringify(format)}`);
+    out.headerFormat = format;
+  }
   return out;
 }
 

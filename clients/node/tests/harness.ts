@@ -222,10 +222,13 @@ export const PATIENT = { timeoutMs: 2000 } as const;
 export type Library = 'node-redis' | 'ioredis';
 export const LIBRARIES: Library[] = ['node-redis', 'ioredis'];
 
+/** node-redis's client as `createClient` makes it with the tests' options. */
+type NodeRedisClient = ReturnType<typeof createClient<{}, {}, {}, 3, {}>>;
+
 /** An open connection of a client library, and how to close it. */
 export interface Opened {
   readonly connection: Connection;
-  readonly raw: unknown;
+  readonly raw: NodeRedisClient | IORedis;
   close(): Promise<void>;
 }
 
@@ -332,7 +335,7 @@ export class Cluster {
       c.once('error', fail);
     });
     return {
-      connection: fromIORedis(c, withCommand ? { Command: Command as never } : {}),
+      connection: fromIORedis(c, withCommand ? { Command } : {}),
       close: async () => c.disconnect(),
     };
   }

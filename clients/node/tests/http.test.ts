@@ -20,11 +20,12 @@ import {
   setActualCost,
   tokenBucket,
 } from '../src/index.js';
-import { type App, Gates, send, startApp } from './apps.js';
+import { type App, Gates, type HttpReply, send, startApp } from './apps.js';
+import { connect } from 'node:net';
 import { type Admin, PATIENT, Server, cmd, open, ready, sleep } from './harness.js';
 import express from 'express';
 import type { AddressInfo } from 'node:net';
-import { rateLimit } from '../src/index.js';
+import { rateLimit, redisRateLimit } from '../src/index.js';
 
 describe('the HTTP middleware beyond the table', () => {
   let server: Server;
@@ -44,11 +45,11 @@ describe('the HTTP middleware beyond the table', () => {
     const registry = new Registry();
     const c = new Client(o.connection, PATIENT);
     const app = express();
-    const quietLimiter = rateLimit(c, { key: { header: 'x-api-key' }, prometheus: false, limits: [{ plan: '*', class: '*', policies: [policy('q', fixedWindow(1, 60))] }] });
+    const quietLimiter = redisRateLimit(c, { key: { header: 'x-api-key' }, prometheus: false, limits: [{ plan: '*', class: '*', policies: [policy('q', fixedWindow(1, 60))] }] });
     app.get('/quiet', quietLimiter, (_req, res) => {
       res.end('quiet');
     });
-    const limiter = rateLimit(c, {
+    const limiter = redisRateLimit(c, {
       key: { header: 'x-api-key' },
       prometheus: registry,
       estimates: { '*': 10 },
@@ -104,7 +105,7 @@ describe('the HTTP middleware beyond the table', () => {
     await ready(o);
     const c = new Client(o.connection, PATIENT);
     const app = express();
-    app.use(rateLimit(c, { key: { header: 'x-api-key' }, estimates: { '*': 100 }, limits: [{ plan: '*', class: '*', policies: [policy('tokens', tokenBucket(1000, 0.001))] }] }));
+    app.use(redisRateLimit(c, { key: { header: 'x-api-key' }, estimates: { '*': 100 }, limits: [{ plan: '*', class: '*', policies: [policy('tokens', tokenBucket(1000, 0.001))] }] }));
     app.use((_req, res) => {
       res.write('streamed');
       setActualCost(res, 30);
@@ -120,6 +121,126 @@ describe('the HTTP middleware beyond the table', () => {
         assert.ok(Date.now() < deadline, 'never settled');
         await sleep(5);
       }
+    } finally {
+      s.closeAllConnections();
+      await new Promise<void>((r) => s.close(() => r()));
+      await o.close();
+    }
+  });
+
+  for (const framework of ['express', 'fastify'] as const) {
+    test(`${framework}: headerFormat 'draft-12': a, w and the cost c; RateLimit-Partition; the rest as draft-11`, async () => {
+      const o = open('node-redis', server.port);
+      await ready(o);
+      const c = new Client(o.connection, PATIENT);
+      const limits = [
+        { plan: '*', class: '*', policies: [policy('burst', fixedWindow(4, 60)), policy('new', fixedWindow(3, 60), { shadow: true })] },
+        { plan: '*', class: 'jobs', policies: [policy('inflight', concurrency(1, 30))] },
+      ];
+      const app = await startApp(
+        framework,
+        c,
+        {
+          key: { header: 'x-api-key' },
+          routeClass: (req) => (req.url?.startsWith('/jobs') ? 'jobs' : 'api'),
+          estimates: { api: 2 },
+          limits,
+          legacyHeaders: true,
+          headerFormat: 'draft-12',
+        },
+        new Gates(),
+      );
+      const eleven = await startApp(framework, c, { key: { header: 'x-api-key' }, estimates: { '*': 2 }, limits, legacyHeaders: true }, new Gates());
+      try {
+        const seen: HttpReply[] = [];
+        for (let i = 0; i < 3; i++) seen.push(await send(app.port, { headers: { 'x-api-key': `${framework}-12` } }));
+        const pick = (r: HttpReply): Array<string | number | undefined> => [
+          r.status,
+          r.headers['ratelimit-policy'],
+          r.headers['ratelimit']?.replace(/;w=\d+/g, ';w=W'),
+          r.headers['ratelimit-partition'],
+          r.headers['ratelimit-limit'],
+          r.headers['ratelimit-remaining'],
+        ];
+        const policyField = '"burst";q=4;w=60, "new";q=3;w=60';
+        const partition = '"burst";client_id, "new";client_id';
+        assert.deepEqual(seen.map(pick), [
+          [200, policyField, '"burst";a=2;w=W;c=2, "new";a=1;w=W;c=2', partition, '4', '2'],
+          // The shadow policy would have refused: it took nothing.
+          [200, policyField, '"burst";a=0;w=W;c=2, "new";a=1;w=W;c=0', partition, '4', '0'],
+          [429, policyField, '"burst";a=0;w=W;c=0, "new";a=1;w=W;c=0', partition, '4', '0'],
+        ]);
+        // w is draft-11's t, and everything but RateLimit and RateLimit-Partition is draft-11's.
+        for (const r of seen) assert.match(r.headers['ratelimit'] ?? '', /^"burst";a=\d+;w=(5\d|60);c=\d, "new";a=\d+;w=(5\d|60);c=\d$/);
+        const old = await send(eleven.port, { headers: { 'x-api-key': `${framework}-11` } });
+        assert.equal(old.headers['ratelimit-partition'], undefined);
+        assert.match(old.headers['ratelimit'] ?? '', /^"burst";r=2;t=(5\d|60), "new";r=1;t=(5\d|60)$/);
+        const strip = (h: Record<string, string>): Record<string, string> =>
+          Object.fromEntries(Object.entries(h).filter(([k]) => !['ratelimit', 'ratelimit-partition', 'date', 'keep-alive', 'connection'].includes(k)));
+        assert.deepEqual(strip(old.headers), strip(seen[0]!.headers));
+        assert.equal(JSON.parse(seen[2]!.body!).retry_after > 0, true);
+        // A concurrency slot: c=1 whatever the estimate.
+        const job = await send(app.port, { path: '/jobs', headers: { 'x-api-key': `${framework}-12` } });
+        assert.deepEqual(
+          [job.status, job.headers['ratelimit-policy'], job.headers['ratelimit']?.replace(/;w=\d+/g, ';w=W'), job.headers['ratelimit-partition']],
+          [200, '"inflight";q=1;qu="concurrent-requests"', '"inflight";a=0;w=W;c=1', '"inflight";client_id'],
+        );
+      } finally {
+        await app.close();
+        await eleven.close();
+        await o.close();
+      }
+    });
+  }
+
+  test('skip leaves a route alone; rateLimit is redisRateLimit; a plan may be a header as Node gives it', async () => {
+    const o = open('ioredis', server.port);
+    await ready(o);
+    const c = new Client(o.connection, PATIENT);
+    const app = express();
+    const limits = redisRateLimit(c, {
+      key: { header: 'x-api-key' },
+      prometheus: false,
+      skip: (req) => req.path === '/metrics',
+      plan: (req) => req.headers['x-plan'],
+      limits: [
+        { plan: 'default', class: '*', policies: [policy('per-minute', fixedWindow(2, 60))] },
+        { plan: 'pro, gold', class: '*', policies: [policy('both', fixedWindow(9, 60))] },
+      ],
+    });
+    app.use(limits);
+    app.get('/metrics', (_req, res) => {
+      res.type('text/plain').send(limits.metrics.renderPrometheus());
+    });
+    app.use((_req, res) => {
+      res.end('ok');
+    });
+    const s = app.listen(0, '127.0.0.1');
+    await new Promise<void>((r) => s.once('listening', () => r()));
+    const port = (s.address() as AddressInfo).port;
+    try {
+      const scrapes: Array<[number, string | undefined]> = [];
+      for (let i = 0; i < 100; i++) {
+        const r = await send(port, { path: '/metrics', headers: { 'x-api-key': 'scraper' } });
+        scrapes.push([r.status, r.headers['ratelimit']]);
+      }
+      assert.deepEqual(scrapes, Array.from({ length: 100 }, () => [200, undefined]));
+      const others: number[] = [];
+      for (let i = 0; i < 3; i++) others.push((await send(port, { path: '/', headers: { 'x-api-key': 'scraper' } })).status);
+      assert.deepEqual(others, [200, 200, 429]);
+      assert.deepEqual(limits.metrics.counts('per-minute'), { allowed: 2, denied: 1, degraded: 0, shadowDenied: 0, shadow: false, refunded: 0, charged: 0 });
+      // A repeated header: its values joined as Node joins them.
+      const raw = await new Promise<string>((ok, fail) => {
+        const sock = connect(port, '127.0.0.1', () =>
+          sock.write('GET / HTTP/1.1\r\nHost: x\r\nx-api-key: both\r\nx-plan: pro\r\nx-plan: gold\r\nConnection: close\r\n\r\n'),
+        );
+        let buf = '';
+        sock.on('data', (d: Buffer) => (buf += d.toString()));
+        sock.on('end', () => ok(buf));
+        sock.on('error', fail);
+      });
+      assert.match(raw, /\r\nratelimit-policy: "both";q=9;w=60\r\n/i);
+      assert.equal(rateLimit, redisRateLimit);
     } finally {
       s.closeAllConnections();
       await new Promise<void>((r) => s.close(() => r()));

@@ -77,12 +77,12 @@ async function serve(options: Partial<ErlOptions>): Promise<{ port: number; limi
 
 /** rate-limit-redis's `sendCommand` for each library, as its README shows it. */
 function sendCommand(library: Library, o: Opened): (...args: string[]) => Promise<never> {
-  if (library === 'node-redis') {
-    const c = o.raw as { sendCommand(args: string[]): Promise<never> };
-    return (...args: string[]) => c.sendCommand(args);
+  const c = o.raw;
+  if (library === 'node-redis' && 'sendCommand' in c && !('call' in c)) {
+    return (...args: string[]) => c.sendCommand(args) as Promise<never>;
   }
-  const c = o.raw as { call(command: string, ...args: string[]): Promise<never> };
-  return (command: string, ...args: string[]) => c.call(command, ...args);
+  if (library === 'ioredis' && 'call' in c) return (command: string, ...args: string[]) => c.call(command, ...args) as Promise<never>;
+  throw new Error(`not a ${library} client`);
 }
 
 describe('the express-rate-limit store', () => {

@@ -9,8 +9,8 @@
 
 import { isIP } from 'node:net';
 
-import { type Algorithm, windowSecs } from '../algorithm.js';
-import type { Client, Limit } from '../client.js';
+import { type Algorithm, type Limit, windowSecs } from '../algorithm.js';
+import type { Client } from '../client.js';
 import type { Lease } from '../lease.js';
 import { Metrics, type PromRegistry, exposeToPrometheus } from '../metrics.js';
 import { Reservation } from '../reservation.js';
@@ -43,6 +43,52 @@ export interface RequestLike {
 }
 
 /**
+ * What the middleware uses of the response: `node:http`'s `ServerResponse` (Express's `Response`
+ * is one), described by its shape so that the declarations need no `@types/node`.
+ */
+export interface ResponseLike {
+  statusCode: number;
+  readonly headersSent: boolean;
+  readonly writableEnded: boolean;
+  readonly destroyed: boolean;
+  setHeader(name: string, value: number | string | readonly string[]): unknown;
+  writeHead(statusCode: number, ...rest: never[]): unknown;
+  write(chunk: never, ...rest: never[]): boolean;
+  end(...args: never[]): unknown;
+  once(event: 'finish' | 'close', listener: () => void): unknown;
+}
+
+/**
+ * What the options' functions see of a request by default in the Express middleware: Express's
+ * request as far as its own fields go (`path`, the URL's path). Any other request type is given
+ * by annotating a function's parameter (`(req: Request) => ...`, Express's `Request` or
+ * `node:http`'s `IncomingMessage`) or as the type argument.
+ */
+export interface ExpressRequestLike extends RequestLike {
+  /** The path of the request's URL (Express's `req.path`). */
+  readonly path: string;
+  readonly method?: string | undefined;
+}
+
+/**
+ * The `RateLimit` fields' format: `'draft-11'` (`RateLimit-Policy` and `RateLimit` with `r` and
+ * `t`) or `'draft-12'` (the next revision as its editors' text describes it: `a`, `w`, the cost
+ * `c`, and `RateLimit-Partition`).
+ */
+export type HeaderFormat = 'draft-11' | 'draft-12';
+
+/**
+ * What a plan or a route class may be given as: a string, or a header's value as Node gives it
+ * (a repeated header's values are joined with `, `; undefined is `'default'`).
+ */
+export type Label = string | readonly string[] | undefined;
+
+function label(v: Label): string {
+  if (v === undefined) return 'default';
+  return typeof v === 'string' ? v : v.join(', ');
+}
+
+/**
  * Who a request is counted against: a header's value (an API key, a user id set by an
  * authentication layer), the client's IP (the peer address, or, when the peer is one of
  * `trustedProxies`, the rightmost address of `X-Forwarded-For` that is not a trusted proxy;
@@ -64,10 +110,15 @@ export interface LimitsEntry {
 export interface RateLimitOptions<Req> {
   /** Who requests are counted against (default: the client IP, no proxy trusted). */
   key?: KeySource<Req>;
+  /**
+   * Requests the middleware leaves alone: no decision, no fields, nothing counted (a `/metrics`
+   * or health route mounted after the middleware).
+   */
+  skip?: (req: Req) => boolean;
   /** The route class of a request (default: `'default'` for every request). */
-  routeClass?: (req: Req) => string;
+  routeClass?: (req: Req) => Label;
   /** The plan of the request's client, looked up on every request (default: `'default'`). */
-  plan?: (req: Req) => string;
+  plan?: (req: Req) => Label;
   /**
    * The policies of (plan, class), looked up as (plan, class), ('*', class), (plan, '*'),
    * ('*', '*'); a later entry for the same pair replaces an earlier one. Or a function of them.
@@ -84,6 +135,8 @@ export interface RateLimitOptions<Req> {
   estimates?: Readonly<Record<string, number>>;
   /** Also send `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (default false). */
   legacyHeaders?: boolean;
+  /** The format of the `RateLimit` fields (default `'draft-11'`). */
+  headerFormat?: HeaderFormat;
   /** Prefix of the Redis keys (default `rl`): `rl:{<key>}:<class>:<policy>`. */
   prefix?: string;
   /** Renew the concurrency leases of requests still in flight every this many ms (default never). */
@@ -119,9 +172,15 @@ function sfString(name: string): string {
  * the legacy fields when asked, `RateLimit-Degraded` when the answer did not come from Redis. A
  * concurrency limit's policy has the quota unit `qu="concurrent-requests"` and no window.
  */
-export function rateLimitFields(policies: readonly Policy[], outcome: MultiOutcome, legacy: boolean): Fields {
+export function rateLimitFields(
+  policies: readonly Policy[],
+  outcome: MultiOutcome,
+  legacy: boolean,
+  format: { readonly headerFormat?: HeaderFormat; readonly cost?: number } = {},
+): Fields {
   const fields: Fields = [];
   const pairs = policies.map((p, i) => [p, outcome.decisions[i]!] as const);
+  const draft12 = (format.headerFormat ?? 'draft-11') === 'draft-12';
   fields.push([
     'ratelimit-policy',
     pairs
@@ -132,7 +191,19 @@ export function rateLimitFields(policies: readonly Policy[], outcome: MultiOutco
       )
       .join(', '),
   ]);
-  fields.push(['ratelimit', pairs.map(([p, d]) => `"${sfString(p.name)}";r=${d.remaining};t=${ceilSecs(d.resetAfterMs)}`).join(', ')]);
+  if (draft12) {
+    // c: the units this request took from the policy: its cost where it was admitted and the
+    // policy allowed it (1 for a concurrency slot), else 0.
+    const cost = format.cost ?? 1;
+    const took = (p: Policy, d: Decision): number => (outcome.allowed && d.allowed ? (p.algorithm.kind === 'concurrency' ? 1 : cost) : 0);
+    fields.push([
+      'ratelimit',
+      pairs.map(([p, d]) => `"${sfString(p.name)}";a=${d.remaining};w=${ceilSecs(d.resetAfterMs)};c=${took(p, d)}`).join(', '),
+    ]);
+    fields.push(['ratelimit-partition', pairs.map(([p]) => `"${sfString(p.name)}";client_id`).join(', ')]);
+  } else {
+    fields.push(['ratelimit', pairs.map(([p, d]) => `"${sfString(p.name)}";r=${d.remaining};t=${ceilSecs(d.resetAfterMs)}`).join(', ')]);
+  }
   const d = legacy ? tightest(policies, outcome) : undefined;
   if (d) {
     fields.push(['ratelimit-limit', String(d.limit)]);
@@ -364,9 +435,10 @@ export class RateLimitEngine<Req extends RequestLike> {
 
   /** Decides a request before its handler runs. */
   async admit(req: Req): Promise<Admission> {
+    if (this.options.skip?.(req) === true) return { kind: 'pass' };
     const who = keyOf(this.key, req, this.trusted) ?? 'anonymous';
-    const cls = this.options.routeClass ? this.options.routeClass(req) : 'default';
-    const plan = this.options.plan ? this.options.plan(req) : 'default';
+    const cls = this.options.routeClass ? label(this.options.routeClass(req)) : 'default';
+    const plan = this.options.plan ? label(this.options.plan(req)) : 'default';
     const policies = this.policiesFor(plan, cls);
     if (policies.length === 0) return { kind: 'pass' };
     const limits: Limit[] = policies.map((p) => [`${this.prefix}:{${who}}:${cls}:${p.name}`, p.algorithm]);
@@ -459,7 +531,8 @@ export class RateLimitEngine<Req extends RequestLike> {
     };
 
     const first = view();
-    const fields = rateLimitFields(first.shown, first.all, this.legacy);
+    const format = { headerFormat: this.options.headerFormat ?? 'draft-11', cost: estimate } as const;
+    const fields = rateLimitFields(first.shown, first.all, this.legacy, format);
     if (!outcome.allowed) {
       return { kind: 'refuse', refusal: tooMany(ePolicies, outcome, fields), info: first.info };
     }
@@ -496,13 +569,13 @@ export class RateLimitEngine<Req extends RequestLike> {
       estimate,
       needsSettlement: (actual) => actual !== undefined && actual !== estimate,
       settle: async (actual) => {
-        if (actual === estimate) return rateLimitFields(first.shown, first.all, this.legacy);
+        if (actual === estimate) return rateLimitFields(first.shown, first.all, this.legacy, format);
         outcome = await settleOne(ePolicies, eLimits, outcome, actual);
         for (const s of shadowed) {
           if (s.consumed) s.outcome = await settleOne([policies[s.i]!], [limits[s.i]!], s.outcome, actual);
         }
         const after = view();
-        return rateLimitFields(after.shown, after.all, this.legacy);
+        return rateLimitFields(after.shown, after.all, this.legacy, format);
       },
       release: () => {
         if (released) return;

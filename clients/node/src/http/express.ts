@@ -3,22 +3,25 @@
  * response of `node:http`).
  */
 
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { ServerResponse } from 'node:http';
 
 import type { Client } from '../client.js';
 import type { Metrics } from '../metrics.js';
 import {
   type Admitted,
+  type ExpressRequestLike,
   type Fields,
   type RateLimitOptions,
+  type RequestLike,
+  type ResponseLike,
   RateLimitEngine,
   actualCostOf,
   setRateLimitInfo,
 } from './core.js';
 
 /** An Express (or Connect) middleware, with the counters it keeps. */
-export interface RateLimitMiddleware<Req extends IncomingMessage = IncomingMessage> {
-  (req: Req, res: ServerResponse, next: (err?: unknown) => void): void;
+export interface RateLimitMiddleware<Req extends RequestLike = ExpressRequestLike> {
+  (req: Req, res: ResponseLike, next: (err?: unknown) => void): void;
   /** The counters (`metrics.renderPrometheus()` for a `/metrics` route). */
   readonly metrics: Metrics;
   readonly engine: RateLimitEngine<Req>;
@@ -86,7 +89,7 @@ function refuse(res: ServerResponse, status: number, fields: Fields, body: strin
   res.end(body);
 }
 
-/** What runs once the middleware let a request through: fields, settlement, slots given back. */
+/** @internal What runs once the middleware let a request through: fields, settlement, slots given back. */
 export function followResponse(res: ServerResponse, admitted: Admitted): void {
   setFields(res, admitted.fields);
   let settled = false;
@@ -116,12 +119,13 @@ export function followResponse(res: ServerResponse, admitted: Admitted): void {
  * `setActualCost(res, n)` before the response's first byte settles the route's estimate before
  * the response leaves.
  */
-export function rateLimit<Req extends IncomingMessage = IncomingMessage>(
+export function redisRateLimit<Req extends RequestLike = ExpressRequestLike>(
   client: Client,
   options: RateLimitOptions<Req>,
 ): RateLimitMiddleware<Req> {
   const engine = new RateLimitEngine<Req>(client, options);
-  const middleware = (req: Req, res: ServerResponse, next: (err?: unknown) => void): void => {
+  const middleware = (req: Req, response: ResponseLike, next: (err?: unknown) => void): void => {
+    const res = response as unknown as ServerResponse;
     engine.admit(req).then(
       (a) => {
         switch (a.kind) {
@@ -147,3 +151,9 @@ export function rateLimit<Req extends IncomingMessage = IncomingMessage>(
   };
   return Object.assign(middleware, { metrics: engine.metrics, engine });
 }
+
+/**
+ * @deprecated The same function as {@link redisRateLimit}, under the name express-rate-limit
+ * exports too; import `redisRateLimit`.
+ */
+export const rateLimit: typeof redisRateLimit = redisRateLimit;

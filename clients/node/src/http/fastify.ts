@@ -2,11 +2,17 @@
  * The Fastify plugin: the same engine as the Express middleware, on Fastify's hooks.
  */
 
-import type { ServerResponse } from 'node:http';
-
 import type { Client } from '../client.js';
 import type { Metrics } from '../metrics.js';
-import { type Admitted, type RateLimitOptions, type RequestLike, RateLimitEngine, actualCostOf, setRateLimitInfo } from './core.js';
+import {
+  type Admitted,
+  type RateLimitOptions,
+  type RequestLike,
+  type ResponseLike,
+  RateLimitEngine,
+  actualCostOf,
+  setRateLimitInfo,
+} from './core.js';
 
 /** What the plugin uses of Fastify's request. */
 export interface FastifyRequestLike extends RequestLike {
@@ -15,7 +21,7 @@ export interface FastifyRequestLike extends RequestLike {
 
 /** What the plugin uses of Fastify's reply. */
 export interface FastifyReplyLike {
-  readonly raw: ServerResponse;
+  readonly raw: ResponseLike;
   code(status: number): FastifyReplyLike;
   header(name: string, value: string): FastifyReplyLike;
   send(payload?: unknown): FastifyReplyLike;
