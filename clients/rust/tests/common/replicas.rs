@@ -134,9 +134,17 @@ pub struct Sentinel {
 }
 
 impl Sentinel {
-    /// A Sentinel watching the master at `master_port` (quorum 1, down after 400 ms), ready
-    /// when it has read the replica's own INFO (a replica it has not read is no candidate).
+    /// A Sentinel watching the master at `master_port` (quorum 1, down after 400 ms, failover
+    /// timeout 4 s), ready when it has read the replica's own INFO (a replica it has not read is
+    /// no candidate).
     pub fn start(master_port: u16) -> Sentinel {
+        Sentinel::with_failover_timeout(master_port, Duration::from_secs(4))
+    }
+
+    /// [`Sentinel::start`] with another failover timeout. It is also how long the Sentinel leaves
+    /// a replica that names another address than the master's (a proxy's in front of it) before
+    /// it points the replica at the master itself.
+    pub fn with_failover_timeout(master_port: u16, failover_timeout: Duration) -> Sentinel {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let conf = dir.path().join("sentinel.conf");
@@ -146,8 +154,9 @@ impl Sentinel {
                 "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
                  sentinel monitor {MASTER} 127.0.0.1 {master_port} 1\n\
                  sentinel down-after-milliseconds {MASTER} 400\n\
-                 sentinel failover-timeout {MASTER} 4000\n",
-                dir = dir.path().display()
+                 sentinel failover-timeout {MASTER} {timeout}\n",
+                dir = dir.path().display(),
+                timeout = failover_timeout.as_millis()
             ),
         )
         .unwrap();
