@@ -178,6 +178,9 @@ type Outcome struct {
 	Degraded Degraded
 	// Mode is the mode that answered (0 when degraded).
 	Mode Mode
+	// Granted is the units taken: for a partial grant (CheckUpto) 1 to n, 0 when denied (the
+	// decision is then the denial of one unit); for a check its cost when admitted, else 0.
+	Granted int64
 }
 
 // MultiOutcome is the answer for several limits checked at once (RL.ALL).
@@ -188,6 +191,9 @@ type MultiOutcome struct {
 	Decisions []Decision
 	Degraded  Degraded
 	Mode      Mode
+	// Granted is the units taken from every limit: for a partial grant (CheckAllUpto) 1 to n,
+	// 0 when denied; for a check its cost when admitted, else 0.
+	Granted int64
 }
 
 // Settlement is the state of every limit after a settlement (RL.SETTLE), in the order of the
@@ -586,25 +592,62 @@ func (c *Client) evalsha(ctx context.Context, script string, out []interface{}) 
 	}
 }
 
-// callOne is one limit's command: the parameters, then the cost, or for a concurrency limit
-// the lease id (RL.ACQUIRE takes no cost).
-func (c *Client) callOne(ctx context.Context, key string, a Algorithm, cost int64,
-	lease string) (Decision, Mode, error) {
+// take is what a call takes: a cost, or with upto a partial grant of at most n units (UPTO n).
+type take struct {
+	n    int64
+	upto bool
+}
+
+func cost(n int64) take { return take{n: n} }
+
+// args are the words that end the call: the cost, or UPTO n.
+func (t take) args() []string {
+	if t.upto {
+		return []string{"UPTO", integer(t.n)}
+	}
+	return []string{integer(t.n)}
+}
+
+// fields is the length of a limiter's reply: five integers, a sixth (granted) for UPTO.
+func (t take) fields() int {
+	if t.upto {
+		return 6
+	}
+	return 5
+}
+
+// grantedOf is the units a reply of this take says were taken: for a cost, the cost when
+// admitted, else 0.
+func (t take) grantedOf(allowed bool, sixth int64) int64 {
+	switch {
+	case t.upto:
+		return sixth
+	case allowed:
+		return t.n
+	}
+	return 0
+}
+
+// callOne is one limit's command: the parameters, then the cost (or UPTO n), or for a
+// concurrency limit the lease id (RL.ACQUIRE takes no cost).
+func (c *Client) callOne(ctx context.Context, key string, a Algorithm, t take,
+	lease string) (Decision, int64, Mode, error) {
 	args := a.Params()
 	if _, ok := concurrencyOf(a); ok {
 		args = append(args, lease)
+		t = cost(1)
 	} else {
-		args = append(args, integer(cost))
+		args = append(args, t.args()...)
 	}
 	reply, mode, err := c.call(ctx, a.Command(), a.script(), false, []string{key}, args)
 	if err != nil {
-		return Decision{}, 0, err
+		return Decision{}, 0, 0, err
 	}
-	d, ok := decisionOf(reply)
+	d, sixth, ok := decisionOfN(reply, t.fields())
 	if !ok {
-		return Decision{}, 0, errUnexpected{reply}
+		return Decision{}, 0, 0, errUnexpected{reply}
 	}
-	return d, mode, nil
+	return d, t.grantedOf(d.Allowed, sixth), mode, nil
 }
 
 func limitArgs(limits []Limit) ([]string, []string) {
@@ -618,22 +661,27 @@ func limitArgs(limits []Limit) ([]string, []string) {
 	return keys, args
 }
 
-func (c *Client) callAll(ctx context.Context, limits []Limit, cost int64,
+func (c *Client) callAll(ctx context.Context, limits []Limit, t take,
 	lease string) (MultiOutcome, error) {
 	keys, args := limitArgs(limits)
 	if hasConcurrency(limits) {
 		args = append(args, "LEASE", lease)
 	}
-	args = append(args, "COST", integer(cost))
+	if t.upto {
+		args = append(args, "UPTO", integer(t.n))
+	} else {
+		args = append(args, "COST", integer(t.n))
+	}
 	reply, mode, err := c.call(ctx, "RL.ALL", scriptAll, true, keys, args)
 	if err != nil {
 		return MultiOutcome{}, err
 	}
-	allowed, deniedBy, ds, ok := multiOf(reply, len(limits))
+	allowed, deniedBy, ds, sixth, ok := multiOfN(reply, len(limits), t.fields())
 	if !ok {
 		return MultiOutcome{}, errUnexpected{reply}
 	}
-	return MultiOutcome{Allowed: allowed, DeniedBy: deniedBy, Decisions: ds, Mode: mode}, nil
+	return MultiOutcome{Allowed: allowed, DeniedBy: deniedBy, Decisions: ds, Mode: mode,
+		Granted: t.grantedOf(allowed, sixth)}, nil
 }
 
 func (c *Client) callSettle(ctx context.Context, limits []Limit, delta int64) ([]Decision,
@@ -697,18 +745,35 @@ var errUnavailable = errors.New("unavailable")
 
 func (c *Client) degradedOne(key string, a Algorithm, cost int64, lease string) (Decision,
 	Degraded) {
+	d, _, g := c.degradedTake(key, a, take{n: cost}, lease)
+	return d, g
+}
+
+// degradedTake is the failure policy's answer for one limit, with the units it grants.
+func (c *Client) degradedTake(key string, a Algorithm, t take, lease string) (Decision, int64,
+	Degraded) {
 	o := c.opts
 	switch o.Policy.kind {
 	case policyFailClosed:
 		return Decision{Allowed: false, Remaining: 0, RetryAfterMs: o.FailClosedRetryMs,
-			ResetAfterMs: o.FailClosedRetryMs, Limit: a.Quota()}, DegradedFailClosed
+			ResetAfterMs: o.FailClosedRetryMs, Limit: a.Quota()}, 0, DegradedFailClosed
 	case policyLocal:
 		if cc, ok := concurrencyOf(a); ok {
-			return c.leases.acquire(key, lease, cc, o.Policy.instances, cost > 0), DegradedLocal
+			d := c.leases.acquire(key, lease, cc, o.Policy.instances, t.n > 0)
+			g := int64(0)
+			if d.Allowed {
+				g = 1
+			}
+			return d, g, DegradedLocal
 		}
-		return c.local.check(key, a, o.Policy.instances, cost), DegradedLocal
+		if t.upto {
+			d, g := c.local.grant(key, a, o.Policy.instances, t.n)
+			return d, g, DegradedLocal
+		}
+		d := c.local.check(key, a, o.Policy.instances, t.n)
+		return d, t.grantedOf(d.Allowed, 0), DegradedLocal
 	}
-	return Decision{Allowed: true, Remaining: a.Quota(), Limit: a.Quota()}, DegradedFailOpen
+	return Decision{Allowed: true, Remaining: a.Quota(), Limit: a.Quota()}, t.n, DegradedFailOpen
 }
 
 // Check checks (and on admission consumes) cost units of a on key. A concurrency limit is only
@@ -730,22 +795,61 @@ func (c *Client) Peek(ctx context.Context, key string, a Algorithm) (Outcome, er
 	return c.Check(ctx, key, a, 0)
 }
 
-func (c *Client) decideOne(ctx context.Context, key string, a Algorithm, cost int64,
+func (c *Client) decideOne(ctx context.Context, key string, a Algorithm, n int64,
 	lease string) (Outcome, error) {
-	if cost < 0 {
+	return c.decideTake(ctx, key, a, cost(n), lease)
+}
+
+// decideTake is one limit: Redis, or the failure policy when Redis cannot answer.
+func (c *Client) decideTake(ctx context.Context, key string, a Algorithm, t take,
+	lease string) (Outcome, error) {
+	if t.n < 0 {
 		return Outcome{}, unsupported("a cost of at least 0")
 	}
 	var o Outcome
 	err := c.guarded(ctx, func(ctx context.Context) error {
-		d, m, err := c.callOne(ctx, key, a, cost, lease)
-		o = Outcome{Decision: d, Mode: m}
+		d, granted, m, err := c.callOne(ctx, key, a, t, lease)
+		o = Outcome{Decision: d, Mode: m, Granted: granted}
 		return err
 	})
 	if err == errUnavailable {
-		d, g := c.degradedOne(key, a, cost, lease)
-		return Outcome{Decision: d, Degraded: g}, nil
+		d, granted, g := c.degradedTake(key, a, t, lease)
+		return Outcome{Decision: d, Degraded: g, Granted: granted}, nil
 	}
 	return o, err
+}
+
+// CheckUpto is a partial grant (UPTO n): as many units of a on key as are left now, at least 1
+// and at most n, taken in one call; Outcome.Granted says how many (0 when denied: nothing was
+// left, and the decision is the denial of one unit). Give back what goes unused with Settle (a
+// negative delta). n from 1 to 10^15 (1,000 for a sliding log); not for a concurrency limit
+// (an *UnsupportedError, as for n of 0). Batches and the deny cache are not used. When Redis
+// cannot answer: FailOpen grants n (nothing taken), FailClosed denies, Local grants what its
+// in-process bucket has, at most n.
+func (c *Client) CheckUpto(ctx context.Context, key string, a Algorithm, n int64) (Outcome,
+	error) {
+	if _, ok := concurrencyOf(a); ok {
+		return Outcome{}, unsupported("a concurrency limit is not granted in part (a lease is one slot)")
+	}
+	if n < 1 {
+		return Outcome{}, unsupported("UPTO n takes n of at least 1")
+	}
+	return c.decideTake(ctx, key, a, take{n: n, upto: true}, "")
+}
+
+// CheckAllUpto is a partial grant of several limits at once (RL.ALL ... UPTO n): every limit is
+// granted the same units, the fewest any of them has left, at most n (MultiOutcome.Granted; 0
+// when denied, as a cost of 1 would be). One limit alone uses its own command. Concurrency
+// limits are refused (an *UnsupportedError).
+func (c *Client) CheckAllUpto(ctx context.Context, limits []Limit, n int64) (MultiOutcome,
+	error) {
+	if hasConcurrency(limits) {
+		return MultiOutcome{}, unsupported("a concurrency limit is not granted in part (a lease is one slot)")
+	}
+	if n < 1 {
+		return MultiOutcome{}, unsupported("UPTO n takes n of at least 1")
+	}
+	return c.decideAllTake(ctx, limits, take{n: n, upto: true}, "")
 }
 
 // CheckAll checks several limits at once: admitted only if every limit admits, and then cost is
@@ -772,12 +876,17 @@ func hasConcurrency(limits []Limit) bool {
 
 // decideAll is several limits in one call (one alone with its own command, except a
 // concurrency limit peeked at with cost 0, which only RL.ALL can do).
-func (c *Client) decideAll(ctx context.Context, limits []Limit, cost int64,
+func (c *Client) decideAll(ctx context.Context, limits []Limit, n int64,
+	lease string) (MultiOutcome, error) {
+	return c.decideAllTake(ctx, limits, cost(n), lease)
+}
+
+func (c *Client) decideAllTake(ctx context.Context, limits []Limit, t take,
 	lease string) (MultiOutcome, error) {
 	if len(limits) == 1 {
 		_, conc := concurrencyOf(limits[0].Algorithm)
-		if cost > 0 || !conc {
-			o, err := c.decideOne(ctx, limits[0].Key, limits[0].Algorithm, cost, lease)
+		if t.n > 0 || !conc {
+			o, err := c.decideTake(ctx, limits[0].Key, limits[0].Algorithm, t, lease)
 			if err != nil {
 				return MultiOutcome{}, err
 			}
@@ -786,33 +895,50 @@ func (c *Client) decideAll(ctx context.Context, limits []Limit, cost int64,
 				deniedBy = 1
 			}
 			return MultiOutcome{Allowed: o.Decision.Allowed, DeniedBy: deniedBy,
-				Decisions: []Decision{o.Decision}, Degraded: o.Degraded, Mode: o.Mode}, nil
+				Decisions: []Decision{o.Decision}, Degraded: o.Degraded, Mode: o.Mode,
+				Granted: o.Granted}, nil
 		}
 	}
 	if len(limits) == 0 || len(limits) > 16 {
 		return MultiOutcome{}, unsupported("between 1 and 16 limits per call")
 	}
-	if cost < 0 {
+	if t.n < 0 {
 		return MultiOutcome{}, unsupported("a cost of at least 0")
 	}
 	var o MultiOutcome
 	err := c.guarded(ctx, func(ctx context.Context) error {
 		var err error
-		o, err = c.callAll(ctx, limits, cost, lease)
+		o, err = c.callAll(ctx, limits, t, lease)
 		return err
 	})
 	if err == errUnavailable {
-		return c.degradedAll(limits, cost, lease), nil
+		return c.degradedAllTake(limits, t, lease), nil
 	}
 	return o, err
 }
 
-func (c *Client) degradedAll(limits []Limit, cost int64, lease string) MultiOutcome {
+func (c *Client) degradedAll(limits []Limit, n int64, lease string) MultiOutcome {
+	return c.degradedAllTake(limits, cost(n), lease)
+}
+
+func (c *Client) degradedAllTake(limits []Limit, t take, lease string) MultiOutcome {
 	degraded := DegradedFailOpen
 	// Peek first so that a denial consumes from none of the limits.
 	peeks := make([]Decision, len(limits))
 	for i, l := range limits {
 		peeks[i], degraded = c.degradedOne(l.Key, l.Algorithm, 0, lease)
+	}
+	// A partial grant takes what the fewest left allow, at most n (as RL.ALL ... UPTO n).
+	cost := t.n
+	if t.upto && degraded == DegradedLocal {
+		for _, p := range peeks {
+			if p.Remaining < cost {
+				cost = p.Remaining
+			}
+		}
+		if cost < 1 {
+			cost = 1
+		}
 	}
 	denier := -1
 	for i, l := range limits {
@@ -833,6 +959,9 @@ func (c *Client) degradedAll(limits []Limit, cost int64, lease string) MultiOutc
 		}
 	}
 	out := MultiOutcome{Allowed: denier < 0, Degraded: degraded}
+	if denier < 0 {
+		out.Granted = cost
+	}
 	if denier >= 0 {
 		out.DeniedBy = denier + 1
 		peeks[denier], _ = c.degradedOne(limits[denier].Key, limits[denier].Algorithm, cost, lease)
