@@ -181,6 +181,32 @@ type Outcome struct {
 	// Granted is the units taken: for a partial grant (CheckUpto) 1 to n, 0 when denied (the
 	// decision is then the denial of one unit); for a check its cost when admitted, else 0.
 	Granted int64
+	// AnsweredLocally is set when the client answered without calling Redis (from the deny
+	// cache); Mode is then the mode of the call the answer comes from.
+	AnsweredLocally LocalAnswer
+}
+
+// LocalAnswer says how a check was answered without calling Redis.
+type LocalAnswer int
+
+const (
+	// NotLocal: Redis (or the failure policy) answered.
+	NotLocal LocalAnswer = iota
+	// LocalBatch: an admission from a leased batch of a hot key.
+	LocalBatch
+	// LocalDenyCache: a denial repeated by the deny cache.
+	LocalDenyCache
+)
+
+// String is "batch", "deny_cache" (empty for NotLocal).
+func (l LocalAnswer) String() string {
+	switch l {
+	case LocalBatch:
+		return "batch"
+	case LocalDenyCache:
+		return "deny_cache"
+	}
+	return ""
 }
 
 // MultiOutcome is the answer for several limits checked at once (RL.ALL).
@@ -194,6 +220,8 @@ type MultiOutcome struct {
 	// Granted is the units taken from every limit: for a partial grant (CheckAllUpto) 1 to n,
 	// 0 when denied; for a check its cost when admitted, else 0.
 	Granted int64
+	// AnsweredLocally is set when the client answered without calling Redis.
+	AnsweredLocally LocalAnswer
 }
 
 // Settlement is the state of every limit after a settlement (RL.SETTLE), in the order of the
@@ -267,8 +295,16 @@ var rejectedCodes = map[string]bool{
 
 // Client decides with the module, the Functions library or the scripts, over one Conn (a
 // single server or a cluster). It is safe for concurrent use; copies of a *Client share the
-// breaker, the mode and the local fallback.
+// breaker, the mode and the local fallback, and so do the clients made from it by
+// WithDenyCache and WithoutDenyCache (each with its own deny cache, or none).
 type Client struct {
+	*core
+	// The deny cache (nil: none).
+	denies *denyCache
+}
+
+// core is what the clients made from one New share.
+type core struct {
 	conn    Conn
 	opts    Options
 	mode    atomic.Int32
@@ -305,7 +341,7 @@ type scriptLoad struct {
 // waits for Redis, which may be down when the application starts.
 func New(conn Conn, opts Options) *Client {
 	opts = opts.withDefaults()
-	c := &Client{conn: conn, opts: opts, breaker: newBreaker(opts.Breaker),
+	c := &core{conn: conn, opts: opts, breaker: newBreaker(opts.Breaker),
 		local: newLocalLimiter(), leases: newLocalLeases(),
 		scripts: make(map[string]*scriptLoad, len(shas)),
 		slots:   make(chan struct{}, opts.MaxInFlight)}
@@ -320,7 +356,81 @@ func New(conn Conn, opts Options) *Client {
 	case ChooseFunction:
 		c.mode.Store(int32(ModeFunction))
 	}
-	return c
+	return &Client{core: c}
+}
+
+// DenyCacheEntries is the number of entries of the middleware's deny cache unless
+// Middleware.DenyCacheEntries says otherwise.
+const DenyCacheEntries = 10_000
+
+// WithDenyCache is a client sharing c's connection, mode and breaker, with a deny cache of at
+// most entries entries, the least recently used evicted first: after Redis denies a check with
+// RetryAfterMs R, the same check (same keys, algorithms, parameters and cost) is denied without
+// calling Redis until R has passed on the monotonic clock (Outcome.AnsweredLocally
+// LocalDenyCache, the waits counted down). When R has passed, one check asks Redis again while
+// the others are still denied from the entry, for at most the client's Timeout. It may deny for
+// up to R (and that timeout) what Redis would admit sooner (another process's refund, a raised
+// limit), never admit what Redis would deny. A plain client has none.
+func (c *Client) WithDenyCache(entries int) *Client {
+	return &Client{core: c.core, denies: newDenyCache(entries, c.opts.Timeout)}
+}
+
+// WithoutDenyCache is a client sharing c's connection, mode and breaker, without a deny cache.
+func (c *Client) WithoutDenyCache() *Client {
+	return &Client{core: c.core}
+}
+
+// DenyCacheCapacity is the number of entries of the client's deny cache at most; false when it
+// has none.
+func (c *Client) DenyCacheCapacity() (int, bool) {
+	if c.denies == nil {
+		return 0, false
+	}
+	return c.denies.capacity, true
+}
+
+// DenyCacheLen is the entries in the deny cache now.
+func (c *Client) DenyCacheLen() int {
+	if c.denies == nil {
+		return 0
+	}
+	return c.denies.len()
+}
+
+// DeniedUntil is when the deny cache's entry for these limits at this cost expires, if it has
+// one.
+func (c *Client) DeniedUntil(limits []Limit, cost int64) (time.Time, bool) {
+	if c.denies == nil {
+		return time.Time{}, false
+	}
+	return c.denies.until(signature(limits), cost)
+}
+
+// decideHot is a check of a cost above 0 on limits without a concurrency one, with the deny
+// cache on: the cache first, then Redis (whose denial the cache keeps).
+func (c *Client) decideHot(ctx context.Context, limits []Limit, cost int64) (MultiOutcome,
+	error) {
+	sig := signature(limits)
+	if o, ok := c.denies.lookup(sig, cost); ok {
+		return o, nil
+	}
+	sent := time.Now()
+	o, err := c.decideAll(ctx, limits, cost, "")
+	if err != nil {
+		return o, err
+	}
+	c.denies.record(sig, cost, o, sent)
+	return o, nil
+}
+
+// single is the outcome of the one limit of o.
+func (o MultiOutcome) single() Outcome {
+	out := Outcome{Degraded: o.Degraded, Mode: o.Mode, Granted: o.Granted,
+		AnsweredLocally: o.AnsweredLocally}
+	if len(o.Decisions) > 0 {
+		out.Decision = o.Decisions[0]
+	}
+	return out
 }
 
 // Options are the client's options, defaults filled in.
@@ -779,8 +889,18 @@ func (c *Client) degradedTake(key string, a Algorithm, t take, lease string) (De
 // Check checks (and on admission consumes) cost units of a on key. A concurrency limit is only
 // peeked at here (cost 0, through RL.ALL); its slots are taken with Acquire (an
 // *UnsupportedError for a cost above 0).
+//
+// With the deny cache on (WithDenyCache), a check of a cost above 0 may be answered without
+// calling Redis (Outcome.AnsweredLocally).
 func (c *Client) Check(ctx context.Context, key string, a Algorithm, cost int64) (Outcome, error) {
 	if _, ok := concurrencyOf(a); !ok {
+		if cost > 0 && c.denies != nil {
+			o, err := c.decideHot(ctx, []Limit{{key, a}}, cost)
+			if err != nil {
+				return Outcome{}, err
+			}
+			return o.single(), nil
+		}
 		return c.decideOne(ctx, key, a, cost, "")
 	}
 	o, err := c.CheckAll(ctx, []Limit{{key, a}}, cost)
@@ -855,8 +975,12 @@ func (c *Client) CheckAllUpto(ctx context.Context, limits []Limit, n int64) (Mul
 // CheckAll checks several limits at once: admitted only if every limit admits, and then cost is
 // consumed from all of them (RL.ALL, or all.lua; one limit alone uses its own command).
 // Concurrency limits are only peeked at here (cost 0); their slots are taken with AcquireAll.
+// The deny cache applies as for Check.
 func (c *Client) CheckAll(ctx context.Context, limits []Limit, cost int64) (MultiOutcome, error) {
 	if !hasConcurrency(limits) {
+		if cost > 0 && len(limits) >= 1 && len(limits) <= 16 && c.denies != nil {
+			return c.decideHot(ctx, limits, cost)
+		}
 		return c.decideAll(ctx, limits, cost, "")
 	}
 	if cost > 0 {

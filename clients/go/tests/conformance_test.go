@@ -329,6 +329,8 @@ func middleware(c obj, cl *ratelimit.Client, denials *sync.Map) *ratelimit.Middl
 		}
 	}
 	m.LegacyHeaders(l["legacy_headers"] == true)
+	// Off unless the case turns it on: it counts down on the process's clock, not the test's.
+	m.DenyCache(l["deny_cache"] == true)
 	switch f := l["header_format"]; f {
 	case nil, "draft-11":
 		m.Options(ratelimit.MiddlewareOptions{HeaderFormat: ratelimit.HeaderDraft11})
@@ -427,8 +429,16 @@ func cost(arg obj, name string) int64 {
 }
 
 func (r *run) multi(o ratelimit.MultiOutcome) obj {
-	return r.provenance(obj{"allowed": o.Allowed, "denied_by": o.DeniedBy,
-		"decisions": decisions(o.Decisions)}, o.Degraded, o.Mode)
+	return r.local(r.provenance(obj{"allowed": o.Allowed, "denied_by": o.DeniedBy,
+		"decisions": decisions(o.Decisions)}, o.Degraded, o.Mode), o.AnsweredLocally)
+}
+
+// local adds answered_locally when the client answered without calling Redis.
+func (r *run) local(o obj, l ratelimit.LocalAnswer) obj {
+	if l != ratelimit.NotLocal {
+		o["answered_locally"] = l.String()
+	}
+	return o
 }
 
 // step replays one step: its observation, to compare with its expect.
@@ -448,7 +458,8 @@ func (r *run) step(op string, v interface{}) interface{} {
 		if err != nil {
 			return errorObs(err)
 		}
-		return r.provenance(obj{"decision": decision(o.Decision)}, o.Degraded, o.Mode)
+		return r.local(r.provenance(obj{"decision": decision(o.Decision)}, o.Degraded, o.Mode),
+			o.AnsweredLocally)
 	case "check_all":
 		o, err := r.client.CheckAll(ctx, r.limits(arg["limits"]), cost(arg, "cost"))
 		if err != nil {
@@ -772,7 +783,7 @@ func (h *replayServer) reset(c redis.Conn, startUs int64) {
 
 // supported lists the features a case may require ("requires" in the table) that this package
 // implements; a case that requires another is skipped.
-var supported = map[string]bool{"partial_grants": true}
+var supported = map[string]bool{"partial_grants": true, "deny_cache": true}
 
 // unsupported is what case c requires that this package does not implement.
 func unsupported(c obj) []string {
@@ -841,6 +852,11 @@ func replayCase(t *testing.T, h *replayServer, c obj, mode string, startUs int64
 		addr = "127.0.0.1:" + strconv.Itoa(freePort())
 	}
 	cl := ratelimit.New(Redigo{pool(addr)}, caseOptions(c, mode))
+	if o, ok := c["options"].(obj); ok {
+		if dc, ok := o["deny_cache"].(obj); ok {
+			cl = cl.WithDenyCache(int(i64(dc["entries"])))
+		}
+	}
 	r := &run{t: t, c: c, mode: mode, client: cl, admin: adminConn,
 		leases: map[string]*ratelimit.Lease{}, reservations: map[string]*ratelimit.Reservation{},
 		gates: &gates{byName: map[string]*gate{}}, held: map[string]chan obj{}, denials: &sync.Map{}}

@@ -1,0 +1,141 @@
+package tests
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"redis-rate-limiter/ratelimit"
+)
+
+// The deny cache against the module with its clock stopped: the server's waits are exact, and
+// the cache counts them down on the process's clock.
+
+func TestTheDenyCacheAnswersUntilTheWaitAndProbesOnce(t *testing.T) {
+	s := start(t, serverOpts{module: true, testClock: true})
+	a := admin(t, s)
+	setClock(t, a, t0)
+	ctx := context.Background()
+	base := client(s, ratelimit.Options{Mode: ratelimit.ChooseModule, Timeout: time.Second})
+	if _, ok := base.DenyCacheCapacity(); ok {
+		t.Fatal("a plain client has a deny cache")
+	}
+	c := base.WithDenyCache(2)
+	if n, ok := c.DenyCacheCapacity(); !ok || n != 2 {
+		t.Fatalf("capacity %d, %v", n, ok)
+	}
+	// A window of 400 ms: the server, whose clock stands still, denies for 400 ms each time.
+	window := ratelimit.FixedWindow{Limit: 1, WindowSec: 0.4}
+	first, err := c.Check(ctx, "dc", window, 1)
+	if err != nil || !first.Decision.Allowed || first.AnsweredLocally != ratelimit.NotLocal {
+		t.Fatalf("first: %+v, %v", first, err)
+	}
+	sent := time.Now()
+	denied, err := c.Check(ctx, "dc", window, 1)
+	if err != nil || denied.Decision != (ratelimit.Decision{RetryAfterMs: 400, ResetAfterMs: 400, Limit: 1}) ||
+		denied.AnsweredLocally != ratelimit.NotLocal || denied.Granted != 0 {
+		t.Fatalf("denied by Redis: %+v, %v", denied, err)
+	}
+	until, ok := c.DeniedUntil([]ratelimit.Limit{{Key: "dc", Algorithm: window}}, 1)
+	if !ok || until.Sub(sent) < 400*time.Millisecond || until.Sub(time.Now()) > 400*time.Millisecond {
+		t.Fatalf("denied until %v after the call", until.Sub(sent))
+	}
+	// Twenty checks from the cache: no call, the waits counted down, never below 1 ms.
+	for i := 0; i < 20; i++ {
+		o, err := c.Check(ctx, "dc", window, 1)
+		d := o.Decision
+		if err != nil || o.AnsweredLocally != ratelimit.LocalDenyCache || d.Allowed || d.RetryAfterMs < 1 ||
+			d.RetryAfterMs > 400 || d.ResetAfterMs > 400 || d.Limit != 1 || o.Mode != ratelimit.ModeModule {
+			t.Fatalf("check %d: %+v, %v", i, o, err)
+		}
+	}
+	if n := calls(t, a, "rl.fixedwindow"); n != 2 {
+		t.Fatalf("%d calls for 22 checks, want 2", n)
+	}
+	// A plain client sharing the connection asks Redis.
+	if o, _ := c.WithoutDenyCache().Check(ctx, "dc", window, 1); o.AnsweredLocally != ratelimit.NotLocal ||
+		o.Decision.RetryAfterMs != 400 {
+		t.Fatalf("without the cache: %+v", o)
+	}
+	// Past the wait, 50 checks at once: one probe asks Redis (denied again: a new entry), the
+	// others are answered from the entry meanwhile.
+	time.Sleep(time.Until(until) + 10*time.Millisecond)
+	var wg sync.WaitGroup
+	local := make(chan bool, 50)
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o, err := c.Check(ctx, "dc", window, 1)
+			if err != nil || o.Decision.Allowed {
+				t.Errorf("after the wait: %+v, %v", o, err)
+			}
+			local <- o.AnsweredLocally == ratelimit.LocalDenyCache
+		}()
+	}
+	wg.Wait()
+	close(local)
+	fromCache := 0
+	for l := range local {
+		if l {
+			fromCache++
+		}
+	}
+	if n := calls(t, a, "rl.fixedwindow"); n != 4 || fromCache != 49 {
+		t.Fatalf("%d calls (want 4: one probe), %d of 50 from the cache", n, fromCache)
+	}
+	// A cost that can never be admitted (-1) is not kept; nor is a peek consulted.
+	for i := 0; i < 2; i++ {
+		if o, _ := c.Check(ctx, "dc", window, 2); o.Decision.RetryAfterMs != -1 || o.AnsweredLocally != ratelimit.NotLocal {
+			t.Fatalf("cost 2: %+v", o)
+		}
+	}
+	if n := calls(t, a, "rl.fixedwindow"); n != 6 {
+		t.Fatalf("%d calls after two checks of cost 2, want 6", n)
+	}
+	// Two entries at most: a third evicts the least recently used ("dc").
+	for _, k := range []string{"j", "j", "i", "i"} {
+		if _, err := c.Check(ctx, k, window, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.DenyCacheLen(); n != 2 {
+		t.Fatalf("%d entries, want 2", n)
+	}
+	if _, ok := c.DeniedUntil([]ratelimit.Limit{{Key: "dc", Algorithm: window}}, 1); ok {
+		t.Fatal("dc's entry was not evicted")
+	}
+	if n := calls(t, a, "rl.fixedwindow"); n != 10 {
+		t.Fatalf("%d calls, want 10", n)
+	}
+	// The server's window ends, the process's wait has not: the cache still denies j (never
+	// admits); dc, evicted, asks Redis and is admitted.
+	advanceClock(t, a, 400_000)
+	if o, _ := c.Check(ctx, "j", window, 1); o.AnsweredLocally != ratelimit.LocalDenyCache {
+		t.Fatalf("j: %+v", o)
+	}
+	if o, _ := c.Check(ctx, "dc", window, 1); !o.Decision.Allowed || o.AnsweredLocally != ratelimit.NotLocal {
+		t.Fatalf("dc: %+v", o)
+	}
+	if n := calls(t, a, "rl.fixedwindow"); n != 11 {
+		t.Fatalf("%d calls, want 11", n)
+	}
+}
+
+func TestTheMiddlewaresDenyCacheIsOnByDefault(t *testing.T) {
+	c := closedPort(ratelimit.Options{})
+	m := ratelimit.NewMiddleware(c)
+	if n, ok := m.Client().DenyCacheCapacity(); !ok || n != 10_000 || ratelimit.DenyCacheEntries != 10_000 {
+		t.Fatalf("default: %d, %v", n, ok)
+	}
+	if _, ok := m.DenyCache(false).Client().DenyCacheCapacity(); ok {
+		t.Fatal("off: still a deny cache")
+	}
+	if n, ok := m.DenyCacheEntries(5).Client().DenyCacheCapacity(); !ok || n != 5 {
+		t.Fatalf("5 entries: %d, %v", n, ok)
+	}
+	if _, ok := c.DenyCacheCapacity(); ok {
+		t.Fatal("the client given to the middleware changed")
+	}
+}
