@@ -301,6 +301,8 @@ type Client struct {
 	*core
 	// The deny cache (nil: none).
 	denies *denyCache
+	// The leased batches (nil: none).
+	batches *batches
 }
 
 // core is what the clients made from one New share.
@@ -372,12 +374,111 @@ const DenyCacheEntries = 10_000
 // up to R (and that timeout) what Redis would admit sooner (another process's refund, a raised
 // limit), never admit what Redis would deny. A plain client has none.
 func (c *Client) WithDenyCache(entries int) *Client {
-	return &Client{core: c.core, denies: newDenyCache(entries, c.opts.Timeout)}
+	return &Client{core: c.core, denies: newDenyCache(entries, c.opts.Timeout), batches: c.batches}
 }
 
-// WithoutDenyCache is a client sharing c's connection, mode and breaker, without a deny cache.
+// WithoutDenyCache is a client sharing c's connection, mode, breaker and batches, without a
+// deny cache.
 func (c *Client) WithoutDenyCache() *Client {
-	return &Client{core: c.core}
+	return &Client{core: c.core, batches: c.batches}
+}
+
+// WithBatching is a client sharing c's connection, mode, breaker and deny cache that takes
+// leased batches for hot keys (see Batching, and docs/clients.md): a hot key's checks of a cost
+// above 0 are admitted from units granted several at a time (one partial grant, UPTO n) without
+// calling Redis (Outcome.AnsweredLocally LocalBatch), and what a batch did not use goes back
+// (RL.SETTLE) when its lease ends, on Flush and on Close. The clients made from it share its
+// batches. Call Close (or Flush) before the process ends: Go has no destructors, and what the
+// batches hold then lapses until the limits refill.
+func (c *Client) WithBatching(b Batching) *Client {
+	return &Client{core: c.core, denies: c.denies, batches: newBatches(&Client{core: c.core}, b)}
+}
+
+// WithoutBatching is a client sharing c's connection, mode, breaker and deny cache, without
+// batches (those of the other clients carry on).
+func (c *Client) WithoutBatching() *Client {
+	return &Client{core: c.core, denies: c.denies}
+}
+
+// BatchStats is what the client's batches did so far (all zero without batches).
+func (c *Client) BatchStats() BatchStats {
+	if c.batches == nil {
+		return BatchStats{}
+	}
+	return c.batches.stats()
+}
+
+// BatchSize is the size the next batch of these limits starts from (B), while they are tracked.
+func (c *Client) BatchSize(limits []Limit) (int64, bool) {
+	if c.batches == nil {
+		return 0, false
+	}
+	return c.batches.size(signature(limits))
+}
+
+// Flush gives back at once what every batch holds (RL.SETTLE ... DELTA -n), and waits for the
+// answers (and for the returns already on their way): the units given back. The keys are
+// batched again on their next calls.
+func (c *Client) Flush(ctx context.Context) int64 {
+	if c.batches == nil {
+		return 0
+	}
+	return c.batches.flush()
+}
+
+// Close stops the batches of this client and of every client sharing them (their checks go to
+// Redis one by one from then on), and gives back what they hold: the units given back. Call it
+// before the process ends.
+func (c *Client) Close(ctx context.Context) int64 {
+	if c.batches == nil {
+		return 0
+	}
+	return c.batches.close()
+}
+
+// tryGrant is a partial grant of at most n units for a batch: answered false when Redis cannot
+// answer (no failure policy applied).
+func (c *Client) tryGrant(ctx context.Context, limits []Limit, n int64) (MultiOutcome, bool,
+	error) {
+	t := take{n: n, upto: true}
+	var o MultiOutcome
+	err := c.guarded(ctx, func(ctx context.Context) error {
+		if len(limits) == 1 {
+			d, granted, m, err := c.callOne(ctx, limits[0].Key, limits[0].Algorithm, t, "")
+			deniedBy := 0
+			if !d.Allowed {
+				deniedBy = 1
+			}
+			o = MultiOutcome{Allowed: d.Allowed, DeniedBy: deniedBy, Decisions: []Decision{d},
+				Mode: m, Granted: granted}
+			return err
+		}
+		var err error
+		o, err = c.callAll(ctx, limits, t, "")
+		return err
+	})
+	if err == errUnavailable {
+		return MultiOutcome{}, false, nil
+	}
+	if err != nil {
+		return MultiOutcome{}, false, err
+	}
+	return o, true, nil
+}
+
+// degradedFor is the failure policy's answer for a cost, as a call to Redis that failed would
+// get it.
+func (c *Client) degradedFor(limits []Limit, cost int64) MultiOutcome {
+	if len(limits) == 1 {
+		d, granted, g := c.degradedTake(limits[0].Key, limits[0].Algorithm, take{n: cost}, "")
+		deniedBy := 0
+		if !d.Allowed {
+			deniedBy = 1
+		}
+		return MultiOutcome{Allowed: d.Allowed, DeniedBy: deniedBy, Decisions: []Decision{d},
+			Degraded: g, Granted: granted}
+	}
+	return c.degradedAll(limits, cost, "")
 }
 
 // DenyCacheCapacity is the number of entries of the client's deny cache at most; false when it
@@ -406,20 +507,50 @@ func (c *Client) DeniedUntil(limits []Limit, cost int64) (time.Time, bool) {
 	return c.denies.until(signature(limits), cost)
 }
 
-// decideHot is a check of a cost above 0 on limits without a concurrency one, with the deny
-// cache on: the cache first, then Redis (whose denial the cache keeps).
+// decideHot is a check of a cost above 0 on limits without a concurrency one, with batches or
+// the deny cache on: the batch first, then the deny cache, then a new batch (a hot key) or a
+// call to Redis (whose denial the cache keeps).
 func (c *Client) decideHot(ctx context.Context, limits []Limit, cost int64) (MultiOutcome,
 	error) {
 	sig := signature(limits)
-	if o, ok := c.denies.lookup(sig, cost); ok {
-		return o, nil
+	refill := false
+	if c.batches != nil {
+		o, step := c.batches.tryLocal(sig, limits, cost)
+		switch step {
+		case stepAnswer:
+			return o, nil
+		case stepRefill:
+			refill = true
+		}
+	}
+	if c.denies != nil {
+		if o, ok := c.denies.lookup(sig, cost); ok {
+			return o, nil
+		}
+	}
+	if refill {
+		o, ok, err := c.batches.refill(ctx, sig, limits, cost, c.denies)
+		if err != nil || ok {
+			return o, err
+		}
+		// The refill that came first may have been denied meanwhile.
+		if c.denies != nil {
+			if o, ok := c.denies.lookup(sig, cost); ok {
+				return o, nil
+			}
+		}
 	}
 	sent := time.Now()
 	o, err := c.decideAll(ctx, limits, cost, "")
 	if err != nil {
 		return o, err
 	}
-	c.denies.record(sig, cost, o, sent)
+	if c.denies != nil {
+		c.denies.record(sig, cost, o, sent)
+	}
+	if c.batches != nil {
+		c.batches.observe(sig, o)
+	}
 	return o, nil
 }
 
@@ -890,11 +1021,11 @@ func (c *Client) degradedTake(key string, a Algorithm, t take, lease string) (De
 // peeked at here (cost 0, through RL.ALL); its slots are taken with Acquire (an
 // *UnsupportedError for a cost above 0).
 //
-// With the deny cache on (WithDenyCache), a check of a cost above 0 may be answered without
-// calling Redis (Outcome.AnsweredLocally).
+// With batches (WithBatching) or the deny cache (WithDenyCache) on, a check of a cost above 0
+// may be answered without calling Redis (Outcome.AnsweredLocally).
 func (c *Client) Check(ctx context.Context, key string, a Algorithm, cost int64) (Outcome, error) {
 	if _, ok := concurrencyOf(a); !ok {
-		if cost > 0 && c.denies != nil {
+		if cost > 0 && (c.denies != nil || c.batches != nil) {
 			o, err := c.decideHot(ctx, []Limit{{key, a}}, cost)
 			if err != nil {
 				return Outcome{}, err
@@ -975,10 +1106,10 @@ func (c *Client) CheckAllUpto(ctx context.Context, limits []Limit, n int64) (Mul
 // CheckAll checks several limits at once: admitted only if every limit admits, and then cost is
 // consumed from all of them (RL.ALL, or all.lua; one limit alone uses its own command).
 // Concurrency limits are only peeked at here (cost 0); their slots are taken with AcquireAll.
-// The deny cache applies as for Check.
+// Batches and the deny cache apply as for Check.
 func (c *Client) CheckAll(ctx context.Context, limits []Limit, cost int64) (MultiOutcome, error) {
 	if !hasConcurrency(limits) {
-		if cost > 0 && len(limits) >= 1 && len(limits) <= 16 && c.denies != nil {
+		if cost > 0 && len(limits) >= 1 && len(limits) <= 16 && (c.denies != nil || c.batches != nil) {
 			return c.decideHot(ctx, limits, cost)
 		}
 		return c.decideAll(ctx, limits, cost, "")

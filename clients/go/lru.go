@@ -35,6 +35,15 @@ func (l *lru[V]) get(key string) (*V, bool) {
 	return &e.Value.(*lruEntry[V]).value, true
 }
 
+// peek is key's entry, its place unchanged.
+func (l *lru[V]) peek(key string) (*V, bool) {
+	e, ok := l.index[key]
+	if !ok {
+		return nil, false
+	}
+	return &e.Value.(*lruEntry[V]).value, true
+}
+
 // insert sets key's entry (the most recently used); when that makes one too many, the least
 // recently used is removed and returned.
 func (l *lru[V]) insert(key string, v V) (string, V, bool) {

@@ -71,6 +71,32 @@ func algorithm(v obj) ratelimit.Algorithm {
 	panic(fmt.Sprintf("unknown algorithm %v", v["algorithm"]))
 }
 
+// batching is a case's options.batching.
+func batching(b obj) ratelimit.Batching {
+	cfg := ratelimit.NewBatching()
+	if keys, ok := b["hot_keys"].([]interface{}); ok {
+		for _, k := range keys {
+			cfg = cfg.HotKey(str(k))
+		}
+	}
+	if v, ok := b["initial"]; ok {
+		cfg = cfg.Initial(i64(v))
+	}
+	if v, ok := b["max_batch"]; ok {
+		cfg = cfg.MaxBatch(i64(v))
+	}
+	if v, ok := b["remaining_share"]; ok {
+		cfg = cfg.RemainingShare(i64(v))
+	}
+	if v, ok := b["lease_ms"]; ok {
+		cfg = cfg.Lease(time.Duration(i64(v)) * time.Millisecond)
+	}
+	if v, ok := b["detect_per_sec"]; ok {
+		cfg = cfg.DetectPerSec(int(i64(v)))
+	}
+	return cfg
+}
+
 func caseOptions(c obj, mode string) ratelimit.Options {
 	o, _ := c["options"].(obj)
 	opts := ratelimit.Options{}
@@ -466,6 +492,10 @@ func (r *run) step(op string, v interface{}) interface{} {
 			return errorObs(err)
 		}
 		return r.multi(o)
+	case "flush":
+		return obj{"returned": r.client.Flush(ctx)}
+	case "close":
+		return obj{"returned": r.client.Close(ctx)}
 	case "check_upto":
 		o, err := r.client.CheckUpto(ctx, str(arg["key"]), r.algorithm(arg["limit"]), i64(arg["upto"]))
 		if err != nil {
@@ -744,7 +774,7 @@ func (r *run) send(arg obj) obj {
 	return o
 }
 
-var stepOps = []string{"check", "peek", "check_all", "check_upto", "check_all_upto", "acquire", "acquire_all", "renew", "release",
+var stepOps = []string{"check", "peek", "check_all", "check_upto", "check_all_upto", "flush", "close", "acquire", "acquire_all", "renew", "release",
 	"release_id", "reserve", "reserve_all", "settle", "settle_delta", "top", "reset_top", "redis",
 	"request", "finish", "wait_leases", "metrics", "keys", "calls", "stop_redis", "advance_only",
 	"note"}
@@ -783,7 +813,7 @@ func (h *replayServer) reset(c redis.Conn, startUs int64) {
 
 // supported lists the features a case may require ("requires" in the table) that this package
 // implements; a case that requires another is skipped.
-var supported = map[string]bool{"partial_grants": true, "deny_cache": true}
+var supported = map[string]bool{"partial_grants": true, "deny_cache": true, "batches": true}
 
 // unsupported is what case c requires that this package does not implement.
 func unsupported(c obj) []string {
@@ -855,6 +885,9 @@ func replayCase(t *testing.T, h *replayServer, c obj, mode string, startUs int64
 	if o, ok := c["options"].(obj); ok {
 		if dc, ok := o["deny_cache"].(obj); ok {
 			cl = cl.WithDenyCache(int(i64(dc["entries"])))
+		}
+		if b, ok := o["batching"].(obj); ok {
+			cl = cl.WithBatching(batching(b))
 		}
 	}
 	r := &run{t: t, c: c, mode: mode, client: cl, admin: adminConn,
