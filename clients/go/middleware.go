@@ -306,6 +306,27 @@ func (m *Middleware) Client() *Client { return m.client }
 // Metrics are the middleware's counters.
 func (m *Middleware) Metrics() *Metrics { return m.metrics }
 
+// Prometheus is what to serve on /metrics: the middleware's counters (Metrics().Prometheus()),
+// then the gauge ratelimit_breaker_open, 1 while the client's circuit breaker is open (Redis
+// failed repeatedly and the failure policy answers without asking it), else 0
+// (docs/monitoring/client_alerts.yml alerts on it).
+func (m *Middleware) Prometheus() string {
+	open := "0"
+	if m.client.BreakerOpen() {
+		open = "1"
+	}
+	return m.metrics.Prometheus() + "# HELP ratelimit_breaker_open Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.\n# TYPE ratelimit_breaker_open gauge\nratelimit_breaker_open " + open + "\n"
+}
+
+// MetricsHandler serves Prometheus (the counters and the breaker's gauge) in Prometheus's text
+// format, for /metrics.
+func (m *Middleware) MetricsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = w.Write([]byte(m.Prometheus()))
+	})
+}
+
 func (m *Middleware) limitsFor(plan, class string) []Policy {
 	if m.limitsFn != nil {
 		return m.limitsFn(plan, class)

@@ -2,6 +2,8 @@ package tests
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -137,5 +139,42 @@ func TestTheMiddlewaresDenyCacheIsOnByDefault(t *testing.T) {
 	}
 	if _, ok := c.DenyCacheCapacity(); ok {
 		t.Fatal("the client given to the middleware changed")
+	}
+}
+
+// The middleware's /metrics: the counters, then the breaker's gauge, 0 and then 1 once Redis
+// (a closed port) failed twice.
+func TestTheMiddlewareExportsTheBreakerGauge(t *testing.T) {
+	c := closedPort(ratelimit.Options{Breaker: ratelimit.BreakerConfig{Failures: 2, Cooldown: time.Minute}})
+	m := ratelimit.NewMiddleware(c).Key(ratelimit.HeaderKey("X-Api-Key")).
+		Limits("*", "*", ratelimit.NewPolicy("pm", ratelimit.FixedWindow{Limit: 5, WindowSec: 60}))
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	metrics := func() string {
+		rec := httptest.NewRecorder()
+		m.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		if ct := rec.Header().Get("Content-Type"); ct != "text/plain; version=0.0.4; charset=utf-8" {
+			t.Fatalf("content-type %q", ct)
+		}
+		return rec.Body.String()
+	}
+	const help = "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n# TYPE ratelimit_decisions_total counter\n"
+	const gauge = "# HELP ratelimit_breaker_open Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.\n# TYPE ratelimit_breaker_open gauge\nratelimit_breaker_open "
+	if got := metrics(); got != help+gauge+"0\n" {
+		t.Fatalf("before any request:\n%s", got)
+	}
+	for i := 0; i < 3; i++ {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-Api-Key", "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != 200 || rec.Header().Get("RateLimit-Degraded") != "fail-open" {
+			t.Fatalf("request %d: %d %v", i, rec.Code, rec.Header())
+		}
+	}
+	want := help + `ratelimit_decisions_total{limit="pm",outcome="allowed"} 3` + "\n" +
+		`ratelimit_decisions_total{limit="pm",outcome="denied"} 0` + "\n" +
+		`ratelimit_decisions_total{limit="pm",outcome="degraded"} 3` + "\n" + gauge + "1\n"
+	if got := metrics(); got != want || m.Prometheus() != want {
+		t.Fatalf("after the breaker opened:\n%s", got)
 	}
 }
