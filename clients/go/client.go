@@ -303,6 +303,8 @@ type Client struct {
 	denies *denyCache
 	// The leased batches (nil: none).
 	batches *batches
+	// The durable lane (nil: none).
+	durable *lane
 }
 
 // core is what the clients made from one New share.
@@ -374,13 +376,17 @@ const DenyCacheEntries = 10_000
 // up to R (and that timeout) what Redis would admit sooner (another process's refund, a raised
 // limit), never admit what Redis would deny. A plain client has none.
 func (c *Client) WithDenyCache(entries int) *Client {
-	return &Client{core: c.core, denies: newDenyCache(entries, c.opts.Timeout), batches: c.batches}
+	cp := *c
+	cp.denies = newDenyCache(entries, c.opts.Timeout)
+	return &cp
 }
 
 // WithoutDenyCache is a client sharing c's connection, mode, breaker and batches, without a
 // deny cache.
 func (c *Client) WithoutDenyCache() *Client {
-	return &Client{core: c.core, batches: c.batches}
+	cp := *c
+	cp.denies = nil
+	return &cp
 }
 
 // WithBatching is a client sharing c's connection, mode, breaker and deny cache that takes
@@ -391,13 +397,17 @@ func (c *Client) WithoutDenyCache() *Client {
 // batches. Call Close (or Flush) before the process ends: Go has no destructors, and what the
 // batches hold then lapses until the limits refill.
 func (c *Client) WithBatching(b Batching) *Client {
-	return &Client{core: c.core, denies: c.denies, batches: newBatches(&Client{core: c.core}, b)}
+	cp := *c
+	cp.batches = newBatches(&Client{core: c.core, durable: c.durable}, b)
+	return &cp
 }
 
 // WithoutBatching is a client sharing c's connection, mode, breaker and deny cache, without
 // batches (those of the other clients carry on).
 func (c *Client) WithoutBatching() *Client {
-	return &Client{core: c.core, denies: c.denies}
+	cp := *c
+	cp.batches = nil
+	return &cp
 }
 
 // BatchStats is what the client's batches did so far (all zero without batches).
@@ -597,6 +607,10 @@ func (c *Client) send(ctx context.Context, args ...interface{}) (interface{}, er
 func (c *Client) request(ctx context.Context, args ...interface{}) (interface{}, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
+	if pinned, ok := ctx.Value(pinnedKey{}).(Conn); ok {
+		// A durable call: on the connection its WAIT goes on.
+		return do(ctx, pinned, args...)
+	}
 	return do(ctx, c.conn, args...)
 }
 
@@ -873,6 +887,36 @@ func (t take) grantedOf(allowed bool, sixth int64) int64 {
 // concurrency limit the lease id (RL.ACQUIRE takes no cost).
 func (c *Client) callOne(ctx context.Context, key string, a Algorithm, t take,
 	lease string) (Decision, int64, Mode, error) {
+	if l := c.laneFor(t, lease); l != nil {
+		var d Decision
+		var granted int64
+		var mode Mode
+		stands, err := c.durably(ctx, l, func(ctx context.Context) (bool, error) {
+			var err error
+			d, granted, mode, err = c.sendOne(ctx, key, a, t, lease)
+			return d.Allowed, err
+		})
+		if err != nil {
+			return Decision{}, 0, 0, err
+		}
+		if !stands {
+			c.refuse(&d)
+			granted = 0
+		}
+		return d, granted, mode, nil
+	}
+	return c.sendOne(ctx, key, a, t, lease)
+}
+
+// refuse turns d into the refusal of an admission the replicas did not acknowledge.
+func (c *Client) refuse(d *Decision) {
+	d.Allowed = false
+	d.RetryAfterMs = c.opts.FailClosedRetryMs
+}
+
+// sendOne is one limit's command.
+func (c *Client) sendOne(ctx context.Context, key string, a Algorithm, t take,
+	lease string) (Decision, int64, Mode, error) {
 	args := a.Params()
 	if _, ok := concurrencyOf(a); ok {
 		args = append(args, lease)
@@ -903,6 +947,31 @@ func limitArgs(limits []Limit) ([]string, []string) {
 }
 
 func (c *Client) callAll(ctx context.Context, limits []Limit, t take,
+	lease string) (MultiOutcome, error) {
+	if l := c.laneFor(t, lease); l != nil {
+		var o MultiOutcome
+		stands, err := c.durably(ctx, l, func(ctx context.Context) (bool, error) {
+			var err error
+			o, err = c.sendAll(ctx, limits, t, lease)
+			return o.Allowed, err
+		})
+		if err != nil {
+			return MultiOutcome{}, err
+		}
+		if !stands {
+			// Denied as by the first limit, every limit answering the same refusal.
+			for i := range o.Decisions {
+				c.refuse(&o.Decisions[i])
+			}
+			o.Allowed, o.DeniedBy, o.Granted = false, 1, 0
+		}
+		return o, nil
+	}
+	return c.sendAll(ctx, limits, t, lease)
+}
+
+// sendAll is RL.ALL (or its twins).
+func (c *Client) sendAll(ctx context.Context, limits []Limit, t take,
 	lease string) (MultiOutcome, error) {
 	keys, args := limitArgs(limits)
 	if hasConcurrency(limits) {
