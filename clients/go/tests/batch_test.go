@@ -110,7 +110,8 @@ func TestLeasedBatchesAcrossProcessesAdmitExactlyWhatRedisCounted(t *testing.T) 
 		cmd.Stderr = os.Stderr
 		return cmd
 	}
-	// The victim first takes batches and admits 40 requests, then dies holding what it holds.
+	// The victim takes batches and admits 20 to 40 requests, the last 20 while the survivors
+	// run, then dies holding what its batch holds.
 	victim := worker("victim")
 	stdin, err := victim.StdinPipe()
 	if err != nil {
@@ -124,6 +125,32 @@ func TestLeasedBatchesAcrossProcessesAdmitExactlyWhatRedisCounted(t *testing.T) 
 		t.Fatal(err)
 	}
 	replies := bufio.NewScanner(stdout)
+	victimAdmitted, held := 0, int64(0)
+	// One check of the victim: whether it was admitted (its batch's units kept in held).
+	check := func() bool {
+		if _, err := io.WriteString(stdin, "check\n"); err != nil {
+			t.Fatal(err)
+		}
+		if !replies.Scan() {
+			t.Fatalf("the victim stopped: %v", replies.Err())
+		}
+		f := strings.Fields(replies.Text())
+		if len(f) != 2 || f[0] == "error" {
+			t.Fatalf("victim: %q", replies.Text())
+		}
+		held, _ = strconv.ParseInt(f[1], 10, 64)
+		if f[0] == "true" {
+			victimAdmitted++
+			return true
+		}
+		return false
+	}
+	// 20 admissions on the fresh limit first.
+	for i := 0; i < 20; i++ {
+		if !check() {
+			t.Fatalf("the victim's check %d was denied", i)
+		}
+	}
 	// The survivors run meanwhile.
 	type result struct {
 		out string
@@ -137,28 +164,14 @@ func TestLeasedBatchesAcrossProcessesAdmitExactlyWhatRedisCounted(t *testing.T) 
 			results <- result{string(out), err}
 		}()
 	}
-	victimAdmitted, held := 0, int64(0)
-	for victimAdmitted < 40 {
-		if _, err := io.WriteString(stdin, "check\n"); err != nil {
-			t.Fatal(err)
-		}
-		if !replies.Scan() {
-			t.Fatalf("the victim stopped: %v", replies.Err())
-		}
-		f := strings.Fields(replies.Text())
-		if len(f) != 2 || f[0] == "error" {
-			t.Fatalf("victim: %q", replies.Text())
-		}
-		if f[0] == "true" {
-			victimAdmitted++
-		}
-		held, _ = strconv.ParseInt(f[1], 10, 64)
+	// Up to 20 more, while the survivors take the rest (they may use the limit up first).
+	for i := 0; i < 20 && check(); i++ {
 	}
 	if err := victim.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = victim.Wait()
-	survivors := int64(0)
+	survivors, fromBatches := int64(0), int64(0)
 	for i := 0; i < 2; i++ {
 		r := <-results
 		if r.err != nil {
@@ -177,10 +190,14 @@ func TestLeasedBatchesAcrossProcessesAdmitExactlyWhatRedisCounted(t *testing.T) 
 		}
 		t.Logf("survivor: admitted %d (%d from a batch), %d refills granting %d, %d returned on close",
 			admitted, local, refills, granted, returned)
-		if degraded != 0 || local == 0 {
-			t.Fatalf("survivor: %d degraded, %d answered from a batch", degraded, local)
+		if degraded != 0 {
+			t.Fatalf("survivor: %d degraded", degraded)
 		}
 		survivors += admitted
+		fromBatches += local
+	}
+	if fromBatches == 0 {
+		t.Fatal("no survivor admitted from a batch")
 	}
 	count := int64(0)
 	stored, err := redis.String(a.Do("GET", key))
