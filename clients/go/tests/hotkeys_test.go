@@ -4,9 +4,12 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gomodule/redigo/redis"
 
 	"redis-rate-limiter/ratelimit"
 )
@@ -176,5 +179,70 @@ func TestTheMiddlewareExportsTheBreakerGauge(t *testing.T) {
 		`ratelimit_decisions_total{limit="pm",outcome="degraded"} 3` + "\n" + gauge + "1\n"
 	if got := metrics(); got != want || m.Prometheus() != want {
 		t.Fatalf("after the breaker opened:\n%s", got)
+	}
+}
+
+// A batch's lease ends on a timer: a fixed window's unused units go back (RL.SETTLE), a sliding
+// window's lapse, and B halves; a key checked DetectPerSec times within a second is batched
+// without being declared.
+func TestABatchGoesBackWhenItsLeaseEnds(t *testing.T) {
+	s := start(t, serverOpts{module: true, testClock: true})
+	a := admin(t, s)
+	setClock(t, a, t0)
+	ctx := context.Background()
+	c := client(s, ratelimit.Options{Mode: ratelimit.ChooseModule, Timeout: time.Second}).
+		WithBatching(ratelimit.NewBatching().HotKey("fw").HotKey("sw").Lease(100 * time.Millisecond))
+	fw := ratelimit.FixedWindow{Limit: 100, WindowSec: 3600}
+	sw := ratelimit.SlidingWindow{Limit: 100, WindowSec: 3600}
+	for _, k := range []struct {
+		key string
+		a   ratelimit.Algorithm
+	}{{"fw", fw}, {"sw", sw}} {
+		o, err := c.Check(ctx, k.key, k.a, 1)
+		if err != nil || !o.Decision.Allowed || o.Decision.Remaining != 99 || o.AnsweredLocally != ratelimit.NotLocal {
+			t.Fatalf("%s: %+v, %v", k.key, o, err)
+		}
+	}
+	// Two grants of 8, one unit of each used: 14 held.
+	if st := c.BatchStats(); st != (ratelimit.BatchStats{Refills: 2, Granted: 16, Used: 2, Held: 14}) {
+		t.Fatalf("before the leases end: %+v", st)
+	}
+	waitFor(t, "the leases to end", func() bool { return c.BatchStats().Held == 0 })
+	waitFor(t, "the returns", func() bool { st := c.BatchStats(); return st.Returned+st.Lapsed == 14 })
+	if st := c.BatchStats(); st != (ratelimit.BatchStats{Refills: 2, Granted: 16, Used: 2, Returned: 7, Lapsed: 7}) {
+		t.Fatalf("after the leases ended: %+v", st)
+	}
+	if v, _ := redis.String(a.Do("GET", "fw")); !strings.HasPrefix(v, "fw 1 ") {
+		t.Fatalf("fw holds %q: the 7 units went back", v)
+	}
+	for _, k := range []string{"fw", "sw"} {
+		if b, ok := c.BatchSize([]ratelimit.Limit{{Key: k, Algorithm: map[string]ratelimit.Algorithm{"fw": fw, "sw": sw}[k]}}); !ok || b != 4 {
+			t.Fatalf("%s: B %d, %v (8 halved)", k, b, ok)
+		}
+	}
+	if n := calls(t, a, "rl.settle"); n != 1 {
+		t.Fatalf("%d RL.SETTLE, want 1 (the sliding window's units lapse)", n)
+	}
+
+	// Detection: a key checked 5 times within a second is hot from its 5th call.
+	d := client(s, ratelimit.Options{Mode: ratelimit.ChooseModule, Timeout: time.Second}).
+		WithBatching(ratelimit.NewBatching().DetectPerSec(5).Lease(time.Minute))
+	before := calls(t, a, "rl.fixedwindow")
+	for i := 0; i < 10; i++ {
+		o, err := d.Check(ctx, "detected", fw, 1)
+		if err != nil || !o.Decision.Allowed || o.Decision.Remaining != int64(99-i) ||
+			(o.AnsweredLocally == ratelimit.LocalBatch) != (i >= 5 && i < 12) {
+			t.Fatalf("check %d: %+v, %v", i, o, err)
+		}
+	}
+	// Four calls one by one, the fifth takes a batch of 8 (UPTO), the next five from it.
+	if n := calls(t, a, "rl.fixedwindow") - before; n != 5 {
+		t.Fatalf("%d calls for 10 checks, want 5", n)
+	}
+	if got := d.Close(ctx); got != 2 {
+		t.Fatalf("close gave back %d, want 2", got)
+	}
+	if v, _ := redis.String(a.Do("GET", "detected")); !strings.HasPrefix(v, "fw 10 ") {
+		t.Fatalf("detected holds %q", v)
 	}
 }
