@@ -246,3 +246,49 @@ func TestABatchGoesBackWhenItsLeaseEnds(t *testing.T) {
 		t.Fatalf("detected holds %q", v)
 	}
 }
+
+// A caller that goes away while its refill is in flight does not cancel it: the grant completes
+// and is kept, the unit the caller would have used goes back, and the next check is answered
+// from the batch.
+func TestACallerGoneDuringARefillLosesNoUnits(t *testing.T) {
+	s := start(t, serverOpts{module: true, testClock: true, extra: []string{"--enable-debug-command", "yes"}})
+	a := admin(t, s)
+	setClock(t, a, t0)
+	c := client(s, ratelimit.Options{Mode: ratelimit.ChooseModule, Timeout: 2 * time.Second}).
+		WithBatching(ratelimit.NewBatching().HotKey("slow").Lease(time.Minute))
+	fw := ratelimit.FixedWindow{Limit: 100, WindowSec: 3600}
+	// The server busy for 400 ms.
+	sleeper, err := redis.Dial("tcp", s.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sleeper.Close()
+	slept := make(chan error, 1)
+	go func() {
+		_, err := sleeper.Do("DEBUG", "SLEEP", "0.4")
+		slept <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	o, err := c.Check(ctx, "slow", fw, 1)
+	if err != nil || o.Degraded != ratelimit.DegradedFailOpen {
+		t.Fatalf("the caller that gave up: %+v, %v", o, err)
+	}
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+	// The grant of 8 landed: 7 kept, the caller's unit given back.
+	waitFor(t, "the caller's unit back", func() bool { return c.BatchStats().Returned == 1 })
+	if st := c.BatchStats(); st != (ratelimit.BatchStats{Refills: 1, Granted: 8, Returned: 1, Held: 7}) {
+		t.Fatalf("%+v", st)
+	}
+	if v, _ := redis.String(a.Do("GET", "slow")); !strings.HasPrefix(v, "fw 7 ") {
+		t.Fatalf("slow holds %q", v)
+	}
+	// Its remaining: the grant's (92) plus what the batch holds after it (6).
+	next, err := c.Check(context.Background(), "slow", fw, 1)
+	if err != nil || next.AnsweredLocally != ratelimit.LocalBatch || next.Decision.Remaining != 92+6 {
+		t.Fatalf("the next check: %+v, %v", next, err)
+	}
+}
