@@ -283,7 +283,9 @@ test-release: servers dist-portable
 # its redigo adapter (clients/go/redigoadapter, a module of its own), then
 # its suite against servers it starts itself (clients/go/tests: the conformance table in the
 # three modes, 200 racing goroutines, Redis killed and restarted under each failure policy, a
-# hung server, refusals, a 3-master cluster, the middleware over TCP, the examples) on every
+# hung server, refusals, a 3-master cluster, the middleware over TCP, leased batches across
+# worker processes one of which is killed with SIGKILL, the deny cache, durable admissions with
+# a real replica, the examples) on every
 # server of the matrix, built once; under the race detector on Redis 7.0 only, as the detector
 # checks the package's goroutines, which are the same whatever the server. Offline: Debian's
 # Go 1.19, redigo and redisc (whose sources have no go.mod: one is written beside a copy in

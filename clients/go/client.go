@@ -178,6 +178,35 @@ type Outcome struct {
 	Degraded Degraded
 	// Mode is the mode that answered (0 when degraded).
 	Mode Mode
+	// Granted is the units taken: for a partial grant (CheckUpto) 1 to n, 0 when denied (the
+	// decision is then the denial of one unit); for a check its cost when admitted, else 0.
+	Granted int64
+	// AnsweredLocally is set when the client answered without calling Redis (from the deny
+	// cache); Mode is then the mode of the call the answer comes from.
+	AnsweredLocally LocalAnswer
+}
+
+// LocalAnswer says how a check was answered without calling Redis.
+type LocalAnswer int
+
+const (
+	// NotLocal: Redis (or the failure policy) answered.
+	NotLocal LocalAnswer = iota
+	// LocalBatch: an admission from a leased batch of a hot key.
+	LocalBatch
+	// LocalDenyCache: a denial repeated by the deny cache.
+	LocalDenyCache
+)
+
+// String is "batch", "deny_cache" (empty for NotLocal).
+func (l LocalAnswer) String() string {
+	switch l {
+	case LocalBatch:
+		return "batch"
+	case LocalDenyCache:
+		return "deny_cache"
+	}
+	return ""
 }
 
 // MultiOutcome is the answer for several limits checked at once (RL.ALL).
@@ -188,6 +217,11 @@ type MultiOutcome struct {
 	Decisions []Decision
 	Degraded  Degraded
 	Mode      Mode
+	// Granted is the units taken from every limit: for a partial grant (CheckAllUpto) 1 to n,
+	// 0 when denied; for a check its cost when admitted, else 0.
+	Granted int64
+	// AnsweredLocally is set when the client answered without calling Redis.
+	AnsweredLocally LocalAnswer
 }
 
 // Settlement is the state of every limit after a settlement (RL.SETTLE), in the order of the
@@ -261,8 +295,20 @@ var rejectedCodes = map[string]bool{
 
 // Client decides with the module, the Functions library or the scripts, over one Conn (a
 // single server or a cluster). It is safe for concurrent use; copies of a *Client share the
-// breaker, the mode and the local fallback.
+// breaker, the mode and the local fallback, and so do the clients made from it by
+// WithDenyCache and WithoutDenyCache (each with its own deny cache, or none).
 type Client struct {
+	*core
+	// The deny cache (nil: none).
+	denies *denyCache
+	// The leased batches (nil: none).
+	batches *batches
+	// The durable lane (nil: none).
+	durable *lane
+}
+
+// core is what the clients made from one New share.
+type core struct {
 	conn    Conn
 	opts    Options
 	mode    atomic.Int32
@@ -299,7 +345,7 @@ type scriptLoad struct {
 // waits for Redis, which may be down when the application starts.
 func New(conn Conn, opts Options) *Client {
 	opts = opts.withDefaults()
-	c := &Client{conn: conn, opts: opts, breaker: newBreaker(opts.Breaker),
+	c := &core{conn: conn, opts: opts, breaker: newBreaker(opts.Breaker),
 		local: newLocalLimiter(), leases: newLocalLeases(),
 		scripts: make(map[string]*scriptLoad, len(shas)),
 		slots:   make(chan struct{}, opts.MaxInFlight)}
@@ -314,7 +360,218 @@ func New(conn Conn, opts Options) *Client {
 	case ChooseFunction:
 		c.mode.Store(int32(ModeFunction))
 	}
-	return c
+	return &Client{core: c}
+}
+
+// DenyCacheEntries is the number of entries of the middleware's deny cache unless
+// Middleware.DenyCacheEntries says otherwise.
+const DenyCacheEntries = 10_000
+
+// WithDenyCache is a client sharing c's connection, mode and breaker, with a deny cache of at
+// most entries entries, the least recently used evicted first: after Redis denies a check with
+// RetryAfterMs R, the same check (same keys, algorithms, parameters and cost) is denied without
+// calling Redis until R has passed on the monotonic clock (Outcome.AnsweredLocally
+// LocalDenyCache, the waits counted down). When R has passed, one check asks Redis again while
+// the others are still denied from the entry, for at most the client's Timeout. It may deny for
+// up to R (and that timeout) what Redis would admit sooner (another process's refund, a raised
+// limit), never admit what Redis would deny. A plain client has none.
+func (c *Client) WithDenyCache(entries int) *Client {
+	cp := *c
+	cp.denies = newDenyCache(entries, c.opts.Timeout)
+	return &cp
+}
+
+// WithoutDenyCache is a client sharing c's connection, mode, breaker and batches, without a
+// deny cache.
+func (c *Client) WithoutDenyCache() *Client {
+	cp := *c
+	cp.denies = nil
+	return &cp
+}
+
+// WithBatching is a client sharing c's connection, mode, breaker and deny cache that takes
+// leased batches for hot keys (see Batching, and docs/clients.md): a hot key's checks of a cost
+// above 0 are admitted from units granted several at a time (one partial grant, UPTO n) without
+// calling Redis (Outcome.AnsweredLocally LocalBatch), and what a batch did not use goes back
+// (RL.SETTLE) when its lease ends, on Flush and on Close. The clients made from it share its
+// batches. Call Close (or Flush) before the process ends: Go has no destructors, and what the
+// batches hold then lapses until the limits refill.
+func (c *Client) WithBatching(b Batching) *Client {
+	cp := *c
+	cp.batches = newBatches(&Client{core: c.core, durable: c.durable}, b)
+	return &cp
+}
+
+// WithoutBatching is a client sharing c's connection, mode, breaker and deny cache, without
+// batches (those of the other clients carry on).
+func (c *Client) WithoutBatching() *Client {
+	cp := *c
+	cp.batches = nil
+	return &cp
+}
+
+// BatchStats is what the client's batches did so far (all zero without batches).
+func (c *Client) BatchStats() BatchStats {
+	if c.batches == nil {
+		return BatchStats{}
+	}
+	return c.batches.stats()
+}
+
+// BatchSize is the size the next batch of these limits starts from (B), while they are tracked.
+func (c *Client) BatchSize(limits []Limit) (int64, bool) {
+	if c.batches == nil {
+		return 0, false
+	}
+	return c.batches.size(signature(limits))
+}
+
+// Flush gives back at once what every batch holds (RL.SETTLE ... DELTA -n), and waits for the
+// answers (and for the returns already on their way): the units given back. The keys are
+// batched again on their next calls.
+func (c *Client) Flush(ctx context.Context) int64 {
+	if c.batches == nil {
+		return 0
+	}
+	return c.batches.flush()
+}
+
+// Close stops the batches of this client and of every client sharing them (their checks go to
+// Redis one by one from then on), and gives back what they hold: the units given back. Call it
+// before the process ends.
+func (c *Client) Close(ctx context.Context) int64 {
+	if c.batches == nil {
+		return 0
+	}
+	return c.batches.close()
+}
+
+// tryGrant is a partial grant of at most n units for a batch: answered false when Redis cannot
+// answer (no failure policy applied).
+func (c *Client) tryGrant(ctx context.Context, limits []Limit, n int64) (MultiOutcome, bool,
+	error) {
+	t := take{n: n, upto: true}
+	var o MultiOutcome
+	err := c.guarded(ctx, func(ctx context.Context) error {
+		if len(limits) == 1 {
+			d, granted, m, err := c.callOne(ctx, limits[0].Key, limits[0].Algorithm, t, "")
+			deniedBy := 0
+			if !d.Allowed {
+				deniedBy = 1
+			}
+			o = MultiOutcome{Allowed: d.Allowed, DeniedBy: deniedBy, Decisions: []Decision{d},
+				Mode: m, Granted: granted}
+			return err
+		}
+		var err error
+		o, err = c.callAll(ctx, limits, t, "")
+		return err
+	})
+	if err == errUnavailable {
+		return MultiOutcome{}, false, nil
+	}
+	if err != nil {
+		return MultiOutcome{}, false, err
+	}
+	return o, true, nil
+}
+
+// degradedFor is the failure policy's answer for a cost, as a call to Redis that failed would
+// get it.
+func (c *Client) degradedFor(limits []Limit, cost int64) MultiOutcome {
+	if len(limits) == 1 {
+		d, granted, g := c.degradedTake(limits[0].Key, limits[0].Algorithm, take{n: cost}, "")
+		deniedBy := 0
+		if !d.Allowed {
+			deniedBy = 1
+		}
+		return MultiOutcome{Allowed: d.Allowed, DeniedBy: deniedBy, Decisions: []Decision{d},
+			Degraded: g, Granted: granted}
+	}
+	return c.degradedAll(limits, cost, "")
+}
+
+// DenyCacheCapacity is the number of entries of the client's deny cache at most; false when it
+// has none.
+func (c *Client) DenyCacheCapacity() (int, bool) {
+	if c.denies == nil {
+		return 0, false
+	}
+	return c.denies.capacity, true
+}
+
+// DenyCacheLen is the entries in the deny cache now.
+func (c *Client) DenyCacheLen() int {
+	if c.denies == nil {
+		return 0
+	}
+	return c.denies.len()
+}
+
+// DeniedUntil is when the deny cache's entry for these limits at this cost expires, if it has
+// one.
+func (c *Client) DeniedUntil(limits []Limit, cost int64) (time.Time, bool) {
+	if c.denies == nil {
+		return time.Time{}, false
+	}
+	return c.denies.until(signature(limits), cost)
+}
+
+// decideHot is a check of a cost above 0 on limits without a concurrency one, with batches or
+// the deny cache on: the batch first, then the deny cache, then a new batch (a hot key) or a
+// call to Redis (whose denial the cache keeps).
+func (c *Client) decideHot(ctx context.Context, limits []Limit, cost int64) (MultiOutcome,
+	error) {
+	sig := signature(limits)
+	refill := false
+	if c.batches != nil {
+		o, step := c.batches.tryLocal(sig, limits, cost)
+		switch step {
+		case stepAnswer:
+			return o, nil
+		case stepRefill:
+			refill = true
+		}
+	}
+	if c.denies != nil {
+		if o, ok := c.denies.lookup(sig, cost); ok {
+			return o, nil
+		}
+	}
+	if refill {
+		o, ok, err := c.batches.refill(ctx, sig, limits, cost, c.denies)
+		if err != nil || ok {
+			return o, err
+		}
+		// The refill that came first may have been denied meanwhile.
+		if c.denies != nil {
+			if o, ok := c.denies.lookup(sig, cost); ok {
+				return o, nil
+			}
+		}
+	}
+	sent := time.Now()
+	o, err := c.decideAll(ctx, limits, cost, "")
+	if err != nil {
+		return o, err
+	}
+	if c.denies != nil {
+		c.denies.record(sig, cost, o, sent)
+	}
+	if c.batches != nil {
+		c.batches.observe(sig, o)
+	}
+	return o, nil
+}
+
+// single is the outcome of the one limit of o.
+func (o MultiOutcome) single() Outcome {
+	out := Outcome{Degraded: o.Degraded, Mode: o.Mode, Granted: o.Granted,
+		AnsweredLocally: o.AnsweredLocally}
+	if len(o.Decisions) > 0 {
+		out.Decision = o.Decisions[0]
+	}
+	return out
 }
 
 // Options are the client's options, defaults filled in.
@@ -350,6 +607,10 @@ func (c *Client) send(ctx context.Context, args ...interface{}) (interface{}, er
 func (c *Client) request(ctx context.Context, args ...interface{}) (interface{}, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
+	if pinned, ok := ctx.Value(pinnedKey{}).(Conn); ok {
+		// A durable call: on the connection its WAIT goes on.
+		return do(ctx, pinned, args...)
+	}
 	return do(ctx, c.conn, args...)
 }
 
@@ -586,25 +847,92 @@ func (c *Client) evalsha(ctx context.Context, script string, out []interface{}) 
 	}
 }
 
-// callOne is one limit's command: the parameters, then the cost, or for a concurrency limit
-// the lease id (RL.ACQUIRE takes no cost).
-func (c *Client) callOne(ctx context.Context, key string, a Algorithm, cost int64,
-	lease string) (Decision, Mode, error) {
+// take is what a call takes: a cost, or with upto a partial grant of at most n units (UPTO n).
+type take struct {
+	n    int64
+	upto bool
+}
+
+func cost(n int64) take { return take{n: n} }
+
+// args are the words that end the call: the cost, or UPTO n.
+func (t take) args() []string {
+	if t.upto {
+		return []string{"UPTO", integer(t.n)}
+	}
+	return []string{integer(t.n)}
+}
+
+// fields is the length of a limiter's reply: five integers, a sixth (granted) for UPTO.
+func (t take) fields() int {
+	if t.upto {
+		return 6
+	}
+	return 5
+}
+
+// grantedOf is the units a reply of this take says were taken: for a cost, the cost when
+// admitted, else 0.
+func (t take) grantedOf(allowed bool, sixth int64) int64 {
+	switch {
+	case t.upto:
+		return sixth
+	case allowed:
+		return t.n
+	}
+	return 0
+}
+
+// callOne is one limit's command: the parameters, then the cost (or UPTO n), or for a
+// concurrency limit the lease id (RL.ACQUIRE takes no cost).
+func (c *Client) callOne(ctx context.Context, key string, a Algorithm, t take,
+	lease string) (Decision, int64, Mode, error) {
+	if l := c.laneFor(t, lease); l != nil {
+		var d Decision
+		var granted int64
+		var mode Mode
+		stands, err := c.durably(ctx, l, func(ctx context.Context) (bool, error) {
+			var err error
+			d, granted, mode, err = c.sendOne(ctx, key, a, t, lease)
+			return d.Allowed, err
+		})
+		if err != nil {
+			return Decision{}, 0, 0, err
+		}
+		if !stands {
+			c.refuse(&d)
+			granted = 0
+		}
+		return d, granted, mode, nil
+	}
+	return c.sendOne(ctx, key, a, t, lease)
+}
+
+// refuse turns d into the refusal of an admission the replicas did not acknowledge.
+func (c *Client) refuse(d *Decision) {
+	d.Allowed = false
+	d.RetryAfterMs = c.opts.FailClosedRetryMs
+}
+
+// sendOne is one limit's command.
+func (c *Client) sendOne(ctx context.Context, key string, a Algorithm, t take,
+	lease string) (Decision, int64, Mode, error) {
 	args := a.Params()
 	if _, ok := concurrencyOf(a); ok {
 		args = append(args, lease)
+		t = cost(1)
 	} else {
-		args = append(args, integer(cost))
+		args = append(args, t.args()...)
 	}
 	reply, mode, err := c.call(ctx, a.Command(), a.script(), false, []string{key}, args)
 	if err != nil {
-		return Decision{}, 0, err
+		return Decision{}, 0, 0, err
 	}
-	d, ok := decisionOf(reply)
+	d, sixth, ok := decisionOfN(reply, t.fields())
 	if !ok {
-		return Decision{}, 0, errUnexpected{reply}
+		return Decision{}, 0, 0, errUnexpected{reply}
 	}
-	return d, mode, nil
+	return d, t.grantedOf(d.Allowed, sixth), mode, nil
 }
 
 func limitArgs(limits []Limit) ([]string, []string) {
@@ -618,22 +946,52 @@ func limitArgs(limits []Limit) ([]string, []string) {
 	return keys, args
 }
 
-func (c *Client) callAll(ctx context.Context, limits []Limit, cost int64,
+func (c *Client) callAll(ctx context.Context, limits []Limit, t take,
+	lease string) (MultiOutcome, error) {
+	if l := c.laneFor(t, lease); l != nil {
+		var o MultiOutcome
+		stands, err := c.durably(ctx, l, func(ctx context.Context) (bool, error) {
+			var err error
+			o, err = c.sendAll(ctx, limits, t, lease)
+			return o.Allowed, err
+		})
+		if err != nil {
+			return MultiOutcome{}, err
+		}
+		if !stands {
+			// Denied as by the first limit, every limit answering the same refusal.
+			for i := range o.Decisions {
+				c.refuse(&o.Decisions[i])
+			}
+			o.Allowed, o.DeniedBy, o.Granted = false, 1, 0
+		}
+		return o, nil
+	}
+	return c.sendAll(ctx, limits, t, lease)
+}
+
+// sendAll is RL.ALL (or its twins).
+func (c *Client) sendAll(ctx context.Context, limits []Limit, t take,
 	lease string) (MultiOutcome, error) {
 	keys, args := limitArgs(limits)
 	if hasConcurrency(limits) {
 		args = append(args, "LEASE", lease)
 	}
-	args = append(args, "COST", integer(cost))
+	if t.upto {
+		args = append(args, "UPTO", integer(t.n))
+	} else {
+		args = append(args, "COST", integer(t.n))
+	}
 	reply, mode, err := c.call(ctx, "RL.ALL", scriptAll, true, keys, args)
 	if err != nil {
 		return MultiOutcome{}, err
 	}
-	allowed, deniedBy, ds, ok := multiOf(reply, len(limits))
+	allowed, deniedBy, ds, sixth, ok := multiOfN(reply, len(limits), t.fields())
 	if !ok {
 		return MultiOutcome{}, errUnexpected{reply}
 	}
-	return MultiOutcome{Allowed: allowed, DeniedBy: deniedBy, Decisions: ds, Mode: mode}, nil
+	return MultiOutcome{Allowed: allowed, DeniedBy: deniedBy, Decisions: ds, Mode: mode,
+		Granted: t.grantedOf(allowed, sixth)}, nil
 }
 
 func (c *Client) callSettle(ctx context.Context, limits []Limit, delta int64) ([]Decision,
@@ -697,25 +1055,52 @@ var errUnavailable = errors.New("unavailable")
 
 func (c *Client) degradedOne(key string, a Algorithm, cost int64, lease string) (Decision,
 	Degraded) {
+	d, _, g := c.degradedTake(key, a, take{n: cost}, lease)
+	return d, g
+}
+
+// degradedTake is the failure policy's answer for one limit, with the units it grants.
+func (c *Client) degradedTake(key string, a Algorithm, t take, lease string) (Decision, int64,
+	Degraded) {
 	o := c.opts
 	switch o.Policy.kind {
 	case policyFailClosed:
 		return Decision{Allowed: false, Remaining: 0, RetryAfterMs: o.FailClosedRetryMs,
-			ResetAfterMs: o.FailClosedRetryMs, Limit: a.Quota()}, DegradedFailClosed
+			ResetAfterMs: o.FailClosedRetryMs, Limit: a.Quota()}, 0, DegradedFailClosed
 	case policyLocal:
 		if cc, ok := concurrencyOf(a); ok {
-			return c.leases.acquire(key, lease, cc, o.Policy.instances, cost > 0), DegradedLocal
+			d := c.leases.acquire(key, lease, cc, o.Policy.instances, t.n > 0)
+			g := int64(0)
+			if d.Allowed {
+				g = 1
+			}
+			return d, g, DegradedLocal
 		}
-		return c.local.check(key, a, o.Policy.instances, cost), DegradedLocal
+		if t.upto {
+			d, g := c.local.grant(key, a, o.Policy.instances, t.n)
+			return d, g, DegradedLocal
+		}
+		d := c.local.check(key, a, o.Policy.instances, t.n)
+		return d, t.grantedOf(d.Allowed, 0), DegradedLocal
 	}
-	return Decision{Allowed: true, Remaining: a.Quota(), Limit: a.Quota()}, DegradedFailOpen
+	return Decision{Allowed: true, Remaining: a.Quota(), Limit: a.Quota()}, t.n, DegradedFailOpen
 }
 
 // Check checks (and on admission consumes) cost units of a on key. A concurrency limit is only
 // peeked at here (cost 0, through RL.ALL); its slots are taken with Acquire (an
 // *UnsupportedError for a cost above 0).
+//
+// With batches (WithBatching) or the deny cache (WithDenyCache) on, a check of a cost above 0
+// may be answered without calling Redis (Outcome.AnsweredLocally).
 func (c *Client) Check(ctx context.Context, key string, a Algorithm, cost int64) (Outcome, error) {
 	if _, ok := concurrencyOf(a); !ok {
+		if cost > 0 && (c.denies != nil || c.batches != nil) {
+			o, err := c.decideHot(ctx, []Limit{{key, a}}, cost)
+			if err != nil {
+				return Outcome{}, err
+			}
+			return o.single(), nil
+		}
 		return c.decideOne(ctx, key, a, cost, "")
 	}
 	o, err := c.CheckAll(ctx, []Limit{{key, a}}, cost)
@@ -730,29 +1115,72 @@ func (c *Client) Peek(ctx context.Context, key string, a Algorithm) (Outcome, er
 	return c.Check(ctx, key, a, 0)
 }
 
-func (c *Client) decideOne(ctx context.Context, key string, a Algorithm, cost int64,
+func (c *Client) decideOne(ctx context.Context, key string, a Algorithm, n int64,
 	lease string) (Outcome, error) {
-	if cost < 0 {
+	return c.decideTake(ctx, key, a, cost(n), lease)
+}
+
+// decideTake is one limit: Redis, or the failure policy when Redis cannot answer.
+func (c *Client) decideTake(ctx context.Context, key string, a Algorithm, t take,
+	lease string) (Outcome, error) {
+	if t.n < 0 {
 		return Outcome{}, unsupported("a cost of at least 0")
 	}
 	var o Outcome
 	err := c.guarded(ctx, func(ctx context.Context) error {
-		d, m, err := c.callOne(ctx, key, a, cost, lease)
-		o = Outcome{Decision: d, Mode: m}
+		d, granted, m, err := c.callOne(ctx, key, a, t, lease)
+		o = Outcome{Decision: d, Mode: m, Granted: granted}
 		return err
 	})
 	if err == errUnavailable {
-		d, g := c.degradedOne(key, a, cost, lease)
-		return Outcome{Decision: d, Degraded: g}, nil
+		d, granted, g := c.degradedTake(key, a, t, lease)
+		return Outcome{Decision: d, Degraded: g, Granted: granted}, nil
 	}
 	return o, err
+}
+
+// CheckUpto is a partial grant (UPTO n): as many units of a on key as are left now, at least 1
+// and at most n, taken in one call; Outcome.Granted says how many (0 when denied: nothing was
+// left, and the decision is the denial of one unit). Give back what goes unused with Settle (a
+// negative delta). n from 1 to 10^15 (1,000 for a sliding log); not for a concurrency limit
+// (an *UnsupportedError, as for n of 0). Batches and the deny cache are not used. When Redis
+// cannot answer: FailOpen grants n (nothing taken), FailClosed denies, Local grants what its
+// in-process bucket has, at most n.
+func (c *Client) CheckUpto(ctx context.Context, key string, a Algorithm, n int64) (Outcome,
+	error) {
+	if _, ok := concurrencyOf(a); ok {
+		return Outcome{}, unsupported("a concurrency limit is not granted in part (a lease is one slot)")
+	}
+	if n < 1 {
+		return Outcome{}, unsupported("UPTO n takes n of at least 1")
+	}
+	return c.decideTake(ctx, key, a, take{n: n, upto: true}, "")
+}
+
+// CheckAllUpto is a partial grant of several limits at once (RL.ALL ... UPTO n): every limit is
+// granted the same units, the fewest any of them has left, at most n (MultiOutcome.Granted; 0
+// when denied, as a cost of 1 would be). One limit alone uses its own command. Concurrency
+// limits are refused (an *UnsupportedError).
+func (c *Client) CheckAllUpto(ctx context.Context, limits []Limit, n int64) (MultiOutcome,
+	error) {
+	if hasConcurrency(limits) {
+		return MultiOutcome{}, unsupported("a concurrency limit is not granted in part (a lease is one slot)")
+	}
+	if n < 1 {
+		return MultiOutcome{}, unsupported("UPTO n takes n of at least 1")
+	}
+	return c.decideAllTake(ctx, limits, take{n: n, upto: true}, "")
 }
 
 // CheckAll checks several limits at once: admitted only if every limit admits, and then cost is
 // consumed from all of them (RL.ALL, or all.lua; one limit alone uses its own command).
 // Concurrency limits are only peeked at here (cost 0); their slots are taken with AcquireAll.
+// Batches and the deny cache apply as for Check.
 func (c *Client) CheckAll(ctx context.Context, limits []Limit, cost int64) (MultiOutcome, error) {
 	if !hasConcurrency(limits) {
+		if cost > 0 && len(limits) >= 1 && len(limits) <= 16 && (c.denies != nil || c.batches != nil) {
+			return c.decideHot(ctx, limits, cost)
+		}
 		return c.decideAll(ctx, limits, cost, "")
 	}
 	if cost > 0 {
@@ -772,12 +1200,17 @@ func hasConcurrency(limits []Limit) bool {
 
 // decideAll is several limits in one call (one alone with its own command, except a
 // concurrency limit peeked at with cost 0, which only RL.ALL can do).
-func (c *Client) decideAll(ctx context.Context, limits []Limit, cost int64,
+func (c *Client) decideAll(ctx context.Context, limits []Limit, n int64,
+	lease string) (MultiOutcome, error) {
+	return c.decideAllTake(ctx, limits, cost(n), lease)
+}
+
+func (c *Client) decideAllTake(ctx context.Context, limits []Limit, t take,
 	lease string) (MultiOutcome, error) {
 	if len(limits) == 1 {
 		_, conc := concurrencyOf(limits[0].Algorithm)
-		if cost > 0 || !conc {
-			o, err := c.decideOne(ctx, limits[0].Key, limits[0].Algorithm, cost, lease)
+		if t.n > 0 || !conc {
+			o, err := c.decideTake(ctx, limits[0].Key, limits[0].Algorithm, t, lease)
 			if err != nil {
 				return MultiOutcome{}, err
 			}
@@ -786,33 +1219,50 @@ func (c *Client) decideAll(ctx context.Context, limits []Limit, cost int64,
 				deniedBy = 1
 			}
 			return MultiOutcome{Allowed: o.Decision.Allowed, DeniedBy: deniedBy,
-				Decisions: []Decision{o.Decision}, Degraded: o.Degraded, Mode: o.Mode}, nil
+				Decisions: []Decision{o.Decision}, Degraded: o.Degraded, Mode: o.Mode,
+				Granted: o.Granted}, nil
 		}
 	}
 	if len(limits) == 0 || len(limits) > 16 {
 		return MultiOutcome{}, unsupported("between 1 and 16 limits per call")
 	}
-	if cost < 0 {
+	if t.n < 0 {
 		return MultiOutcome{}, unsupported("a cost of at least 0")
 	}
 	var o MultiOutcome
 	err := c.guarded(ctx, func(ctx context.Context) error {
 		var err error
-		o, err = c.callAll(ctx, limits, cost, lease)
+		o, err = c.callAll(ctx, limits, t, lease)
 		return err
 	})
 	if err == errUnavailable {
-		return c.degradedAll(limits, cost, lease), nil
+		return c.degradedAllTake(limits, t, lease), nil
 	}
 	return o, err
 }
 
-func (c *Client) degradedAll(limits []Limit, cost int64, lease string) MultiOutcome {
+func (c *Client) degradedAll(limits []Limit, n int64, lease string) MultiOutcome {
+	return c.degradedAllTake(limits, cost(n), lease)
+}
+
+func (c *Client) degradedAllTake(limits []Limit, t take, lease string) MultiOutcome {
 	degraded := DegradedFailOpen
 	// Peek first so that a denial consumes from none of the limits.
 	peeks := make([]Decision, len(limits))
 	for i, l := range limits {
 		peeks[i], degraded = c.degradedOne(l.Key, l.Algorithm, 0, lease)
+	}
+	// A partial grant takes what the fewest left allow, at most n (as RL.ALL ... UPTO n).
+	cost := t.n
+	if t.upto && degraded == DegradedLocal {
+		for _, p := range peeks {
+			if p.Remaining < cost {
+				cost = p.Remaining
+			}
+		}
+		if cost < 1 {
+			cost = 1
+		}
 	}
 	denier := -1
 	for i, l := range limits {
@@ -833,6 +1283,9 @@ func (c *Client) degradedAll(limits []Limit, cost int64, lease string) MultiOutc
 		}
 	}
 	out := MultiOutcome{Allowed: denier < 0, Degraded: degraded}
+	if denier < 0 {
+		out.Granted = cost
+	}
 	if denier >= 0 {
 		out.DeniedBy = denier + 1
 		peeks[denier], _ = c.degradedOne(limits[denier].Key, limits[denier].Algorithm, cost, lease)

@@ -184,23 +184,30 @@ func asText(v interface{}) (string, bool) {
 
 // decisionOf reads a five-integer reply.
 func decisionOf(v interface{}) (Decision, bool) {
+	d, _, ok := decisionOfN(v, 5)
+	return d, ok
+}
+
+// decisionOfN reads a reply of fields integers: the five of a decision, and for a partial grant
+// a sixth, the units granted (returned, else 0).
+func decisionOfN(v interface{}, fields int) (Decision, int64, bool) {
 	items, ok := v.([]interface{})
-	if !ok || len(items) != 5 {
-		return Decision{}, false
+	if !ok || len(items) != fields {
+		return Decision{}, 0, false
 	}
-	var f [5]int64
+	var f [6]int64
 	for i, it := range items {
 		n, ok := asInt(it)
 		if !ok {
-			return Decision{}, false
+			return Decision{}, 0, false
 		}
 		f[i] = n
 	}
-	if f[1] < 0 || f[3] < 0 || f[4] < 0 {
-		return Decision{}, false
+	if f[1] < 0 || f[3] < 0 || f[4] < 0 || f[5] < 0 {
+		return Decision{}, 0, false
 	}
 	return Decision{Allowed: f[0] == 1, Remaining: f[1], RetryAfterMs: f[2], ResetAfterMs: f[3],
-		Limit: f[4]}, true
+		Limit: f[4]}, f[5], true
 }
 
 // decisionsOf reads n five-integer replies.
@@ -222,17 +229,35 @@ func decisionsOf(v interface{}, n int) ([]Decision, bool) {
 
 // multiOf reads RL.ALL's reply for n limits: [allowed, denied_by, reply...].
 func multiOf(v interface{}, n int) (bool, int, []Decision, bool) {
+	allowed, deniedBy, ds, _, ok := multiOfN(v, n, 5)
+	return allowed, deniedBy, ds, ok
+}
+
+// multiOfN is multiOf with replies of fields integers each; for a partial grant (6) the units
+// granted, the same in every reply (the first's returned).
+func multiOfN(v interface{}, n, fields int) (bool, int, []Decision, int64, bool) {
 	items, ok := v.([]interface{})
 	if !ok || len(items) != n+2 {
-		return false, 0, nil, false
+		return false, 0, nil, 0, false
 	}
 	allowed, ok1 := asInt(items[0])
 	deniedBy, ok2 := asInt(items[1])
-	ds, ok3 := decisionsOf(items[2:], n)
-	if !ok1 || !ok2 || !ok3 || deniedBy < 0 {
-		return false, 0, nil, false
+	if !ok1 || !ok2 || deniedBy < 0 {
+		return false, 0, nil, 0, false
 	}
-	return allowed == 1, int(deniedBy), ds, true
+	ds := make([]Decision, n)
+	var granted int64
+	for i, it := range items[2:] {
+		d, g, ok := decisionOfN(it, fields)
+		if !ok {
+			return false, 0, nil, 0, false
+		}
+		if i == 0 {
+			granted = g
+		}
+		ds[i] = d
+	}
+	return allowed == 1, int(deniedBy), ds, granted, true
 }
 
 func topEntriesOf(v interface{}) ([]TopEntry, bool) {

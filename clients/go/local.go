@@ -106,6 +106,23 @@ func (l *localLimiter) check(key string, a Algorithm, instances int, cost int64)
 	}
 }
 
+// grant is a partial grant from the in-process bucket: what it has left (whole units), at most
+// n; nothing left is the denial of one unit. The units granted (0 when denied).
+func (l *localLimiter) grant(key string, a Algorithm, instances int, n int64) (Decision, int64) {
+	g := l.check(key, a, instances, 0).Remaining
+	if g > n {
+		g = n
+	}
+	if g < 1 {
+		g = 1
+	}
+	d := l.check(key, a, instances, g)
+	if !d.Allowed {
+		return d, 0
+	}
+	return d, g
+}
+
 // adjust gives back -delta tokens (never above the capacity) or takes delta more, below zero if
 // need be, down to minus the capacity (as the module's token bucket): a bucket in debt denies
 // until it has refilled past it.

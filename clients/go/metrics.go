@@ -21,6 +21,11 @@ type Counts struct {
 	Refunded uint64
 	// Units taken by settlements (an actual cost above the estimate).
 	Charged uint64
+	// Admissions answered from a leased batch, without a call to Redis (among Allowed).
+	Batch uint64
+	// Denials answered by the deny cache, without a call to Redis (among Denied, or
+	// ShadowDenied for a shadow limit).
+	DenyCache uint64
 }
 
 // Metrics counts the middleware's decisions per limit, for Prometheus's text format. Safe for
@@ -56,6 +61,39 @@ func (m *Metrics) Record(limit string, allowed, degraded bool) {
 	}
 	if degraded {
 		c.Degraded++
+	}
+}
+
+// RecordAnswer is Record and RecordLocal at once.
+func (m *Metrics) RecordAnswer(limit string, allowed, degraded bool, local LocalAnswer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.entry(limit)
+	if allowed {
+		c.Allowed++
+	} else {
+		c.Denied++
+	}
+	if degraded {
+		c.Degraded++
+	}
+	c.countLocal(local)
+}
+
+// RecordLocal counts an answer made in the process for limit (counted besides allowed or
+// denied): outcome="batch" or outcome="deny_cache".
+func (m *Metrics) RecordLocal(limit string, local LocalAnswer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entry(limit).countLocal(local)
+}
+
+func (c *Counts) countLocal(local LocalAnswer) {
+	switch local {
+	case LocalBatch:
+		c.Batch++
+	case LocalDenyCache:
+		c.DenyCache++
 	}
 }
 
@@ -104,7 +142,9 @@ func escapeLabel(s string) string {
 
 // Prometheus is the counters in Prometheus's text format:
 // ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}, and for a limit
-// evaluated as a shadow limit also outcome="shadow_denied"; then, once a settlement changed
+// evaluated as a shadow limit also outcome="shadow_denied", outcome="batch" once a limit has had
+// an admission answered from a batch, outcome="deny_cache" once it has had a denial answered by
+// the deny cache; then, once a settlement changed
 // something, ratelimit_settled_units_total{limit="...",direction="refunded|charged"} for the
 // limits that settled. Limits in byte order of their names.
 func (m *Metrics) Prometheus() string {
@@ -129,6 +169,13 @@ func (m *Metrics) Prometheus() string {
 		line("ratelimit_decisions_total", n, "outcome", "degraded", c.Degraded)
 		if c.Shadow {
 			line("ratelimit_decisions_total", n, "outcome", "shadow_denied", c.ShadowDenied)
+		}
+		// (batch and deny_cache: admissions and denials among those answered in the process.)
+		if c.Batch > 0 {
+			line("ratelimit_decisions_total", n, "outcome", "batch", c.Batch)
+		}
+		if c.DenyCache > 0 {
+			line("ratelimit_decisions_total", n, "outcome", "deny_cache", c.DenyCache)
 		}
 		settled = settled || c.Refunded > 0 || c.Charged > 0
 	}

@@ -174,6 +174,9 @@ type MiddlewareOptions struct {
 // methods before serving, then wrap handlers with Handler (a func(http.Handler) http.Handler,
 // for chi, gorilla/mux and the adapters of echo and gin).
 type Middleware struct {
+	// The client given to NewMiddleware, and the one the middleware decides with (with its
+	// deny cache, or without one).
+	base       *Client
 	client     *Client
 	key        KeyFunc
 	routeClass func(*http.Request) string
@@ -194,7 +197,8 @@ type Middleware struct {
 // (no trusted proxy), route class and plan "default", no limits yet.
 func NewMiddleware(c *Client) *Middleware {
 	return &Middleware{
-		client:     c,
+		base:       c,
+		client:     c.WithDenyCache(DenyCacheEntries),
 		key:        ClientIP(),
 		routeClass: func(*http.Request) string { return "default" },
 		plan:       func(*http.Request) string { return "default" },
@@ -274,8 +278,54 @@ func (m *Middleware) OnShadowDenials(f func(r *http.Request, names []string)) *M
 	return m
 }
 
+// DenyCache turns the deny cache on or off (on by default, DenyCacheEntries entries): a request
+// denied by Redis with RetryAfterMs R is denied again in the process, without calling Redis,
+// until R has passed (outcome="deny_cache"). Off: every request asks Redis (a deny cache of the
+// client given to NewMiddleware is not used either). It counts down on the process's clock: a
+// test that moves the server's clock turns it off.
+func (m *Middleware) DenyCache(on bool) *Middleware {
+	switch {
+	case !on:
+		m.client = m.base.WithoutDenyCache()
+	case m.client.denies == nil:
+		m.client = m.base.WithDenyCache(DenyCacheEntries)
+	}
+	return m
+}
+
+// DenyCacheEntries sets the deny cache's entries at most, the least recently used evicted first
+// (turns it on).
+func (m *Middleware) DenyCacheEntries(entries int) *Middleware {
+	m.client = m.base.WithDenyCache(entries)
+	return m
+}
+
+// Client is the client the middleware decides with (its deny cache included).
+func (m *Middleware) Client() *Client { return m.client }
+
 // Metrics are the middleware's counters.
 func (m *Middleware) Metrics() *Metrics { return m.metrics }
+
+// Prometheus is what to serve on /metrics: the middleware's counters (Metrics().Prometheus()),
+// then the gauge ratelimit_breaker_open, 1 while the client's circuit breaker is open (Redis
+// failed repeatedly and the failure policy answers without asking it), else 0
+// (docs/monitoring/client_alerts.yml alerts on it).
+func (m *Middleware) Prometheus() string {
+	open := "0"
+	if m.client.BreakerOpen() {
+		open = "1"
+	}
+	return m.metrics.Prometheus() + "# HELP ratelimit_breaker_open Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.\n# TYPE ratelimit_breaker_open gauge\nratelimit_breaker_open " + open + "\n"
+}
+
+// MetricsHandler serves Prometheus (the counters and the breaker's gauge) in Prometheus's text
+// format, for /metrics.
+func (m *Middleware) MetricsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = w.Write([]byte(m.Prometheus()))
+	})
+}
 
 func (m *Middleware) limitsFor(plan, class string) []Policy {
 	if m.limitsFn != nil {
@@ -378,7 +428,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	for i, p := range ePolicies {
 		deniedHere := !outcome.Allowed && outcome.DeniedBy == i+1
 		if outcome.Allowed || deniedHere {
-			m.metrics.Record(p.Name, outcome.Allowed, outcome.Degraded != NotDegraded)
+			m.metrics.RecordAnswer(p.Name, outcome.Allowed, outcome.Degraded != NotDegraded,
+				outcome.AnsweredLocally)
 		}
 	}
 	var shadowed []shadowAnswer
@@ -392,6 +443,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			}
 			name := policies[i].Name
 			m.metrics.RecordShadow(name, o.Allowed, o.Degraded != NotDegraded)
+			if o.AnsweredLocally != NotLocal {
+				m.metrics.RecordLocal(name, o.AnsweredLocally)
+			}
 			if !o.Allowed {
 				denials = append(denials, name)
 			}

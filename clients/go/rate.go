@@ -82,6 +82,13 @@ func (c *Client) AllowN(ctx context.Context, key string, a Algorithm, n int64) (
 	return c.Check(ctx, key, a, n)
 }
 
+// AllowAtMost is CheckUpto: as many of n units as are left now (at least 1), in one call;
+// Outcome.Granted says how many (0 when denied), as redis_rate's AllowAtMost.
+func (c *Client) AllowAtMost(ctx context.Context, key string, a Algorithm, n int64) (Outcome,
+	error) {
+	return c.CheckUpto(ctx, key, a, n)
+}
+
 // millis is a wait in milliseconds as a time.Duration (-1 ms stays -1 ms: never).
 func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
 

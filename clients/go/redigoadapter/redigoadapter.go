@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/gomodule/redigo/redis"
@@ -45,10 +46,6 @@ func (p Pool) Do(ctx context.Context, args ...interface{}) (interface{}, error) 
 	if len(args) == 0 {
 		return nil, ErrNoCommand
 	}
-	name, ok := args[0].(string)
-	if !ok || name == "" {
-		return nil, fmt.Errorf("redigoadapter: the command name is %T, not a string", args[0])
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -57,6 +54,50 @@ func (p Pool) Do(ctx context.Context, args ...interface{}) (interface{}, error) 
 		return nil, err
 	}
 	defer c.Close()
+	return doOn(ctx, c, args...)
+}
+
+// Pin lends one connection of the pool for several commands in a row (ratelimit.Pinner: a
+// durable admission's call, then its WAIT on the same connection): do sends a command on it,
+// release gives it back to the pool.
+func (p Pool) Pin(ctx context.Context) (func(ctx context.Context, args ...interface{}) (interface{},
+	error), func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	c, err := p.GetContext(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The package ratelimit stops waiting at its deadline, maybe before the reply is read: the
+	// connection goes back once no command is on it (each read ends by its deadline).
+	var busy sync.WaitGroup
+	do := func(ctx context.Context, args ...interface{}) (interface{}, error) {
+		busy.Add(1)
+		defer busy.Done()
+		return doOn(ctx, c, args...)
+	}
+	release := func() {
+		go func() {
+			busy.Wait()
+			c.Close()
+		}()
+	}
+	return do, release, nil
+}
+
+// doOn sends one command on c within ctx's deadline.
+func doOn(ctx context.Context, c redis.Conn, args ...interface{}) (interface{}, error) {
+	if len(args) == 0 {
+		return nil, ErrNoCommand
+	}
+	name, ok := args[0].(string)
+	if !ok || name == "" {
+		return nil, fmt.Errorf("redigoadapter: the command name is %T, not a string", args[0])
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	d, ok := ctx.Deadline()
 	if !ok {
 		// The connection's own read timeout. (DoWithTimeout with 0 would wait with none.)

@@ -71,6 +71,32 @@ func algorithm(v obj) ratelimit.Algorithm {
 	panic(fmt.Sprintf("unknown algorithm %v", v["algorithm"]))
 }
 
+// batching is a case's options.batching.
+func batching(b obj) ratelimit.Batching {
+	cfg := ratelimit.NewBatching()
+	if keys, ok := b["hot_keys"].([]interface{}); ok {
+		for _, k := range keys {
+			cfg = cfg.HotKey(str(k))
+		}
+	}
+	if v, ok := b["initial"]; ok {
+		cfg = cfg.Initial(i64(v))
+	}
+	if v, ok := b["max_batch"]; ok {
+		cfg = cfg.MaxBatch(i64(v))
+	}
+	if v, ok := b["remaining_share"]; ok {
+		cfg = cfg.RemainingShare(i64(v))
+	}
+	if v, ok := b["lease_ms"]; ok {
+		cfg = cfg.Lease(time.Duration(i64(v)) * time.Millisecond)
+	}
+	if v, ok := b["detect_per_sec"]; ok {
+		cfg = cfg.DetectPerSec(int(i64(v)))
+	}
+	return cfg
+}
+
 func caseOptions(c obj, mode string) ratelimit.Options {
 	o, _ := c["options"].(obj)
 	opts := ratelimit.Options{}
@@ -329,6 +355,8 @@ func middleware(c obj, cl *ratelimit.Client, denials *sync.Map) *ratelimit.Middl
 		}
 	}
 	m.LegacyHeaders(l["legacy_headers"] == true)
+	// Off unless the case turns it on: it counts down on the process's clock, not the test's.
+	m.DenyCache(l["deny_cache"] == true)
 	switch f := l["header_format"]; f {
 	case nil, "draft-11":
 		m.Options(ratelimit.MiddlewareOptions{HeaderFormat: ratelimit.HeaderDraft11})
@@ -427,8 +455,16 @@ func cost(arg obj, name string) int64 {
 }
 
 func (r *run) multi(o ratelimit.MultiOutcome) obj {
-	return r.provenance(obj{"allowed": o.Allowed, "denied_by": o.DeniedBy,
-		"decisions": decisions(o.Decisions)}, o.Degraded, o.Mode)
+	return r.local(r.provenance(obj{"allowed": o.Allowed, "denied_by": o.DeniedBy,
+		"decisions": decisions(o.Decisions)}, o.Degraded, o.Mode), o.AnsweredLocally)
+}
+
+// local adds answered_locally when the client answered without calling Redis.
+func (r *run) local(o obj, l ratelimit.LocalAnswer) obj {
+	if l != ratelimit.NotLocal {
+		o["answered_locally"] = l.String()
+	}
+	return o
 }
 
 // step replays one step: its observation, to compare with its expect.
@@ -448,13 +484,33 @@ func (r *run) step(op string, v interface{}) interface{} {
 		if err != nil {
 			return errorObs(err)
 		}
-		return r.provenance(obj{"decision": decision(o.Decision)}, o.Degraded, o.Mode)
+		return r.local(r.provenance(obj{"decision": decision(o.Decision)}, o.Degraded, o.Mode),
+			o.AnsweredLocally)
 	case "check_all":
 		o, err := r.client.CheckAll(ctx, r.limits(arg["limits"]), cost(arg, "cost"))
 		if err != nil {
 			return errorObs(err)
 		}
 		return r.multi(o)
+	case "flush":
+		return obj{"returned": r.client.Flush(ctx)}
+	case "close":
+		return obj{"returned": r.client.Close(ctx)}
+	case "check_upto":
+		o, err := r.client.CheckUpto(ctx, str(arg["key"]), r.algorithm(arg["limit"]), i64(arg["upto"]))
+		if err != nil {
+			return errorObs(err)
+		}
+		return r.provenance(obj{"decision": decision(o.Decision), "granted": o.Granted}, o.Degraded,
+			o.Mode)
+	case "check_all_upto":
+		o, err := r.client.CheckAllUpto(ctx, r.limits(arg["limits"]), i64(arg["upto"]))
+		if err != nil {
+			return errorObs(err)
+		}
+		m := r.multi(o)
+		m["granted"] = o.Granted
+		return m
 	case "acquire":
 		c := r.algorithm(arg["limit"]).(ratelimit.Concurrency)
 		var o ratelimit.LeaseOutcome
@@ -624,15 +680,25 @@ func (r *run) step(op string, v interface{}) interface{} {
 		return out
 	case "calls":
 		info, _ := redis.String(r.admin.Do("INFO", "commandstats"))
+		calls := func(command string) int {
+			prefix := "cmdstat_" + command + ":calls="
+			for _, line := range strings.Split(info, "\r\n") {
+				if strings.HasPrefix(line, prefix) {
+					n, _ := strconv.Atoi(strings.SplitN(line[len(prefix):], ",", 2)[0])
+					return n
+				}
+			}
+			return 0
+		}
 		counts := obj{}
 		list, _ := arg[r.mode].([]interface{})
 		for _, c := range list {
-			prefix := "cmdstat_" + str(c) + ":calls="
-			n := 0
-			for _, line := range strings.Split(info, "\r\n") {
-				if strings.HasPrefix(line, prefix) {
-					n, _ = strconv.Atoi(strings.SplitN(line[len(prefix):], ",", 2)[0])
-				}
+			n := calls(str(c))
+			if str(c) == "evalsha" {
+				// After NOSCRIPT the table's client loads the script (SCRIPT LOAD) and runs it by
+				// EVALSHA again; this package runs it by EVAL, which loads it: its EVAL is that
+				// second EVALSHA (docs/clients.md, "Modes").
+				n += calls("eval")
 			}
 			counts[str(c)] = n
 		}
@@ -708,7 +774,7 @@ func (r *run) send(arg obj) obj {
 	return o
 }
 
-var stepOps = []string{"check", "peek", "check_all", "acquire", "acquire_all", "renew", "release",
+var stepOps = []string{"check", "peek", "check_all", "check_upto", "check_all_upto", "flush", "close", "acquire", "acquire_all", "renew", "release",
 	"release_id", "reserve", "reserve_all", "settle", "settle_delta", "top", "reset_top", "redis",
 	"request", "finish", "wait_leases", "metrics", "keys", "calls", "stop_redis", "advance_only",
 	"note"}
@@ -747,7 +813,7 @@ func (h *replayServer) reset(c redis.Conn, startUs int64) {
 
 // supported lists the features a case may require ("requires" in the table) that this package
 // implements; a case that requires another is skipped.
-var supported = map[string]bool{}
+var supported = map[string]bool{"partial_grants": true, "deny_cache": true, "batches": true}
 
 // unsupported is what case c requires that this package does not implement.
 func unsupported(c obj) []string {
@@ -816,6 +882,14 @@ func replayCase(t *testing.T, h *replayServer, c obj, mode string, startUs int64
 		addr = "127.0.0.1:" + strconv.Itoa(freePort())
 	}
 	cl := ratelimit.New(Redigo{pool(addr)}, caseOptions(c, mode))
+	if o, ok := c["options"].(obj); ok {
+		if dc, ok := o["deny_cache"].(obj); ok {
+			cl = cl.WithDenyCache(int(i64(dc["entries"])))
+		}
+		if b, ok := o["batching"].(obj); ok {
+			cl = cl.WithBatching(batching(b))
+		}
+	}
 	r := &run{t: t, c: c, mode: mode, client: cl, admin: adminConn,
 		leases: map[string]*ratelimit.Lease{}, reservations: map[string]*ratelimit.Reservation{},
 		gates: &gates{byName: map[string]*gate{}}, held: map[string]chan obj{}, denials: &sync.Map{}}

@@ -33,6 +33,12 @@ func (p Redigo) Do(ctx context.Context, args ...interface{}) (interface{}, error
 	return redigoadapter.New(p.Pool).Do(ctx, args...)
 }
 
+// Pin lends one connection of the pool (durable admissions).
+func (p Redigo) Pin(ctx context.Context) (func(ctx context.Context, args ...interface{}) (interface{},
+	error), func(), error) {
+	return redigoadapter.New(p.Pool).Pin(ctx)
+}
+
 // pool is a redigo pool on addr, dialing within timeout.
 func pool(addr string, dial ...redis.DialOption) *redis.Pool {
 	opts := append([]redis.DialOption{redis.DialConnectTimeout(time.Second)}, dial...)

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -88,5 +89,53 @@ func TestALeasesWaitIsOneCallAway(t *testing.T) {
 	if full.RetryAfter() != 20*time.Second ||
 		full.RetryAfter() != time.Duration(full.Outcome.Decision.RetryAfterMs)*time.Millisecond {
 		t.Fatalf("a slot frees in %v (%d ms)", full.RetryAfter(), full.Outcome.Decision.RetryAfterMs)
+	}
+}
+
+// AllowAtMost (redis_rate's name for CheckUpto): as many of n as are left, Granted says how many.
+func TestAllowAtMostGrantsWhatIsLeft(t *testing.T) {
+	s := start(t, serverOpts{module: true, testClock: true})
+	a := admin(t, s)
+	setClock(t, a, t0)
+	ctx := context.Background()
+	c := client(s, ratelimit.Options{})
+	type want struct {
+		n, granted, remaining, retryMs int64
+		allowed                        bool
+	}
+	for i, w := range []want{{4, 4, 6, 0, true}, {100, 6, 0, 0, true}, {1, 0, 0, 100, false}} {
+		out, err := c.AllowAtMost(ctx, "atmost", ratelimit.PerSecond(10), w.n)
+		if err != nil || out.Granted != w.granted || out.Decision.Allowed != w.allowed ||
+			out.Decision.Remaining != w.remaining || out.Decision.RetryAfterMs != w.retryMs ||
+			out.Decision.Limit != 10 || out.Mode != ratelimit.ModeModule {
+			t.Fatalf("call %d (at most %d): %+v, %v", i, w.n, out, err)
+		}
+	}
+	// A plain check carries Granted too: its cost when admitted, 0 when denied.
+	if out, err := c.AllowN(ctx, "atmost:plain", ratelimit.PerSecond(10), 3); err != nil || out.Granted != 3 {
+		t.Fatalf("AllowN 3: %+v, %v", out, err)
+	}
+	if out, err := c.AllowN(ctx, "atmost:plain", ratelimit.PerSecond(10), 8); err != nil || out.Granted != 0 ||
+		out.Decision.Allowed {
+		t.Fatalf("AllowN 8 of 7 left: %+v, %v", out, err)
+	}
+	// Refused before sending: n of 0, a concurrency limit.
+	var u *ratelimit.UnsupportedError
+	if _, err := c.AllowAtMost(ctx, "atmost", ratelimit.PerSecond(10), 0); !errors.As(err, &u) {
+		t.Fatalf("n of 0: %v", err)
+	}
+	if _, err := c.CheckUpto(ctx, "atmost:c", ratelimit.Concurrency{Limit: 2, LeaseSec: 1}, 2); !errors.As(err, &u) {
+		t.Fatalf("concurrency: %v", err)
+	}
+	// Redis unreachable: FailOpen grants n, FailClosed none.
+	open, err := closedPort(ratelimit.Options{}).CheckUpto(ctx, "k", ratelimit.PerSecond(10), 7)
+	if err != nil || open.Granted != 7 || !open.Decision.Allowed || open.Degraded != ratelimit.DegradedFailOpen {
+		t.Fatalf("fail-open: %+v, %v", open, err)
+	}
+	closed, err := closedPort(ratelimit.Options{Policy: ratelimit.FailClosed}).CheckAllUpto(ctx,
+		[]ratelimit.Limit{{Key: "{k}:a", Algorithm: ratelimit.PerSecond(10)}, {Key: "{k}:b", Algorithm: ratelimit.PerSecond(5)}}, 7)
+	if err != nil || closed.Granted != 0 || closed.Allowed || closed.DeniedBy != 1 ||
+		closed.Degraded != ratelimit.DegradedFailClosed {
+		t.Fatalf("fail-closed: %+v, %v", closed, err)
 	}
 }
