@@ -105,6 +105,38 @@ function int(v: Reply): number {
   throw new UnexpectedReply(v);
 }
 
+/**
+ * What a call takes: a cost (`upto` false), or a partial grant of at most `n` units (`UPTO n`).
+ * @internal
+ */
+export interface Take {
+  readonly upto: boolean;
+  readonly n: number;
+}
+
+/** @internal A cost of `n` units. */
+export function costOf(n: number): Take {
+  return { upto: false, n };
+}
+
+/** The words that end a call: the cost, or `UPTO n`. */
+function takeArgs(t: Take): string[] {
+  return t.upto ? ['UPTO', plainNumber(t.n)] : [plainNumber(t.n)];
+}
+
+/**
+ * A limiter's reply: five integers, and a sixth (`granted`) for a partial grant. For a cost the
+ * units taken are the cost when admitted, else 0.
+ */
+function decisionTaken(v: Reply, take: Take): [Decision, number] {
+  if (!Array.isArray(v) || v.length !== (take.upto ? 6 : 5)) throw new UnexpectedReply(v);
+  const d = decision(v.slice(0, 5));
+  if (!take.upto) return [d, d.allowed ? take.n : 0];
+  const granted = int(v[5]);
+  if (granted < 0) throw new UnexpectedReply(v);
+  return [d, granted];
+}
+
 function decision(v: Reply): Decision {
   if (!Array.isArray(v) || v.length !== 5) throw new UnexpectedReply(v);
   const [allowed, remaining, retryAfterMs, resetAfterMs, limit] = v.map(int) as [number, number, number, number, number];
@@ -117,11 +149,15 @@ function decisions(v: Reply, n: number): Decision[] {
   return v.map(decision);
 }
 
-function multi(v: Reply, n: number): [boolean, number, Decision[]] {
+/** `RL.ALL`'s reply: allowed, denied_by, one reply per limit; the units granted (the same in each inner reply of a partial grant). */
+function multi(v: Reply, n: number, take: Take): [boolean, number, Decision[], number] {
   if (!Array.isArray(v) || v.length !== n + 2) throw new UnexpectedReply(v);
   const deniedBy = int(v[1]);
   if (deniedBy < 0) throw new UnexpectedReply(v);
-  return [int(v[0]) === 1, deniedBy, v.slice(2).map(decision)];
+  const allowed = int(v[0]) === 1;
+  const replies = v.slice(2).map((r: Reply) => decisionTaken(r, take));
+  const granted = take.upto ? (replies[0]?.[1] ?? 0) : allowed ? take.n : 0;
+  return [allowed, deniedBy, replies.map((r) => r[0]), granted];
 }
 
 function text(v: Reply): string {
@@ -218,6 +254,30 @@ function isNoScript(e: unknown): boolean {
 
 /** The answer made when Redis could not: the policy's decision and which policy it was. */
 type Fallback = [Decision, Degraded];
+
+/** @internal The answer for one limit, from an answer for exactly one. */
+export function single(o: MultiOutcome): Outcome {
+  return {
+    decision: o.decisions[0] ?? { allowed: o.allowed, remaining: 0, retryAfterMs: 0, resetAfterMs: 0, limit: 0 },
+    degraded: o.degraded,
+    mode: o.mode,
+    granted: o.granted,
+    answeredLocally: o.answeredLocally,
+  };
+}
+
+/** @internal The answer for one limit as an answer for several. */
+export function multiOf(o: Outcome): MultiOutcome {
+  return {
+    allowed: o.decision.allowed,
+    deniedBy: o.decision.allowed ? 0 : 1,
+    decisions: [o.decision],
+    degraded: o.degraded,
+    mode: o.mode,
+    granted: o.granted,
+    answeredLocally: o.answeredLocally,
+  };
+}
 
 /**
  * A connection to Redis (or Redis Cluster) that decides with the module, the Functions library
@@ -471,12 +531,14 @@ export class Client {
    * One limit's command: the parameters, then the cost, or for a concurrency limit the lease id
    * (`RL.ACQUIRE` takes no cost).
    */
-  private async callOne(key: string, a: Algorithm, cost: number, lease: string | undefined, at: Attempt): Promise<[Decision, Mode]> {
+  private async callOne(key: string, a: Algorithm, take: Take, lease: string | undefined, at: Attempt): Promise<[Decision, number, Mode]> {
     const mode = await this.resolveMode(at);
     const args = paramsOf(a);
-    args.push(a.kind === 'concurrency' && lease !== undefined ? lease : plainNumber(cost));
+    if (a.kind === 'concurrency' && lease !== undefined) args.push(lease);
+    else args.push(...takeArgs(take));
     const reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, at, false);
-    return [decision(reply), mode];
+    const [d, granted] = a.kind === 'concurrency' ? [decision(reply), 0] : decisionTaken(reply, take);
+    return [d, a.kind === 'concurrency' ? (d.allowed ? 1 : 0) : granted, mode];
   }
 
   private async callRelease(key: string, id: string, at: Attempt): Promise<number> {
@@ -490,14 +552,15 @@ export class Client {
     return args;
   }
 
-  private async callAll(limits: readonly Limit[], cost: number, lease: string | undefined, at: Attempt): Promise<[[boolean, number, Decision[]], Mode]> {
+  private async callAll(limits: readonly Limit[], take: Take, lease: string | undefined, at: Attempt): Promise<[[boolean, number, Decision[], number], Mode]> {
     const mode = await this.resolveMode(at);
     const args = Client.limitArgs(limits);
     if (lease !== undefined) args.push('LEASE', lease);
-    args.push('COST', plainNumber(cost));
+    if (take.upto) args.push('UPTO', plainNumber(take.n));
+    else args.push('COST', plainNumber(take.n));
     const keys = limits.map(([k]) => k);
     const reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, at, true);
-    return [multi(reply, limits.length), mode];
+    return [multi(reply, limits.length, take), mode];
   }
 
   private async callSettle(limits: readonly Limit[], delta: number, at: Attempt): Promise<[Decision[], Mode]> {
@@ -605,9 +668,15 @@ export class Client {
   }
 
   private fallback(key: string, a: Algorithm, cost: number, lease: string | undefined): Fallback {
+    const [d, , g] = this.fallbackTake(key, a, costOf(cost), lease);
+    return [d, g];
+  }
+
+  /** The failure policy's answer for one limit, with the units it grants. */
+  private fallbackTake(key: string, a: Algorithm, take: Take, lease: string | undefined): [Decision, number, Degraded] {
     switch (this.policy) {
       case 'fail-open':
-        return [{ allowed: true, remaining: limitOf(a), retryAfterMs: 0, resetAfterMs: 0, limit: limitOf(a) }, 'fail-open'];
+        return [{ allowed: true, remaining: limitOf(a), retryAfterMs: 0, resetAfterMs: 0, limit: limitOf(a) }, take.n, 'fail-open'];
       case 'fail-closed':
         return [
           {
@@ -617,12 +686,21 @@ export class Client {
             resetAfterMs: this.failClosedRetryMs,
             limit: limitOf(a),
           },
+          0,
           'fail-closed',
         ];
-      case 'local':
-        return a.kind === 'concurrency'
-          ? [this.leases.acquire(key, lease ?? '', a, this.instances, cost > 0), 'local']
-          : [this.local.check(key, a, this.instances, cost), 'local'];
+      case 'local': {
+        if (a.kind === 'concurrency') {
+          const d = this.leases.acquire(key, lease ?? '', a, this.instances, take.n > 0);
+          return [d, d.allowed ? 1 : 0, 'local'];
+        }
+        if (take.upto) {
+          const [d, g] = this.local.grant(key, a, this.instances, take.n);
+          return [d, g, 'local'];
+        }
+        const d = this.local.check(key, a, this.instances, take.n);
+        return [d, d.allowed ? take.n : 0, 'local'];
+      }
     }
   }
 
@@ -635,15 +713,51 @@ export class Client {
     checkCount('cost', cost);
     if (algorithm.kind !== 'concurrency') return this.decideOne(key, algorithm, cost, undefined, call);
     const o = await this.checkAll([[key, algorithm]], cost, call);
-    return { decision: o.decisions[0]!, degraded: o.degraded, mode: o.mode };
+    return single(o);
+  }
+
+  /**
+   * A partial grant (`UPTO n`): as many units of `algorithm` on `key` as are left now, at least 1
+   * and at most `n`, taken in one call; {@link Outcome.granted} says how many (0 when denied:
+   * nothing was left, and the decision is the denial of one unit). Give back what goes unused
+   * with {@link Client.settle} (a negative delta). `n` from 1 to 10^15 (1,000 for a sliding log);
+   * not for a concurrency limit ({@link UnsupportedError}). Batches and the deny cache are not
+   * used. When Redis cannot answer: `'fail-open'` grants `n` (nothing taken), `'fail-closed'`
+   * denies, `'local'` grants what its in-process bucket has, at most `n`.
+   */
+  async checkUpto(key: string, algorithm: Algorithm, n: number, call?: CallOptions): Promise<Outcome> {
+    checkCount('n', n);
+    if (algorithm.kind === 'concurrency') throw new UnsupportedError('a concurrency limit is not granted in part (a lease is one slot)');
+    if (n === 0) throw new UnsupportedError('UPTO n takes n of at least 1');
+    return this.decideTake(key, algorithm, { upto: true, n }, undefined, call);
+  }
+
+  /**
+   * A partial grant of several limits at once (`RL.ALL ... UPTO n`): every limit is granted the
+   * same units, the fewest any of them has left, at most `n` ({@link MultiOutcome.granted}; 0
+   * when denied, as a cost of 1 would be). One limit alone uses its own command. Concurrency
+   * limits are refused ({@link UnsupportedError}).
+   */
+  async checkAllUpto(limits: readonly Limit[], n: number, call?: CallOptions): Promise<MultiOutcome> {
+    checkCount('n', n);
+    if (limits.some(([, a]) => a.kind === 'concurrency')) {
+      throw new UnsupportedError('a concurrency limit is not granted in part (a lease is one slot)');
+    }
+    if (n === 0) throw new UnsupportedError('UPTO n takes n of at least 1');
+    return this.decideAllTake(limits, { upto: true, n }, undefined, call);
   }
 
   /** @internal One limit: Redis, or the failure policy when Redis cannot answer. */
-  async decideOne(key: string, a: Algorithm, cost: number, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
-    const g = await this.guarded((at) => this.callOne(key, a, cost, lease, at), call);
-    if (g.ok) return { decision: g.value[0], degraded: undefined, mode: g.value[1] };
-    const [d, degraded] = this.fallback(key, a, cost, lease);
-    return { decision: d, degraded, mode: undefined };
+  decideOne(key: string, a: Algorithm, cost: number, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
+    return this.decideTake(key, a, costOf(cost), lease, call);
+  }
+
+  /** @internal One limit, a cost or a partial grant. */
+  async decideTake(key: string, a: Algorithm, take: Take, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
+    const g = await this.guarded((at) => this.callOne(key, a, take, lease, at), call);
+    if (g.ok) return { decision: g.value[0], degraded: undefined, mode: g.value[2], granted: g.value[1] };
+    const [d, granted, degraded] = this.fallbackTake(key, a, take, lease);
+    return { decision: d, degraded, mode: undefined, granted };
   }
 
   /**
@@ -660,35 +774,37 @@ export class Client {
   }
 
   /** @internal Several limits in one call (one alone with its own command, but a concurrency peek). */
-  async decideAll(limits: readonly Limit[], cost: number, lease: string | undefined, call?: CallOptions): Promise<MultiOutcome> {
-    const only = limits.length === 1 ? limits[0] : undefined;
-    if (only && (cost > 0 || only[1].kind !== 'concurrency')) {
-      const o = await this.decideOne(only[0], only[1], cost, lease, call);
-      return {
-        allowed: o.decision.allowed,
-        deniedBy: o.decision.allowed ? 0 : 1,
-        decisions: [o.decision],
-        degraded: o.degraded,
-        mode: o.mode,
-      };
-    }
-    if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
-    const g = await this.guarded((at) => this.callAll(limits, cost, lease, at), call);
-    if (g.ok) {
-      const [[allowed, deniedBy, ds], mode] = g.value;
-      return { allowed, deniedBy, decisions: ds, degraded: undefined, mode };
-    }
-    return this.degradedAll(limits, cost, lease);
+  decideAll(limits: readonly Limit[], cost: number, lease: string | undefined, call?: CallOptions): Promise<MultiOutcome> {
+    return this.decideAllTake(limits, costOf(cost), lease, call);
   }
 
-  private degradedAll(limits: readonly Limit[], cost: number, lease: string | undefined): MultiOutcome {
-    let degraded: Degraded = 'fail-open';
+  /** @internal Several limits, a cost or a partial grant. */
+  async decideAllTake(limits: readonly Limit[], take: Take, lease: string | undefined, call?: CallOptions): Promise<MultiOutcome> {
+    const only = limits.length === 1 ? limits[0] : undefined;
+    if (only && (take.n > 0 || only[1].kind !== 'concurrency')) {
+      return multiOf(await this.decideTake(only[0], only[1], take, lease, call));
+    }
+    if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
+    const g = await this.guarded((at) => this.callAll(limits, take, lease, at), call);
+    if (g.ok) {
+      const [[allowed, deniedBy, ds, granted], mode] = g.value;
+      return { allowed, deniedBy, decisions: ds, degraded: undefined, mode, granted };
+    }
+    return this.degradedAll(limits, take, lease);
+  }
+
+  /** @internal The failure policy's answer for several limits. */
+  degradedAll(limits: readonly Limit[], take: Take, lease: string | undefined): MultiOutcome {
+    let degraded = 'fail-open' as Degraded;
     // Peek first so that a denial consumes from none of the limits.
     const peeks = limits.map(([k, a]) => {
       const [d, g] = this.fallback(k, a, 0, lease);
       degraded = g;
       return d;
     });
+    // A partial grant takes what the fewest left allow, at most n (as RL.ALL ... UPTO n).
+    let cost = take.n;
+    if (take.upto && degraded === 'local') cost = Math.max(Math.min(Math.min(...peeks.map((d) => d.remaining)), take.n), 1);
     const denier = peeks.findIndex((d, i) => {
       if (degraded === 'fail-closed') return true;
       // One slot whatever the cost; none taken by a peek.
@@ -703,7 +819,7 @@ export class Client {
     } else {
       ds = limits.map(([k, a]) => this.fallback(k, a, cost, lease)[0]);
     }
-    return { allowed: denier < 0, deniedBy: denier + 1, decisions: ds, degraded, mode: undefined };
+    return { allowed: denier < 0, deniedBy: denier + 1, decisions: ds, degraded, mode: undefined, granted: denier < 0 ? cost : 0 };
   }
 
   /**

@@ -74,6 +74,7 @@ export {
   type Decision,
   type Degraded,
   type FailurePolicy,
+  type LocalAnswer,
   type Mode,
   type MultiOutcome,
   type Outcome,

@@ -76,13 +76,31 @@ export interface CallOptions {
   timeoutMs?: number;
 }
 
+/**
+ * How the client answered without calling Redis: from units a partial grant took earlier for
+ * the key (a leased batch), or by repeating an earlier denial within its `retryAfterMs` (the deny
+ * cache). Also the metrics' outcome label.
+ */
+export type LocalAnswer = 'batch' | 'deny_cache';
+
 /** The answer for one limit. */
 export interface Outcome {
   readonly decision: Decision;
   /** Set when Redis was not asked or did not answer in time. */
   readonly degraded: Degraded | undefined;
-  /** The mode that answered (undefined when degraded). */
+  /**
+   * The mode that answered (undefined when degraded; for a local answer, the mode of the call it
+   * comes from).
+   */
   readonly mode: Mode | undefined;
+  /**
+   * The units taken: the cost when admitted and 0 when denied; for a partial grant
+   * ({@link Client.checkUpto}) the units granted, 1 to `n`. An answer of `'fail-open'` grants
+   * what was asked (nothing is taken anywhere).
+   */
+  readonly granted: number;
+  /** Set when the client answered from a batch or its deny cache, without calling Redis. */
+  readonly answeredLocally?: LocalAnswer | undefined;
 }
 
 /** The answer for several limits checked at once (`RL.ALL`). */
@@ -93,6 +111,10 @@ export interface MultiOutcome {
   readonly decisions: readonly Decision[];
   readonly degraded: Degraded | undefined;
   readonly mode: Mode | undefined;
+  /** The units taken from every limit (see {@link Outcome.granted}). */
+  readonly granted: number;
+  /** Set when the client answered from a batch or its deny cache, without calling Redis. */
+  readonly answeredLocally?: LocalAnswer | undefined;
 }
 
 /** The state of every limit after a settlement (`RL.SETTLE`), in the order of the limits. */

@@ -26,6 +26,7 @@ import {
   type Lease,
   LIBRARY,
   type Limit,
+  type LocalAnswer,
   type Mode,
   RejectedError,
   type Reservation,
@@ -194,7 +195,7 @@ function expectation(step: Obj, mode: Mode): Json | undefined {
 }
 
 const OPS = [
-  'check', 'peek', 'check_all', 'acquire', 'acquire_all', 'renew', 'release', 'release_id', 'reserve', 'reserve_all',
+  'check', 'peek', 'check_all', 'check_upto', 'check_all_upto', 'flush', 'close', 'acquire', 'acquire_all', 'renew', 'release', 'release_id', 'reserve', 'reserve_all',
   'settle', 'settle_delta', 'top', 'reset_top', 'redis', 'request', 'finish', 'wait_leases', 'metrics', 'keys', 'calls',
   'stop_redis',
 ];
@@ -291,10 +292,16 @@ class Run {
   }
 
   /** Adds `degraded` when the answer did not come from Redis; else checks the run's mode answered. */
-  provenance(obs: Obj, degraded: Degraded | undefined, mode: Mode | undefined): Obj {
+  provenance(obs: Obj, degraded: Degraded | undefined, mode: Mode | undefined, local?: LocalAnswer): Obj {
+    if (local !== undefined) obs['answered_locally'] = local;
     if (degraded !== undefined) obs['degraded'] = degraded;
     else if (mode !== this.mode) this.problems.push(`answered by ${mode ?? 'none'} in ${this.mode} mode`);
     return obs;
+  }
+
+  /** A check's `granted`: its cost when admitted, 0 when denied (fail-open grants what was asked). */
+  granted(got: number, allowed: boolean, cost: number): void {
+    if (got !== (allowed ? cost : 0)) this.problems.push(`granted ${got}, not ${allowed ? cost : 0}`);
   }
 
   holdLease(arg: Obj, admitted: boolean, lease: Lease | undefined, obs: Obj): void {
@@ -333,11 +340,27 @@ class Run {
           op === 'peek'
             ? await this.client.limiter(algo).peek(key)
             : await this.client.check(key, algo, (a['cost'] as number | undefined) ?? 1);
-        return this.provenance({ decision: decision(o.decision) }, o.degraded, o.mode);
+        this.granted(o.granted, o.decision.allowed, op === 'peek' ? 0 : ((a['cost'] as number | undefined) ?? 1));
+        return this.provenance({ decision: decision(o.decision) }, o.degraded, o.mode, o.answeredLocally);
       }
       case 'check_all': {
-        const o = await this.client.checkAll(this.limits(a['limits']!), (a['cost'] as number | undefined) ?? 1);
-        return this.provenance({ allowed: o.allowed, denied_by: o.deniedBy, decisions: o.decisions.map(decision) }, o.degraded, o.mode);
+        const cost = (a['cost'] as number | undefined) ?? 1;
+        const o = await this.client.checkAll(this.limits(a['limits']!), cost);
+        this.granted(o.granted, o.allowed, cost);
+        return this.provenance({ allowed: o.allowed, denied_by: o.deniedBy, decisions: o.decisions.map(decision) }, o.degraded, o.mode, o.answeredLocally);
+      }
+      case 'check_upto': {
+        const o = await this.client.checkUpto(a['key'] as string, this.algorithm(a['limit']!), a['upto'] as number);
+        return this.provenance({ decision: decision(o.decision), granted: o.granted }, o.degraded, o.mode, o.answeredLocally);
+      }
+      case 'check_all_upto': {
+        const o = await this.client.checkAllUpto(this.limits(a['limits']!), a['upto'] as number);
+        return this.provenance(
+          { allowed: o.allowed, denied_by: o.deniedBy, decisions: o.decisions.map(decision), granted: o.granted },
+          o.degraded,
+          o.mode,
+          o.answeredLocally,
+        );
       }
       case 'acquire': {
         const key = a['key'] as string;
@@ -497,7 +520,7 @@ function runsOf(c: Obj): Array<{ mode: Mode; library: Library; framework: Framew
 }
 
 /** The features a case may require (`requires` in the table) that this package implements. */
-const SUPPORTED: ReadonlySet<string> = new Set<string>();
+const SUPPORTED: ReadonlySet<string> = new Set<string>(['partial_grants']);
 
 test(`the conformance table on ${serverVersion()}`, async (t) => {
   const startUs = table['clock_start_us'] as number;

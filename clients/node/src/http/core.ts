@@ -453,7 +453,7 @@ export class RateLimitEngine<Req extends RequestLike> {
     try {
       [outcome, lease] =
         eLimits.length === 0
-          ? [{ allowed: true, deniedBy: 0, decisions: [], degraded: undefined, mode: undefined }, undefined]
+          ? [{ allowed: true, deniedBy: 0, decisions: [], degraded: undefined, mode: undefined, granted: estimate }, undefined]
           : await decide(this.client, eLimits, estimate);
     } catch (e) {
       return { kind: 'refuse', refusal: problem500(e instanceof Error ? e.message : String(e)) };
@@ -492,7 +492,7 @@ export class RateLimitEngine<Req extends RequestLike> {
           const d = o.decisions[k]!;
           shadowed.push({
             i,
-            outcome: { allowed: d.allowed, deniedBy: d.allowed ? 0 : 1, decisions: [d], degraded: o.degraded, mode: o.mode },
+            outcome: { allowed: d.allowed, deniedBy: d.allowed ? 0 : 1, decisions: [d], degraded: o.degraded, mode: o.mode, granted: 0 },
             consumed: false,
           });
         });
@@ -519,6 +519,7 @@ export class RateLimitEngine<Req extends RequestLike> {
         decisions: answers.map(([, d]) => d),
         degraded,
         mode: outcome.mode,
+        granted: outcome.granted,
       };
       const info: RateLimitInfo = {
         shadowDenials: denials,
