@@ -436,7 +436,7 @@ NODE_EVERY_SERVER := build/tests/conformance.test.js build/tests/server.test.js
 NODE_ONCE := build/tests/bundle.test.js build/tests/client.test.js build/tests/races.test.js \
 	build/tests/restart.test.js build/tests/store.test.js build/tests/http.test.js \
 	build/tests/pack.test.js tests/native.test.mjs build/tests/start.test.js build/tests/cold.test.js \
-	build/tests/docs.test.js build/tests/layers.test.js
+	build/tests/docs.test.js build/tests/layers.test.js build/tests/hot.test.js
 NODE_LTS_TESTS := build/tests/conformance.test.js build/tests/client.test.js \
 	build/tests/store.test.js build/tests/http.test.js tests/native.test.mjs
 NODE_COLD_ROUNDS ?= 2

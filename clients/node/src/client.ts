@@ -15,9 +15,11 @@ import {
   limitOf,
   paramsOf,
   plainNumber,
+  signature,
 } from './algorithm.js';
 import { Breaker } from './breaker.js';
 import { type Connection, type ConnectionSource, RedisReplyError, type Reply, keySlot, toConnection } from './connection.js';
+import { DenyCache } from './deny.js';
 import { Lease } from './lease.js';
 import { LocalLeases, LocalLimiter } from './local.js';
 import { Reservation } from './reservation.js';
@@ -303,6 +305,8 @@ export class Client {
   private readonly loading = new Map<string, Promise<void>>();
   /** How many loads of each script have ended: an `EVALSHA` sent before the latest needs none. */
   private readonly loads = new Map<string, number>();
+  /** The deny cache, when on ({@link Client.withDenyCache}). */
+  private denies: DenyCache | undefined;
   readonly timeoutMs: number;
   readonly policy: FailurePolicy;
   readonly instances: number;
@@ -334,6 +338,42 @@ export class Client {
   /** The mode in use, once known (after the first call that reached Redis in `'auto'`). */
   get mode(): Mode | undefined {
     return this.modeValue;
+  }
+
+  /**
+   * Turns the deny cache on, with at most `entries` entries, the least recently used evicted
+   * first: after Redis denies a check with `retryAfterMs` R, the same check (same keys,
+   * algorithms, parameters and cost) is denied without calling Redis until R has passed on the
+   * process's monotonic clock ({@link Outcome.answeredLocally} `'deny_cache'`, the waits counted
+   * down). When R has passed, one check asks Redis again while the others are still denied from
+   * the entry, for at most the client's timeout. It may deny for up to R (and that timeout) what
+   * Redis would admit sooner (another process's refund, a raised limit), never admit what Redis
+   * would deny. Off by default. Returns this client.
+   */
+  withDenyCache(entries: number): this {
+    this.denies = new DenyCache(entries, this.timeoutMs);
+    return this;
+  }
+
+  /** Turns the deny cache off. Returns this client. */
+  withoutDenyCache(): this {
+    this.denies = undefined;
+    return this;
+  }
+
+  /** The deny cache's number of entries at most, when it is on. */
+  get denyCacheCapacity(): number | undefined {
+    return this.denies?.capacity;
+  }
+
+  /** Entries in the deny cache now. */
+  get denyCacheLen(): number {
+    return this.denies?.size ?? 0;
+  }
+
+  /** When the deny cache's entry for these limits at this cost expires (`performance.now()` time), if it has one. */
+  deniedUntil(limits: readonly Limit[], cost: number): number | undefined {
+    return this.denies?.until(signature(limits), cost);
   }
 
   /** Whether the circuit breaker is open (or half open). */
@@ -711,7 +751,10 @@ export class Client {
    */
   async check(key: string, algorithm: Algorithm, cost = 1, call?: CallOptions): Promise<Outcome> {
     checkCount('cost', cost);
-    if (algorithm.kind !== 'concurrency') return this.decideOne(key, algorithm, cost, undefined, call);
+    if (algorithm.kind !== 'concurrency') {
+      if (cost > 0 && this.denies !== undefined) return single(await this.decideHot([[key, algorithm]], cost, this.denies, call));
+      return this.decideOne(key, algorithm, cost, undefined, call);
+    }
     const o = await this.checkAll([[key, algorithm]], cost, call);
     return single(o);
   }
@@ -767,10 +810,32 @@ export class Client {
    * {@link Client.acquireAll}.
    */
   async checkAll(limits: readonly Limit[], cost = 1, call?: CallOptions): Promise<MultiOutcome> {
+    return this.checkAllWith(limits, cost, this.denies, call);
+  }
+
+  /** @internal {@link Client.checkAll} with the deny cache `denies` (the middleware's own, or none). */
+  async checkAllWith(limits: readonly Limit[], cost: number, denies: DenyCache | undefined, call?: CallOptions): Promise<MultiOutcome> {
     checkCount('cost', cost);
-    if (!limits.some(([, a]) => a.kind === 'concurrency')) return this.decideAll(limits, cost, undefined, call);
+    if (!limits.some(([, a]) => a.kind === 'concurrency')) {
+      if (cost > 0 && limits.length >= 1 && limits.length <= 16 && denies !== undefined) return this.decideHot(limits, cost, denies, call);
+      return this.decideAll(limits, cost, undefined, call);
+    }
     if (cost > 0) throw new UnsupportedError('concurrency limits take a lease: Client.acquireAll');
     return this.decideAll(limits, 0, newLeaseId(), call);
+  }
+
+  /**
+   * A check of a cost above 0 that the deny cache may answer: an unexpired denial of the same
+   * call is repeated without calling Redis; else Redis decides, and its denial is remembered.
+   */
+  private async decideHot(limits: readonly Limit[], cost: number, denies: DenyCache, call?: CallOptions): Promise<MultiOutcome> {
+    const sig = signature(limits);
+    const cached = denies.lookup(sig, cost);
+    if (cached !== undefined) return cached;
+    const sent = performance.now();
+    const o = await this.decideAll(limits, cost, undefined, call);
+    denies.record(sig, cost, o, sent);
+    return o;
   }
 
   /** @internal Several limits in one call (one alone with its own command, but a concurrency peek). */

@@ -64,7 +64,7 @@ export {
   toConnection,
 } from './connection.js';
 export { Lease } from './lease.js';
-export { type Counts, Metrics, type PromRegistry, exposeToPrometheus } from './metrics.js';
+export { type Counts, type LocalLabel, Metrics, type PromRegistry, exposeToPrometheus } from './metrics.js';
 export { Reservation } from './reservation.js';
 export { BUNDLED_SCRIPTS, LIBRARY, LIBRARY_NAME } from './scripts.js';
 export {
@@ -87,6 +87,7 @@ export {
 } from './types.js';
 export {
   type Admission,
+  DENY_CACHE_ENTRIES,
   type Admitted,
   type ExpressRequestLike,
   type Fields,

@@ -121,6 +121,14 @@ function options(c: Obj, mode: Mode): ClientOptions {
   return out;
 }
 
+/** The client of a case: its options, and the deny cache (`deny_cache: {entries}`) when it has one. */
+function clientOf(connection: Opened['connection'], c: Obj, mode: Mode): Client {
+  const client = new Client(connection, options(c, mode));
+  const dc = ((c['options'] ?? {}) as Obj)['deny_cache'] as Obj | undefined;
+  if (dc !== undefined) client.withDenyCache(num(dc, 'entries'));
+  return client;
+}
+
 function decision(d: Decision): Json {
   return [d.allowed ? 1 : 0, d.remaining, d.retryAfterMs, d.resetAfterMs, d.limit];
 }
@@ -165,6 +173,8 @@ function layerOptions(c: Obj): RateLimitOptions<RequestLike> {
   }));
   if (l['estimates']) out.estimates = l['estimates'] as Record<string, number>;
   out.legacyHeaders = l['legacy_headers'] === true;
+  // Off unless the case turns it on: it counts down on the process's clock, which the test clock does not move.
+  out.denyCache = l['deny_cache'] === true;
   const format = l['header_format'];
   if (format !== undefined) {
     if (format !== 'draft-11' && format !== 'draft-12') throw new Error(`unknown header_format ${JSON.stringify(format)}`);
@@ -520,7 +530,7 @@ function runsOf(c: Obj): Array<{ mode: Mode; library: Library; framework: Framew
 }
 
 /** The features a case may require (`requires` in the table) that this package implements. */
-const SUPPORTED: ReadonlySet<string> = new Set<string>(['partial_grants']);
+const SUPPORTED: ReadonlySet<string> = new Set<string>(['partial_grants', 'deny_cache']);
 
 test(`the conformance table on ${serverVersion()}`, async (t) => {
   const startUs = table['clock_start_us'] as number;
@@ -545,7 +555,7 @@ test(`the conformance table on ${serverVersion()}`, async (t) => {
           const unreachable = c['redis'] === 'unreachable';
           const opened: Opened = open(library, unreachable ? await freePort() : server.port);
           if (!unreachable) await ready(opened);
-          const client = new Client(opened.connection, options(c, mode));
+          const client = clientOf(opened.connection, c, mode);
           const run = new Run(c, mode, client, harness);
           try {
             if (c['layer']) run.app = await startApp(framework!, client, layerOptions(c), run.gates);

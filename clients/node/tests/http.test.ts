@@ -228,7 +228,17 @@ describe('the HTTP middleware beyond the table', () => {
       const others: number[] = [];
       for (let i = 0; i < 3; i++) others.push((await send(port, { path: '/', headers: { 'x-api-key': 'scraper' } })).status);
       assert.deepEqual(others, [200, 200, 429]);
-      assert.deepEqual(limits.metrics.counts('per-minute'), { allowed: 2, denied: 1, degraded: 0, shadowDenied: 0, shadow: false, refunded: 0, charged: 0 });
+      assert.deepEqual(limits.metrics.counts('per-minute'), {
+        allowed: 2,
+        denied: 1,
+        degraded: 0,
+        shadowDenied: 0,
+        shadow: false,
+        refunded: 0,
+        charged: 0,
+        batch: 0,
+        denyCache: 0,
+      });
       // A repeated header: its values joined as Node joins them.
       const raw = await new Promise<string>((ok, fail) => {
         const sock = connect(port, '127.0.0.1', () =>
