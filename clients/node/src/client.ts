@@ -17,6 +17,7 @@ import {
   plainNumber,
   signature,
 } from './algorithm.js';
+import { type BatchServer, type BatchStats, Batches, type Batching } from './batch.js';
 import { Breaker } from './breaker.js';
 import { type Connection, type ConnectionSource, RedisReplyError, type Reply, keySlot, toConnection } from './connection.js';
 import { DenyCache } from './deny.js';
@@ -307,6 +308,8 @@ export class Client {
   private readonly loads = new Map<string, number>();
   /** The deny cache, when on ({@link Client.withDenyCache}). */
   private denies: DenyCache | undefined;
+  /** The leased batches, when on ({@link Client.withBatching}). */
+  private batches: Batches | undefined;
   readonly timeoutMs: number;
   readonly policy: FailurePolicy;
   readonly instances: number;
@@ -374,6 +377,58 @@ export class Client {
   /** When the deny cache's entry for these limits at this cost expires (`performance.now()` time), if it has one. */
   deniedUntil(limits: readonly Limit[], cost: number): number | undefined {
     return this.denies?.until(signature(limits), cost);
+  }
+
+  /**
+   * Turns leased batches on: a hot key's units are taken several at a time with one partial
+   * grant (`UPTO n`) and its requests admitted from them in the process
+   * ({@link Outcome.answeredLocally} `'batch'`), what is not used going back with `RL.SETTLE ...
+   * DELTA -n` when the batch's lease ends, on {@link Client.flush} and {@link Client.close}, and
+   * when its entry leaves the bounded table. A check of a cost above 0 on one limit, or on several
+   * without a concurrency limit, is batched when one of its keys is declared hot or this process
+   * checks it `detectPerSec` times a second. Returns this client.
+   */
+  withBatching(batching: Batching = {}): this {
+    const server: BatchServer = {
+      timeoutMs: this.timeoutMs,
+      tryGrant: (limits, n) => this.tryGrant(limits, n),
+      settle: (limits, delta) => this.settle(limits, delta),
+      degradedFor: (limits, cost) => this.degradedFor(limits, cost),
+    };
+    this.batches = new Batches(server, batching);
+    return this;
+  }
+
+  /** Turns batches off (what they hold is not given back: {@link Client.flush} first). Returns this client. */
+  withoutBatching(): this {
+    this.batches = undefined;
+    return this;
+  }
+
+  /** What the batches did so far (all zero without batches). */
+  batchStats(): BatchStats {
+    return this.batches?.batchStats() ?? { refills: 0, granted: 0, used: 0, answered: 0, returned: 0, lapsed: 0, held: 0 };
+  }
+
+  /** The size the next batch of these limits starts from (B), while they are tracked. */
+  batchSize(limits: readonly Limit[]): number | undefined {
+    return this.batches?.size(signature(limits));
+  }
+
+  /**
+   * Gives back at once what every batch holds (`RL.SETTLE ... DELTA -n`), and waits for the
+   * answers: the units given back. The keys are batched again on their next calls.
+   */
+  flush(): Promise<number> {
+    return this.batches?.flush() ?? Promise.resolve(0);
+  }
+
+  /**
+   * Stops the batches (checks go to Redis one by one from now on) and gives back what they hold:
+   * the units given back. Call it before the process ends.
+   */
+  close(): Promise<number> {
+    return this.batches?.close() ?? Promise.resolve(0);
   }
 
   /** Whether the circuit breaker is open (or half open). */
@@ -752,7 +807,7 @@ export class Client {
   async check(key: string, algorithm: Algorithm, cost = 1, call?: CallOptions): Promise<Outcome> {
     checkCount('cost', cost);
     if (algorithm.kind !== 'concurrency') {
-      if (cost > 0 && this.denies !== undefined) return single(await this.decideHot([[key, algorithm]], cost, this.denies, call));
+      if (cost > 0 && (this.batches !== undefined || this.denies !== undefined)) return single(await this.decideHot([[key, algorithm]], cost, this.denies, call));
       return this.decideOne(key, algorithm, cost, undefined, call);
     }
     const o = await this.checkAll([[key, algorithm]], cost, call);
@@ -817,7 +872,9 @@ export class Client {
   async checkAllWith(limits: readonly Limit[], cost: number, denies: DenyCache | undefined, call?: CallOptions): Promise<MultiOutcome> {
     checkCount('cost', cost);
     if (!limits.some(([, a]) => a.kind === 'concurrency')) {
-      if (cost > 0 && limits.length >= 1 && limits.length <= 16 && denies !== undefined) return this.decideHot(limits, cost, denies, call);
+      if (cost > 0 && limits.length >= 1 && limits.length <= 16 && (this.batches !== undefined || denies !== undefined)) {
+        return this.decideHot(limits, cost, denies, call);
+      }
       return this.decideAll(limits, cost, undefined, call);
     }
     if (cost > 0) throw new UnsupportedError('concurrency limits take a lease: Client.acquireAll');
@@ -825,17 +882,60 @@ export class Client {
   }
 
   /**
-   * A check of a cost above 0 that the deny cache may answer: an unexpired denial of the same
-   * call is repeated without calling Redis; else Redis decides, and its denial is remembered.
+   * A check of a cost above 0 that a batch or the deny cache may answer: a batch holding the
+   * units admits first (they are granted), then an unexpired denial of the same call is
+   * repeated, then a hot key takes a new batch, else Redis decides (its denial remembered, what
+   * remains noted for the next batch's size).
    */
-  private async decideHot(limits: readonly Limit[], cost: number, denies: DenyCache, call?: CallOptions): Promise<MultiOutcome> {
+  private async decideHot(limits: readonly Limit[], cost: number, denies: DenyCache | undefined, call?: CallOptions): Promise<MultiOutcome> {
     const sig = signature(limits);
-    const cached = denies.lookup(sig, cost);
+    const batches = this.batches;
+    let refill = false;
+    if (batches !== undefined) {
+      const step = batches.tryLocal(sig, limits, cost);
+      if (typeof step === 'object') return step;
+      refill = step === 'refill';
+    }
+    const cached = denies?.lookup(sig, cost);
     if (cached !== undefined) return cached;
+    if (refill && batches !== undefined) {
+      const o = await batches.refill(sig, limits, cost, denies);
+      if (o !== undefined) return o;
+      // The refill that came first may have been denied meanwhile.
+      const again = denies?.lookup(sig, cost);
+      if (again !== undefined) return again;
+    }
     const sent = performance.now();
     const o = await this.decideAll(limits, cost, undefined, call);
-    denies.record(sig, cost, o, sent);
+    denies?.record(sig, cost, o, sent);
+    batches?.observe(sig, o);
     return o;
+  }
+
+  /** A partial grant for a batch: undefined when Redis cannot answer. */
+  private async tryGrant(limits: readonly Limit[], n: number): Promise<MultiOutcome | undefined> {
+    const take: Take = { upto: true, n };
+    const only = limits.length === 1 ? limits[0] : undefined;
+    if (only !== undefined) {
+      const g = await this.guarded((at) => this.callOne(only[0], only[1], take, undefined, at), undefined);
+      if (!g.ok) return undefined;
+      const [d, granted, mode] = g.value;
+      return { allowed: d.allowed, deniedBy: d.allowed ? 0 : 1, decisions: [d], degraded: undefined, mode, granted };
+    }
+    const g = await this.guarded((at) => this.callAll(limits, take, undefined, at), undefined);
+    if (!g.ok) return undefined;
+    const [[allowed, deniedBy, ds, granted], mode] = g.value;
+    return { allowed, deniedBy, decisions: ds, degraded: undefined, mode, granted };
+  }
+
+  /** The failure policy's answer for a cost, as a call to Redis that failed would get it. */
+  private degradedFor(limits: readonly Limit[], cost: number): MultiOutcome {
+    const only = limits.length === 1 ? limits[0] : undefined;
+    if (only !== undefined) {
+      const [d, granted, degraded] = this.fallbackTake(only[0], only[1], costOf(cost), undefined);
+      return multiOf({ decision: d, degraded, mode: undefined, granted });
+    }
+    return this.degradedAll(limits, costOf(cost), undefined);
   }
 
   /** @internal Several limits in one call (one alone with its own command, but a concurrency peek). */

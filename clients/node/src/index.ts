@@ -63,6 +63,7 @@ export {
   keySlot,
   toConnection,
 } from './connection.js';
+export { type BatchStats, type Batching } from './batch.js';
 export { Lease } from './lease.js';
 export { type Counts, type LocalLabel, Metrics, type PromRegistry, exposeToPrometheus } from './metrics.js';
 export { Reservation } from './reservation.js';

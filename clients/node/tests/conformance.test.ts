@@ -18,6 +18,7 @@ import { test } from 'node:test';
 
 import {
   type Algorithm,
+  type Batching,
   Client,
   type ClientOptions,
   type Concurrency,
@@ -126,6 +127,17 @@ function clientOf(connection: Opened['connection'], c: Obj, mode: Mode): Client 
   const client = new Client(connection, options(c, mode));
   const dc = ((c['options'] ?? {}) as Obj)['deny_cache'] as Obj | undefined;
   if (dc !== undefined) client.withDenyCache(num(dc, 'entries'));
+  const b = ((c['options'] ?? {}) as Obj)['batching'] as Obj | undefined;
+  if (b !== undefined) {
+    const batching: Batching = {};
+    if (Array.isArray(b['hot_keys'])) batching.hotKeys = b['hot_keys'] as string[];
+    if (typeof b['initial'] === 'number') batching.initial = b['initial'];
+    if (typeof b['max_batch'] === 'number') batching.maxBatch = b['max_batch'];
+    if (typeof b['remaining_share'] === 'number') batching.remainingShare = b['remaining_share'];
+    if (typeof b['lease_ms'] === 'number') batching.leaseMs = b['lease_ms'];
+    if (typeof b['detect_per_sec'] === 'number') batching.detectPerSec = b['detect_per_sec'];
+    client.withBatching(batching);
+  }
   return client;
 }
 
@@ -428,6 +440,10 @@ class Run {
         const s = await this.client.settle(this.limits(a['limits']!), a['delta'] as number);
         return this.provenance({ decisions: s.decisions.map(decision) }, s.degraded, s.mode);
       }
+      case 'flush':
+        return { returned: await this.client.flush() };
+      case 'close':
+        return { returned: await this.client.close() };
       case 'top': {
         const entries = await this.client.top(arg as number);
         return { entries: entries.map((e) => [e.key, e.denied, e.error, e.command, e.firstDeniedMs, e.lastDeniedMs]) };
@@ -530,7 +546,7 @@ function runsOf(c: Obj): Array<{ mode: Mode; library: Library; framework: Framew
 }
 
 /** The features a case may require (`requires` in the table) that this package implements. */
-const SUPPORTED: ReadonlySet<string> = new Set<string>(['partial_grants', 'deny_cache']);
+const SUPPORTED: ReadonlySet<string> = new Set<string>(['partial_grants', 'deny_cache', 'batches']);
 
 test(`the conformance table on ${serverVersion()}`, async (t) => {
   const startUs = table['clock_start_us'] as number;

@@ -1,15 +1,18 @@
 /**
  * Hot keys against a real server, with node-redis and with ioredis: the deny cache (one call per
  * wait however many callers, the probe, its bound), what the conformance table cannot show
- * because it runs under the test clock.
+ * because it runs under the test clock; leased batches raced by several processes (one of them
+ * killed with SIGKILL), against Redis's own count.
  */
 
 import assert from 'node:assert/strict';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { after, before, describe, test } from 'node:test';
 
 import { Client, fixedWindow } from '../src/index.js';
-import { type Admin, LIBRARIES, PATIENT, Server, cmd, open, ready, sleep } from './harness.js';
+import { type Admin, LIBRARIES, PACKAGE_ROOT, PATIENT, Server, cmd, modulePath, open, ready, serverBinary, sleep } from './harness.js';
 
 async function calls(admin: Admin, command: string): Promise<number> {
   const info = String(await cmd(admin, 'INFO', 'commandstats'));
@@ -104,5 +107,125 @@ describe('the deny cache', () => {
     } finally {
       await o.close();
     }
+  });
+});
+
+/** A worker of the race (tests/hotworker.ts): its admissions as they come, then its summary. */
+class Worker {
+  admitted = 0;
+  summary: Record<string, number> | undefined;
+  readonly exited: Promise<number | null>;
+  readonly proc: ChildProcess;
+  private out = '';
+  constructor(args: string[], onAdmit?: (w: Worker) => void) {
+    this.proc = spawn(process.execPath, [join(PACKAGE_ROOT, 'build', 'tests', 'hotworker.js'), ...args], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+      env: { ...process.env, RL_REDIS_SERVER: serverBinary(), RL_MODULE: modulePath() },
+    });
+    this.proc.stdout!.setEncoding('utf8');
+    this.proc.stdout!.on('data', (d: string) => {
+      this.out += d;
+      const nl = this.out.indexOf('\n');
+      const head = nl < 0 ? this.out : this.out.slice(0, nl);
+      this.admitted = [...head].filter((ch) => ch === 'a').length;
+      onAdmit?.(this);
+    });
+    this.exited = new Promise((r) => this.proc.once('exit', (code) => r(code)));
+  }
+  async done(): Promise<void> {
+    await this.exited;
+    const lines = this.out.split('\n');
+    if (lines.length > 1 && lines[1]!.trim() !== '') this.summary = JSON.parse(lines[1]!) as Record<string, number>;
+  }
+}
+
+describe('leased batches raced by several processes', () => {
+  let server: Server;
+  let admin: Admin;
+  before(async () => {
+    server = await Server.start();
+    admin = await server.admin();
+  });
+  after(async () => {
+    admin.destroy();
+    await server.stop();
+  });
+
+  test('a bounded table: an evicted entry gives its batch back; a lease that ends gives it back on a timer', async () => {
+    await cmd(admin, 'FLUSHALL');
+    await cmd(admin, 'CONFIG', 'RESETSTAT');
+    const o = open('node-redis', server.port);
+    await ready(o);
+    try {
+      const client = new Client(o.connection, { ...PATIENT, mode: 'module' }).withBatching({
+        hotKeys: ['x', 'y', 'z', 't'],
+        maxKeys: 2,
+        initial: 4,
+        leaseMs: 60_000,
+      });
+      const limit = fixedWindow(1000, 3600);
+      const count = async (k: string): Promise<number> => Number(String(await cmd(admin, 'GET', k)).split(' ')[1]);
+      for (const k of ['x', 'y', 'z']) assert.equal((await client.check(k, limit)).decision.remaining, 999);
+      // x left the table (2 entries at most) and its 3 units went back.
+      assert.equal(await client.flush(), 6);
+      assert.deepEqual([await count('x'), await count('y'), await count('z')], [1, 1, 1]);
+      assert.deepEqual(client.batchStats(), { refills: 3, granted: 12, used: 3, answered: 0, returned: 9, lapsed: 0, held: 0 });
+      assert.equal(await calls(admin, 'rl.settle'), 3);
+      // A lease of 100 ms: its 3 units go back by themselves.
+      const short = new Client(o.connection, { ...PATIENT, mode: 'module' }).withBatching({ hotKeys: ['t'], initial: 4, leaseMs: 100 });
+      assert.equal((await short.check('t', limit)).decision.remaining, 999);
+      assert.equal(await count('t'), 4);
+      await sleep(400);
+      assert.equal(await count('t'), 1);
+      assert.equal(short.batchStats().returned, 3);
+      assert.equal(await short.close(), 0);
+    } finally {
+      await o.close();
+    }
+  });
+
+  test('3 processes of 8 callers drain a limit of 3000: Redis counts exactly what they admitted, none over', async () => {
+    await cmd(admin, 'FLUSHALL');
+    await cmd(admin, 'CONFIG', 'RESETSTAT');
+    const workers = [0, 1, 2].map((i) => new Worker([String(server.port), LIBRARIES[i % 2]!, 'race', '3000', '8', '64']));
+    await Promise.all(workers.map((w) => w.done()));
+    const admitted = workers.reduce((n, w) => n + w.admitted, 0);
+    const count = Number(String(await cmd(admin, 'GET', 'race')).split(' ')[1]);
+    assert.ok(workers.every((w) => w.summary !== undefined), 'every worker ended');
+    assert.equal(count, admitted);
+    assert.ok(admitted <= 3000, `${admitted} admitted`);
+    // Batches did the work: far fewer calls than admissions.
+    const answered = workers.reduce((n, w) => n + w.summary!['answered']!, 0);
+    const refills = workers.reduce((n, w) => n + w.summary!['refills']!, 0);
+    assert.ok(answered > admitted / 2, `${answered} of ${admitted} answered from batches`);
+    assert.ok(refills < admitted / 4, `${refills} refills`);
+    for (const w of workers) assert.equal(w.summary!['held'], 0);
+    for (const w of workers) assert.equal(w.summary!['lapsed'], 0);
+    process.stdout.write(`# race: admitted ${admitted} of 3000, Redis's count ${count}, ${answered} from batches, ${refills} refills\n`);
+  });
+
+  test('a process killed with SIGKILL loses at most its one batch (64 units), and nothing is admitted twice', async () => {
+    await cmd(admin, 'FLUSHALL');
+    let killedAt: number | undefined;
+    const onAdmit = (w: Worker): void => {
+      if (killedAt === undefined && w.admitted >= 300) {
+        w.proc.kill('SIGKILL');
+        killedAt = w.admitted;
+      }
+    };
+    const workers = [
+      new Worker([String(server.port), 'ioredis', 'crash', '3000', '8', '64'], onAdmit),
+      new Worker([String(server.port), 'node-redis', 'crash', '3000', '8', '64']),
+      new Worker([String(server.port), 'ioredis', 'crash', '3000', '8', '64']),
+    ];
+    await Promise.all(workers.map((w) => w.done()));
+    assert.notEqual(killedAt, undefined);
+    assert.equal(workers[0]!.summary, undefined);
+    const admitted = workers.reduce((n, w) => n + w.admitted, 0);
+    const count = Number(String(await cmd(admin, 'GET', 'crash')).split(' ')[1]);
+    const lost = count - admitted;
+    assert.ok(admitted <= 3000, `${admitted} admitted`);
+    assert.ok(lost >= 0 && lost <= 64, `Redis counted ${count}, the processes admitted ${admitted}`);
+    process.stdout.write(`# crash: killed after ${workers[0]!.admitted} admissions; admitted ${admitted} of 3000, Redis's count ${count}, lost ${lost}\n`);
   });
 });
