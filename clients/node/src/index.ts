@@ -65,7 +65,15 @@ export {
 } from './connection.js';
 export { type BatchStats, type Batching } from './batch.js';
 export { Lease } from './lease.js';
-export { type Counts, type LocalLabel, Metrics, type PromRegistry, exposeToPrometheus } from './metrics.js';
+export {
+  type Counts,
+  type LocalLabel,
+  Metrics,
+  type PromRegistry,
+  exposeBreakerToPrometheus,
+  exposeToPrometheus,
+  renderBreakerGauge,
+} from './metrics.js';
 export { Reservation } from './reservation.js';
 export { BUNDLED_SCRIPTS, LIBRARY, LIBRARY_NAME } from './scripts.js';
 export {

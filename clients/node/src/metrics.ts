@@ -134,12 +134,28 @@ export class Metrics {
   }
 }
 
+const BREAKER_HELP =
+  "Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.";
+
+/**
+ * The gauge `ratelimit_breaker_open` in Prometheus's text format: 1 while `open` (the breaker of
+ * the client a middleware decides with), else 0. A middleware's `renderPrometheus()` is its
+ * counters followed by this.
+ */
+export function renderBreakerGauge(open: boolean): string {
+  return `# HELP ratelimit_breaker_open ${BREAKER_HELP}\n# TYPE ratelimit_breaker_open gauge\nratelimit_breaker_open ${open ? 1 : 0}\n`;
+}
+
 /** What is used of prom-client: its `Counter` and a registry. */
 interface PromCounter {
   reset(): void;
   inc(labels: Record<string, string>, value: number): void;
 }
+interface PromGauge {
+  set(value: number): void;
+}
 interface PromClient {
+  Gauge: new (config: { name: string; help: string; registers: unknown[]; collect: (this: PromGauge) => void }) => PromGauge;
   Counter: new (config: {
     name: string;
     help: string;
@@ -156,6 +172,41 @@ export interface PromRegistry {
 
 /** The metrics each registry reports, summed over every middleware attached to it. */
 const attached = new WeakMap<PromRegistry, Set<Metrics>>();
+/** The breakers each registry reports: the gauge is 1 while any of them is open. */
+const breakers = new WeakMap<PromRegistry, Set<() => boolean>>();
+
+/** prom-client, loaded (rejects when it is not installed). */
+async function promClient(): Promise<PromClient> {
+  const imported = (await import('prom-client')) as unknown as PromClient & { default?: PromClient };
+  return imported.Counter ? imported : imported.default!;
+}
+
+/**
+ * Reports `ratelimit_breaker_open` through prom-client, in `registry` (default: prom-client's
+ * global one): 1 while `open()` is true for any of the breakers given to the same registry, else
+ * 0, read at every scrape. Rejects when prom-client is not installed.
+ */
+export async function exposeBreakerToPrometheus(open: () => boolean, registry?: PromRegistry): Promise<void> {
+  const prom = await promClient();
+  const reg = registry ?? prom.register;
+  let set = breakers.get(reg);
+  if (!set) {
+    set = new Set();
+    breakers.set(reg, set);
+  }
+  set.add(open);
+  const all = set;
+  if (!reg.getSingleMetric('ratelimit_breaker_open')) {
+    new prom.Gauge({
+      name: 'ratelimit_breaker_open',
+      help: BREAKER_HELP,
+      registers: [reg],
+      collect(this: PromGauge) {
+        this.set([...all].some((f) => f()) ? 1 : 0);
+      },
+    });
+  }
+}
 
 /**
  * Reports `metrics` through prom-client, in `registry` (default: prom-client's global one):
@@ -164,8 +215,7 @@ const attached = new WeakMap<PromRegistry, Set<Metrics>>();
  * the same registry). Rejects when prom-client is not installed.
  */
 export async function exposeToPrometheus(metrics: Metrics, registry?: PromRegistry): Promise<void> {
-  const imported = (await import('prom-client')) as unknown as PromClient & { default?: PromClient };
-  const prom: PromClient = imported.Counter ? imported : imported.default!;
+  const prom = await promClient();
   const reg = registry ?? prom.register;
   let set = attached.get(reg);
   if (!set) {

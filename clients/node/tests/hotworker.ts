@@ -30,5 +30,5 @@ await Promise.all(
   }),
 );
 const returned = await client.close();
-process.stdout.write(`\n${JSON.stringify({ returned, ...client.batchStats() })}\n`);
+process.stdout.write(`\n${JSON.stringify({ ...client.batchStats(), closed: returned })}\n`);
 await o.close();

@@ -13,7 +13,7 @@ import { type Algorithm, type Limit, windowSecs } from '../algorithm.js';
 import type { Client } from '../client.js';
 import { DenyCache } from '../deny.js';
 import type { Lease } from '../lease.js';
-import { Metrics, type PromRegistry, exposeToPrometheus } from '../metrics.js';
+import { Metrics, type PromRegistry, exposeBreakerToPrometheus, exposeToPrometheus, renderBreakerGauge } from '../metrics.js';
 import { Reservation } from '../reservation.js';
 import type { Decision, Degraded, Mode, MultiOutcome } from '../types.js';
 
@@ -430,7 +430,17 @@ export class RateLimitEngine<Req extends RequestLike> {
     if (prometheus !== false) {
       // Without prom-client installed there is nothing to report to: the counters stay here.
       exposeToPrometheus(this.metrics, prometheus === true ? undefined : prometheus).catch(() => undefined);
+      exposeBreakerToPrometheus(() => client.breakerOpen, prometheus === true ? undefined : prometheus).catch(() => undefined);
     }
+  }
+
+  /**
+   * What to serve on `/metrics`: the counters ({@link Metrics.renderPrometheus}), then
+   * `ratelimit_breaker_open`, 1 while the client's circuit breaker is open (Redis failed
+   * repeatedly and the failure policy answers without asking it), else 0.
+   */
+  renderPrometheus(): string {
+    return this.metrics.renderPrometheus() + renderBreakerGauge(this.client.breakerOpen);
   }
 
   /** The policies of (plan, class), as `RateLimitOptions.limits` says. */
