@@ -21,6 +21,7 @@ import { type BatchServer, type BatchStats, Batches, type Batching } from './bat
 import { Breaker } from './breaker.js';
 import { type Connection, type ConnectionSource, RedisReplyError, type Reply, keySlot, toConnection } from './connection.js';
 import { DenyCache } from './deny.js';
+import { Lane } from './durable.js';
 import { Lease } from './lease.js';
 import { LocalLeases, LocalLimiter } from './local.js';
 import { Reservation } from './reservation.js';
@@ -39,6 +40,8 @@ import {
   type ClientOptions,
   type Decision,
   type Degraded,
+  type Durability,
+  type DurabilityStats,
   type FailurePolicy,
   type Mode,
   type MultiOutcome,
@@ -138,6 +141,11 @@ function decisionTaken(v: Reply, take: Take): [Decision, number] {
   const granted = int(v[5]);
   if (granted < 0) throw new UnexpectedReply(v);
   return [d, granted];
+}
+
+/** Whether a limiter's reply (five or six integers) admits. */
+function isAllowed(v: Reply): boolean {
+  return Array.isArray(v) && v[0] === 1;
 }
 
 function decision(v: Reply): Decision {
@@ -310,6 +318,8 @@ export class Client {
   private denies: DenyCache | undefined;
   /** The leased batches, when on ({@link Client.withBatching}). */
   private batches: Batches | undefined;
+  /** The durable lane, when on ({@link Client.withDurability}). */
+  private durable: Lane | undefined;
   readonly timeoutMs: number;
   readonly policy: FailurePolicy;
   readonly instances: number;
@@ -425,10 +435,36 @@ export class Client {
 
   /**
    * Stops the batches (checks go to Redis one by one from now on) and gives back what they hold:
-   * the units given back. Call it before the process ends.
+   * the units given back; closes the durable lane's idle connections. Call it before the process
+   * ends.
    */
-  close(): Promise<number> {
-    return this.batches?.close() ?? Promise.resolve(0);
+  async close(): Promise<number> {
+    const returned = (await this.batches?.close()) ?? 0;
+    await this.durable?.closeAll();
+    return returned;
+  }
+
+  /**
+   * Admits only what `durability.replicas` replicas acknowledged: every call that may write (a
+   * cost above 0, a partial grant, a lease; `RL.ALL` too) runs on a connection of the durable lane
+   * (opened by `durability.connect`), followed by `WAIT replicas timeout` (`WAITAOF 0 replicas
+   * timeout` with `aof`, and `WAIT` on a server without it) on that same connection, so the
+   * client's shared connection never waits. An admission acknowledged by fewer replicas in time
+   * becomes what `durability.short` says (default `'deny'`: the units stay spent on the master,
+   * `retryAfterMs` the fail-closed wait). Denials are answered at once. `durability.timeoutMs`
+   * must be below the client's timeout, which bounds the call and its `WAIT` together
+   * ({@link UnsupportedError} otherwise, or for 0 replicas). Returns this client.
+   */
+  withDurability(durability: Durability): this {
+    if (!Number.isSafeInteger(durability.replicas) || durability.replicas < 1) throw new UnsupportedError('durable admissions need at least 1 replica');
+    if (!(durability.timeoutMs < this.timeoutMs)) throw new UnsupportedError("the WAIT timeout must be below the client's timeout");
+    this.durable = new Lane(durability);
+    return this;
+  }
+
+  /** What the durable admissions met so far (all zero without durability). */
+  durabilityStats(): DurabilityStats {
+    return this.durable?.durabilityStats() ?? { acknowledged: 0, short: 0 };
   }
 
   /** Whether the circuit breaker is open (or half open). */
@@ -531,12 +567,12 @@ export class Client {
    * sends it again. Still `NOSCRIPT` (the key is on another node of a cluster, or the scripts were
    * flushed again): loaded there, once per slot, and sent a last time.
    */
-  private async evalsha(script: Script, keys: readonly string[], args: readonly string[], at: Attempt): Promise<Reply> {
+  private async evalsha(script: Script, keys: readonly string[], args: readonly string[], at: Attempt, conn: Connection = this.conn): Promise<Reply> {
     const cmd = ['EVALSHA', script.sha, String(keys.length), ...keys, ...args];
     for (const scope of [script.sha, `${script.sha}:${keySlot(keys[0] ?? '')}`]) {
       const before = this.loads.get(scope) ?? 0;
       try {
-        return await this.conn.send(cmd, keys[0], at.signal);
+        return await conn.send(cmd, keys[0], at.signal);
       } catch (e) {
         if (!isNoScript(e)) throw e;
         this.answeredAt = performance.now();
@@ -545,7 +581,7 @@ export class Client {
       // A call given up (its deadline, the caller's abort) sends nothing more.
       at.signal.throwIfAborted();
     }
-    return this.conn.send(cmd, keys[0], at.signal);
+    return conn.send(cmd, keys[0], at.signal);
   }
 
   /** The one `SCRIPT LOAD` of `scope` that a caller who met `NOSCRIPT` waits for. */
@@ -575,6 +611,7 @@ export class Client {
     args: readonly string[],
     at: Attempt,
     numkeys: boolean,
+    conn: Connection = this.conn,
   ): Promise<Reply> {
     const turn = this.turn();
     if (turn !== undefined) {
@@ -592,11 +629,11 @@ export class Client {
     try {
       switch (mode) {
         case 'module':
-          return await this.conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], at.signal);
+          return await conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], at.signal);
         case 'function':
-          return await this.conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], at.signal);
+          return await conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], at.signal);
         case 'script':
-          return await this.evalsha(script, keys, args, at);
+          return await this.evalsha(script, keys, args, at, conn);
       }
     } finally {
       this.nextTurn();
@@ -631,9 +668,47 @@ export class Client {
     const args = paramsOf(a);
     if (a.kind === 'concurrency' && lease !== undefined) args.push(lease);
     else args.push(...takeArgs(take));
-    const reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, at, false);
-    const [d, granted] = a.kind === 'concurrency' ? [decision(reply), 0] : decisionTaken(reply, take);
-    return [d, a.kind === 'concurrency' ? (d.allowed ? 1 : 0) : granted, mode];
+    const lane = this.laneFor(take, lease);
+    const c = lane === undefined ? undefined : await lane.take();
+    let reply: Reply;
+    let acknowledged = true;
+    try {
+      reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, at, false, c?.connection);
+      if (lane !== undefined && c !== undefined && isAllowed(reply)) acknowledged = await lane.acknowledged(c, key, at.signal);
+    } catch (e) {
+      if (lane !== undefined && c !== undefined) lane.drop(c);
+      throw e;
+    }
+    if (lane !== undefined && c !== undefined) lane.put(c);
+    let [d, granted] = a.kind === 'concurrency' ? [decision(reply), 0] : decisionTaken(reply, take);
+    if (a.kind === 'concurrency') granted = d.allowed ? 1 : 0;
+    if (!acknowledged && this.shortAckDenies(lane!)) [d, granted] = [this.refuse(d), 0];
+    return [d, granted, mode];
+  }
+
+  /** The durable lane, for a call that may write (a cost above 0, a partial grant, a lease). */
+  private laneFor(take: Take, lease: string | undefined): Lane | undefined {
+    return take.upto || take.n > 0 || lease !== undefined ? this.durable : undefined;
+  }
+
+  /**
+   * Whether an admission fewer replicas acknowledged is denied (`'deny'`) rather than admitted
+   * (`'admit'`); for `'failure-policy'` it throws, and the failure policy answers.
+   */
+  private shortAckDenies(lane: Lane): boolean {
+    switch (lane.durability.short ?? 'deny') {
+      case 'admit':
+        return false;
+      case 'deny':
+        return true;
+      case 'failure-policy':
+        throw new Error('fewer replicas acknowledged the write than asked');
+    }
+  }
+
+  /** `d` turned into the refusal of an admission the replicas did not acknowledge. */
+  private refuse(d: Decision): Decision {
+    return { ...d, allowed: false, retryAfterMs: this.failClosedRetryMs };
   }
 
   private async callRelease(key: string, id: string, at: Attempt): Promise<number> {
@@ -654,8 +729,26 @@ export class Client {
     if (take.upto) args.push('UPTO', plainNumber(take.n));
     else args.push('COST', plainNumber(take.n));
     const keys = limits.map(([k]) => k);
-    const reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, at, true);
-    return [multi(reply, limits.length, take), mode];
+    const lane = this.laneFor(take, lease);
+    const c = lane === undefined ? undefined : await lane.take();
+    let reply: Reply;
+    let acknowledged = true;
+    try {
+      reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, at, true, c?.connection);
+      if (lane !== undefined && c !== undefined && Array.isArray(reply) && reply[0] === 1) {
+        acknowledged = await lane.acknowledged(c, keys[0] ?? '', at.signal);
+      }
+    } catch (e) {
+      if (lane !== undefined && c !== undefined) lane.drop(c);
+      throw e;
+    }
+    if (lane !== undefined && c !== undefined) lane.put(c);
+    const m = multi(reply, limits.length, take);
+    if (!acknowledged && this.shortAckDenies(lane!)) {
+      // Denied as by the first limit, every limit answering the same refusal.
+      return [[false, 1, m[2].map((d) => this.refuse(d)), 0], mode];
+    }
+    return [m, mode];
   }
 
   private async callSettle(limits: readonly Limit[], delta: number, at: Attempt): Promise<[Decision[], Mode]> {
