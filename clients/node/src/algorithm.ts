@@ -206,3 +206,13 @@ export function windowSecs(a: Algorithm): number {
   }
   return Math.max(Math.ceil(w), 1);
 }
+
+/**
+ * The identity of a call's limits, in their order: each key, the algorithm's keyword and its
+ * parameters. The entries of the deny cache and of the batches are keyed by it.
+ */
+export function signature(limits: readonly Limit[]): string {
+  let s = '';
+  for (const [k, a] of limits) s += `${k.length}:${k} ${keywordOf(a)} ${paramsOf(a).join(' ')}\n`;
+  return s;
+}

@@ -15,9 +15,13 @@ import {
   limitOf,
   paramsOf,
   plainNumber,
+  signature,
 } from './algorithm.js';
+import { type BatchServer, type BatchStats, Batches, type Batching } from './batch.js';
 import { Breaker } from './breaker.js';
 import { type Connection, type ConnectionSource, RedisReplyError, type Reply, keySlot, toConnection } from './connection.js';
+import { DenyCache } from './deny.js';
+import { Lane } from './durable.js';
 import { Lease } from './lease.js';
 import { LocalLeases, LocalLimiter } from './local.js';
 import { Reservation } from './reservation.js';
@@ -36,6 +40,8 @@ import {
   type ClientOptions,
   type Decision,
   type Degraded,
+  type Durability,
+  type DurabilityStats,
   type FailurePolicy,
   type Mode,
   type MultiOutcome,
@@ -105,6 +111,43 @@ function int(v: Reply): number {
   throw new UnexpectedReply(v);
 }
 
+/**
+ * What a call takes: a cost (`upto` false), or a partial grant of at most `n` units (`UPTO n`).
+ * @internal
+ */
+export interface Take {
+  readonly upto: boolean;
+  readonly n: number;
+}
+
+/** @internal A cost of `n` units. */
+export function costOf(n: number): Take {
+  return { upto: false, n };
+}
+
+/** The words that end a call: the cost, or `UPTO n`. */
+function takeArgs(t: Take): string[] {
+  return t.upto ? ['UPTO', plainNumber(t.n)] : [plainNumber(t.n)];
+}
+
+/**
+ * A limiter's reply: five integers, and a sixth (`granted`) for a partial grant. For a cost the
+ * units taken are the cost when admitted, else 0.
+ */
+function decisionTaken(v: Reply, take: Take): [Decision, number] {
+  if (!Array.isArray(v) || v.length !== (take.upto ? 6 : 5)) throw new UnexpectedReply(v);
+  const d = decision(v.slice(0, 5));
+  if (!take.upto) return [d, d.allowed ? take.n : 0];
+  const granted = int(v[5]);
+  if (granted < 0) throw new UnexpectedReply(v);
+  return [d, granted];
+}
+
+/** Whether a limiter's reply (five or six integers) admits. */
+function isAllowed(v: Reply): boolean {
+  return Array.isArray(v) && v[0] === 1;
+}
+
 function decision(v: Reply): Decision {
   if (!Array.isArray(v) || v.length !== 5) throw new UnexpectedReply(v);
   const [allowed, remaining, retryAfterMs, resetAfterMs, limit] = v.map(int) as [number, number, number, number, number];
@@ -117,11 +160,15 @@ function decisions(v: Reply, n: number): Decision[] {
   return v.map(decision);
 }
 
-function multi(v: Reply, n: number): [boolean, number, Decision[]] {
+/** `RL.ALL`'s reply: allowed, denied_by, one reply per limit; the units granted (the same in each inner reply of a partial grant). */
+function multi(v: Reply, n: number, take: Take): [boolean, number, Decision[], number] {
   if (!Array.isArray(v) || v.length !== n + 2) throw new UnexpectedReply(v);
   const deniedBy = int(v[1]);
   if (deniedBy < 0) throw new UnexpectedReply(v);
-  return [int(v[0]) === 1, deniedBy, v.slice(2).map(decision)];
+  const allowed = int(v[0]) === 1;
+  const replies = v.slice(2).map((r: Reply) => decisionTaken(r, take));
+  const granted = take.upto ? (replies[0]?.[1] ?? 0) : allowed ? take.n : 0;
+  return [allowed, deniedBy, replies.map((r) => r[0]), granted];
 }
 
 function text(v: Reply): string {
@@ -219,6 +266,30 @@ function isNoScript(e: unknown): boolean {
 /** The answer made when Redis could not: the policy's decision and which policy it was. */
 type Fallback = [Decision, Degraded];
 
+/** @internal The answer for one limit, from an answer for exactly one. */
+export function single(o: MultiOutcome): Outcome {
+  return {
+    decision: o.decisions[0] ?? { allowed: o.allowed, remaining: 0, retryAfterMs: 0, resetAfterMs: 0, limit: 0 },
+    degraded: o.degraded,
+    mode: o.mode,
+    granted: o.granted,
+    answeredLocally: o.answeredLocally,
+  };
+}
+
+/** @internal The answer for one limit as an answer for several. */
+export function multiOf(o: Outcome): MultiOutcome {
+  return {
+    allowed: o.decision.allowed,
+    deniedBy: o.decision.allowed ? 0 : 1,
+    decisions: [o.decision],
+    degraded: o.degraded,
+    mode: o.mode,
+    granted: o.granted,
+    answeredLocally: o.answeredLocally,
+  };
+}
+
 /**
  * A connection to Redis (or Redis Cluster) that decides with the module, the Functions library
  * or the scripts. Several keys in one call (`checkAll`, `settle`...) need a common hash tag on a
@@ -243,6 +314,12 @@ export class Client {
   private readonly loading = new Map<string, Promise<void>>();
   /** How many loads of each script have ended: an `EVALSHA` sent before the latest needs none. */
   private readonly loads = new Map<string, number>();
+  /** The deny cache, when on ({@link Client.withDenyCache}). */
+  private denies: DenyCache | undefined;
+  /** The leased batches, when on ({@link Client.withBatching}). */
+  private batches: Batches | undefined;
+  /** The durable lane, when on ({@link Client.withDurability}). */
+  private durable: Lane | undefined;
   readonly timeoutMs: number;
   readonly policy: FailurePolicy;
   readonly instances: number;
@@ -274,6 +351,120 @@ export class Client {
   /** The mode in use, once known (after the first call that reached Redis in `'auto'`). */
   get mode(): Mode | undefined {
     return this.modeValue;
+  }
+
+  /**
+   * Turns the deny cache on, with at most `entries` entries, the least recently used evicted
+   * first: after Redis denies a check with `retryAfterMs` R, the same check (same keys,
+   * algorithms, parameters and cost) is denied without calling Redis until R has passed on the
+   * process's monotonic clock ({@link Outcome.answeredLocally} `'deny_cache'`, the waits counted
+   * down). When R has passed, one check asks Redis again while the others are still denied from
+   * the entry, for at most the client's timeout. It may deny for up to R (and that timeout) what
+   * Redis would admit sooner (another process's refund, a raised limit), never admit what Redis
+   * would deny. Off by default. Returns this client.
+   */
+  withDenyCache(entries: number): this {
+    this.denies = new DenyCache(entries, this.timeoutMs);
+    return this;
+  }
+
+  /** Turns the deny cache off. Returns this client. */
+  withoutDenyCache(): this {
+    this.denies = undefined;
+    return this;
+  }
+
+  /** The deny cache's number of entries at most, when it is on. */
+  get denyCacheCapacity(): number | undefined {
+    return this.denies?.capacity;
+  }
+
+  /** Entries in the deny cache now. */
+  get denyCacheLen(): number {
+    return this.denies?.size ?? 0;
+  }
+
+  /** When the deny cache's entry for these limits at this cost expires (`performance.now()` time), if it has one. */
+  deniedUntil(limits: readonly Limit[], cost: number): number | undefined {
+    return this.denies?.until(signature(limits), cost);
+  }
+
+  /**
+   * Turns leased batches on: a hot key's units are taken several at a time with one partial
+   * grant (`UPTO n`) and its requests admitted from them in the process
+   * ({@link Outcome.answeredLocally} `'batch'`), what is not used going back with `RL.SETTLE ...
+   * DELTA -n` when the batch's lease ends, on {@link Client.flush} and {@link Client.close}, and
+   * when its entry leaves the bounded table. A check of a cost above 0 on one limit, or on several
+   * without a concurrency limit, is batched when one of its keys is declared hot or this process
+   * checks it `detectPerSec` times a second. Returns this client.
+   */
+  withBatching(batching: Batching = {}): this {
+    const server: BatchServer = {
+      timeoutMs: this.timeoutMs,
+      tryGrant: (limits, n) => this.tryGrant(limits, n),
+      settle: (limits, delta) => this.settle(limits, delta),
+      degradedFor: (limits, cost) => this.degradedFor(limits, cost),
+    };
+    this.batches = new Batches(server, batching);
+    return this;
+  }
+
+  /** Turns batches off (what they hold is not given back: {@link Client.flush} first). Returns this client. */
+  withoutBatching(): this {
+    this.batches = undefined;
+    return this;
+  }
+
+  /** What the batches did so far (all zero without batches). */
+  batchStats(): BatchStats {
+    return this.batches?.batchStats() ?? { refills: 0, granted: 0, used: 0, answered: 0, returned: 0, lapsed: 0, held: 0 };
+  }
+
+  /** The size the next batch of these limits starts from (B), while they are tracked. */
+  batchSize(limits: readonly Limit[]): number | undefined {
+    return this.batches?.size(signature(limits));
+  }
+
+  /**
+   * Gives back at once what every batch holds (`RL.SETTLE ... DELTA -n`), and waits for the
+   * answers: the units given back. The keys are batched again on their next calls.
+   */
+  flush(): Promise<number> {
+    return this.batches?.flush() ?? Promise.resolve(0);
+  }
+
+  /**
+   * Stops the batches (checks go to Redis one by one from now on) and gives back what they hold:
+   * the units given back; closes the durable lane's idle connections. Call it before the process
+   * ends.
+   */
+  async close(): Promise<number> {
+    const returned = (await this.batches?.close()) ?? 0;
+    await this.durable?.closeAll();
+    return returned;
+  }
+
+  /**
+   * Admits only what `durability.replicas` replicas acknowledged: every call that may write (a
+   * cost above 0, a partial grant, a lease; `RL.ALL` too) runs on a connection of the durable lane
+   * (opened by `durability.connect`), followed by `WAIT replicas timeout` (`WAITAOF 0 replicas
+   * timeout` with `aof`, and `WAIT` on a server without it) on that same connection, so the
+   * client's shared connection never waits. An admission acknowledged by fewer replicas in time
+   * becomes what `durability.short` says (default `'deny'`: the units stay spent on the master,
+   * `retryAfterMs` the fail-closed wait). Denials are answered at once. `durability.timeoutMs`
+   * must be below the client's timeout, which bounds the call and its `WAIT` together
+   * ({@link UnsupportedError} otherwise, or for 0 replicas). Returns this client.
+   */
+  withDurability(durability: Durability): this {
+    if (!Number.isSafeInteger(durability.replicas) || durability.replicas < 1) throw new UnsupportedError('durable admissions need at least 1 replica');
+    if (!(durability.timeoutMs < this.timeoutMs)) throw new UnsupportedError("the WAIT timeout must be below the client's timeout");
+    this.durable = new Lane(durability);
+    return this;
+  }
+
+  /** What the durable admissions met so far (all zero without durability). */
+  durabilityStats(): DurabilityStats {
+    return this.durable?.durabilityStats() ?? { acknowledged: 0, short: 0 };
   }
 
   /** Whether the circuit breaker is open (or half open). */
@@ -376,12 +567,12 @@ export class Client {
    * sends it again. Still `NOSCRIPT` (the key is on another node of a cluster, or the scripts were
    * flushed again): loaded there, once per slot, and sent a last time.
    */
-  private async evalsha(script: Script, keys: readonly string[], args: readonly string[], at: Attempt): Promise<Reply> {
+  private async evalsha(script: Script, keys: readonly string[], args: readonly string[], at: Attempt, conn: Connection = this.conn): Promise<Reply> {
     const cmd = ['EVALSHA', script.sha, String(keys.length), ...keys, ...args];
     for (const scope of [script.sha, `${script.sha}:${keySlot(keys[0] ?? '')}`]) {
       const before = this.loads.get(scope) ?? 0;
       try {
-        return await this.conn.send(cmd, keys[0], at.signal);
+        return await conn.send(cmd, keys[0], at.signal);
       } catch (e) {
         if (!isNoScript(e)) throw e;
         this.answeredAt = performance.now();
@@ -390,7 +581,7 @@ export class Client {
       // A call given up (its deadline, the caller's abort) sends nothing more.
       at.signal.throwIfAborted();
     }
-    return this.conn.send(cmd, keys[0], at.signal);
+    return conn.send(cmd, keys[0], at.signal);
   }
 
   /** The one `SCRIPT LOAD` of `scope` that a caller who met `NOSCRIPT` waits for. */
@@ -420,6 +611,7 @@ export class Client {
     args: readonly string[],
     at: Attempt,
     numkeys: boolean,
+    conn: Connection = this.conn,
   ): Promise<Reply> {
     const turn = this.turn();
     if (turn !== undefined) {
@@ -437,11 +629,11 @@ export class Client {
     try {
       switch (mode) {
         case 'module':
-          return await this.conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], at.signal);
+          return await conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], at.signal);
         case 'function':
-          return await this.conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], at.signal);
+          return await conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], at.signal);
         case 'script':
-          return await this.evalsha(script, keys, args, at);
+          return await this.evalsha(script, keys, args, at, conn);
       }
     } finally {
       this.nextTurn();
@@ -471,12 +663,52 @@ export class Client {
    * One limit's command: the parameters, then the cost, or for a concurrency limit the lease id
    * (`RL.ACQUIRE` takes no cost).
    */
-  private async callOne(key: string, a: Algorithm, cost: number, lease: string | undefined, at: Attempt): Promise<[Decision, Mode]> {
+  private async callOne(key: string, a: Algorithm, take: Take, lease: string | undefined, at: Attempt): Promise<[Decision, number, Mode]> {
     const mode = await this.resolveMode(at);
     const args = paramsOf(a);
-    args.push(a.kind === 'concurrency' && lease !== undefined ? lease : plainNumber(cost));
-    const reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, at, false);
-    return [decision(reply), mode];
+    if (a.kind === 'concurrency' && lease !== undefined) args.push(lease);
+    else args.push(...takeArgs(take));
+    const lane = this.laneFor(take, lease);
+    const c = lane === undefined ? undefined : await lane.take();
+    let reply: Reply;
+    let acknowledged = true;
+    try {
+      reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, at, false, c?.connection);
+      if (lane !== undefined && c !== undefined && isAllowed(reply)) acknowledged = await lane.acknowledged(c, key, at.signal);
+    } catch (e) {
+      if (lane !== undefined && c !== undefined) lane.drop(c);
+      throw e;
+    }
+    if (lane !== undefined && c !== undefined) lane.put(c);
+    let [d, granted] = a.kind === 'concurrency' ? [decision(reply), 0] : decisionTaken(reply, take);
+    if (a.kind === 'concurrency') granted = d.allowed ? 1 : 0;
+    if (!acknowledged && this.shortAckDenies(lane!)) [d, granted] = [this.refuse(d), 0];
+    return [d, granted, mode];
+  }
+
+  /** The durable lane, for a call that may write (a cost above 0, a partial grant, a lease). */
+  private laneFor(take: Take, lease: string | undefined): Lane | undefined {
+    return take.upto || take.n > 0 || lease !== undefined ? this.durable : undefined;
+  }
+
+  /**
+   * Whether an admission fewer replicas acknowledged is denied (`'deny'`) rather than admitted
+   * (`'admit'`); for `'failure-policy'` it throws, and the failure policy answers.
+   */
+  private shortAckDenies(lane: Lane): boolean {
+    switch (lane.durability.short ?? 'deny') {
+      case 'admit':
+        return false;
+      case 'deny':
+        return true;
+      case 'failure-policy':
+        throw new Error('fewer replicas acknowledged the write than asked');
+    }
+  }
+
+  /** `d` turned into the refusal of an admission the replicas did not acknowledge. */
+  private refuse(d: Decision): Decision {
+    return { ...d, allowed: false, retryAfterMs: this.failClosedRetryMs };
   }
 
   private async callRelease(key: string, id: string, at: Attempt): Promise<number> {
@@ -490,14 +722,33 @@ export class Client {
     return args;
   }
 
-  private async callAll(limits: readonly Limit[], cost: number, lease: string | undefined, at: Attempt): Promise<[[boolean, number, Decision[]], Mode]> {
+  private async callAll(limits: readonly Limit[], take: Take, lease: string | undefined, at: Attempt): Promise<[[boolean, number, Decision[], number], Mode]> {
     const mode = await this.resolveMode(at);
     const args = Client.limitArgs(limits);
     if (lease !== undefined) args.push('LEASE', lease);
-    args.push('COST', plainNumber(cost));
+    if (take.upto) args.push('UPTO', plainNumber(take.n));
+    else args.push('COST', plainNumber(take.n));
     const keys = limits.map(([k]) => k);
-    const reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, at, true);
-    return [multi(reply, limits.length), mode];
+    const lane = this.laneFor(take, lease);
+    const c = lane === undefined ? undefined : await lane.take();
+    let reply: Reply;
+    let acknowledged = true;
+    try {
+      reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, at, true, c?.connection);
+      if (lane !== undefined && c !== undefined && Array.isArray(reply) && reply[0] === 1) {
+        acknowledged = await lane.acknowledged(c, keys[0] ?? '', at.signal);
+      }
+    } catch (e) {
+      if (lane !== undefined && c !== undefined) lane.drop(c);
+      throw e;
+    }
+    if (lane !== undefined && c !== undefined) lane.put(c);
+    const m = multi(reply, limits.length, take);
+    if (!acknowledged && this.shortAckDenies(lane!)) {
+      // Denied as by the first limit, every limit answering the same refusal.
+      return [[false, 1, m[2].map((d) => this.refuse(d)), 0], mode];
+    }
+    return [m, mode];
   }
 
   private async callSettle(limits: readonly Limit[], delta: number, at: Attempt): Promise<[Decision[], Mode]> {
@@ -605,9 +856,15 @@ export class Client {
   }
 
   private fallback(key: string, a: Algorithm, cost: number, lease: string | undefined): Fallback {
+    const [d, , g] = this.fallbackTake(key, a, costOf(cost), lease);
+    return [d, g];
+  }
+
+  /** The failure policy's answer for one limit, with the units it grants. */
+  private fallbackTake(key: string, a: Algorithm, take: Take, lease: string | undefined): [Decision, number, Degraded] {
     switch (this.policy) {
       case 'fail-open':
-        return [{ allowed: true, remaining: limitOf(a), retryAfterMs: 0, resetAfterMs: 0, limit: limitOf(a) }, 'fail-open'];
+        return [{ allowed: true, remaining: limitOf(a), retryAfterMs: 0, resetAfterMs: 0, limit: limitOf(a) }, take.n, 'fail-open'];
       case 'fail-closed':
         return [
           {
@@ -617,12 +874,21 @@ export class Client {
             resetAfterMs: this.failClosedRetryMs,
             limit: limitOf(a),
           },
+          0,
           'fail-closed',
         ];
-      case 'local':
-        return a.kind === 'concurrency'
-          ? [this.leases.acquire(key, lease ?? '', a, this.instances, cost > 0), 'local']
-          : [this.local.check(key, a, this.instances, cost), 'local'];
+      case 'local': {
+        if (a.kind === 'concurrency') {
+          const d = this.leases.acquire(key, lease ?? '', a, this.instances, take.n > 0);
+          return [d, d.allowed ? 1 : 0, 'local'];
+        }
+        if (take.upto) {
+          const [d, g] = this.local.grant(key, a, this.instances, take.n);
+          return [d, g, 'local'];
+        }
+        const d = this.local.check(key, a, this.instances, take.n);
+        return [d, d.allowed ? take.n : 0, 'local'];
+      }
     }
   }
 
@@ -633,17 +899,56 @@ export class Client {
    */
   async check(key: string, algorithm: Algorithm, cost = 1, call?: CallOptions): Promise<Outcome> {
     checkCount('cost', cost);
-    if (algorithm.kind !== 'concurrency') return this.decideOne(key, algorithm, cost, undefined, call);
+    if (algorithm.kind !== 'concurrency') {
+      if (cost > 0 && (this.batches !== undefined || this.denies !== undefined)) return single(await this.decideHot([[key, algorithm]], cost, this.denies, call));
+      return this.decideOne(key, algorithm, cost, undefined, call);
+    }
     const o = await this.checkAll([[key, algorithm]], cost, call);
-    return { decision: o.decisions[0]!, degraded: o.degraded, mode: o.mode };
+    return single(o);
+  }
+
+  /**
+   * A partial grant (`UPTO n`): as many units of `algorithm` on `key` as are left now, at least 1
+   * and at most `n`, taken in one call; {@link Outcome.granted} says how many (0 when denied:
+   * nothing was left, and the decision is the denial of one unit). Give back what goes unused
+   * with {@link Client.settle} (a negative delta). `n` from 1 to 10^15 (1,000 for a sliding log);
+   * not for a concurrency limit ({@link UnsupportedError}). Batches and the deny cache are not
+   * used. When Redis cannot answer: `'fail-open'` grants `n` (nothing taken), `'fail-closed'`
+   * denies, `'local'` grants what its in-process bucket has, at most `n`.
+   */
+  async checkUpto(key: string, algorithm: Algorithm, n: number, call?: CallOptions): Promise<Outcome> {
+    checkCount('n', n);
+    if (algorithm.kind === 'concurrency') throw new UnsupportedError('a concurrency limit is not granted in part (a lease is one slot)');
+    if (n === 0) throw new UnsupportedError('UPTO n takes n of at least 1');
+    return this.decideTake(key, algorithm, { upto: true, n }, undefined, call);
+  }
+
+  /**
+   * A partial grant of several limits at once (`RL.ALL ... UPTO n`): every limit is granted the
+   * same units, the fewest any of them has left, at most `n` ({@link MultiOutcome.granted}; 0
+   * when denied, as a cost of 1 would be). One limit alone uses its own command. Concurrency
+   * limits are refused ({@link UnsupportedError}).
+   */
+  async checkAllUpto(limits: readonly Limit[], n: number, call?: CallOptions): Promise<MultiOutcome> {
+    checkCount('n', n);
+    if (limits.some(([, a]) => a.kind === 'concurrency')) {
+      throw new UnsupportedError('a concurrency limit is not granted in part (a lease is one slot)');
+    }
+    if (n === 0) throw new UnsupportedError('UPTO n takes n of at least 1');
+    return this.decideAllTake(limits, { upto: true, n }, undefined, call);
   }
 
   /** @internal One limit: Redis, or the failure policy when Redis cannot answer. */
-  async decideOne(key: string, a: Algorithm, cost: number, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
-    const g = await this.guarded((at) => this.callOne(key, a, cost, lease, at), call);
-    if (g.ok) return { decision: g.value[0], degraded: undefined, mode: g.value[1] };
-    const [d, degraded] = this.fallback(key, a, cost, lease);
-    return { decision: d, degraded, mode: undefined };
+  decideOne(key: string, a: Algorithm, cost: number, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
+    return this.decideTake(key, a, costOf(cost), lease, call);
+  }
+
+  /** @internal One limit, a cost or a partial grant. */
+  async decideTake(key: string, a: Algorithm, take: Take, lease: string | undefined, call?: CallOptions): Promise<Outcome> {
+    const g = await this.guarded((at) => this.callOne(key, a, take, lease, at), call);
+    if (g.ok) return { decision: g.value[0], degraded: undefined, mode: g.value[2], granted: g.value[1] };
+    const [d, granted, degraded] = this.fallbackTake(key, a, take, lease);
+    return { decision: d, degraded, mode: undefined, granted };
   }
 
   /**
@@ -653,42 +958,111 @@ export class Client {
    * {@link Client.acquireAll}.
    */
   async checkAll(limits: readonly Limit[], cost = 1, call?: CallOptions): Promise<MultiOutcome> {
+    return this.checkAllWith(limits, cost, this.denies, call);
+  }
+
+  /** @internal {@link Client.checkAll} with the deny cache `denies` (the middleware's own, or none). */
+  async checkAllWith(limits: readonly Limit[], cost: number, denies: DenyCache | undefined, call?: CallOptions): Promise<MultiOutcome> {
     checkCount('cost', cost);
-    if (!limits.some(([, a]) => a.kind === 'concurrency')) return this.decideAll(limits, cost, undefined, call);
+    if (!limits.some(([, a]) => a.kind === 'concurrency')) {
+      if (cost > 0 && limits.length >= 1 && limits.length <= 16 && (this.batches !== undefined || denies !== undefined)) {
+        return this.decideHot(limits, cost, denies, call);
+      }
+      return this.decideAll(limits, cost, undefined, call);
+    }
     if (cost > 0) throw new UnsupportedError('concurrency limits take a lease: Client.acquireAll');
     return this.decideAll(limits, 0, newLeaseId(), call);
   }
 
-  /** @internal Several limits in one call (one alone with its own command, but a concurrency peek). */
-  async decideAll(limits: readonly Limit[], cost: number, lease: string | undefined, call?: CallOptions): Promise<MultiOutcome> {
-    const only = limits.length === 1 ? limits[0] : undefined;
-    if (only && (cost > 0 || only[1].kind !== 'concurrency')) {
-      const o = await this.decideOne(only[0], only[1], cost, lease, call);
-      return {
-        allowed: o.decision.allowed,
-        deniedBy: o.decision.allowed ? 0 : 1,
-        decisions: [o.decision],
-        degraded: o.degraded,
-        mode: o.mode,
-      };
+  /**
+   * A check of a cost above 0 that a batch or the deny cache may answer: a batch holding the
+   * units admits first (they are granted), then an unexpired denial of the same call is
+   * repeated, then a hot key takes a new batch, else Redis decides (its denial remembered, what
+   * remains noted for the next batch's size).
+   */
+  private async decideHot(limits: readonly Limit[], cost: number, denies: DenyCache | undefined, call?: CallOptions): Promise<MultiOutcome> {
+    const sig = signature(limits);
+    const batches = this.batches;
+    let refill = false;
+    if (batches !== undefined) {
+      const step = batches.tryLocal(sig, limits, cost);
+      if (typeof step === 'object') return step;
+      refill = step === 'refill';
     }
-    if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
-    const g = await this.guarded((at) => this.callAll(limits, cost, lease, at), call);
-    if (g.ok) {
-      const [[allowed, deniedBy, ds], mode] = g.value;
-      return { allowed, deniedBy, decisions: ds, degraded: undefined, mode };
+    const cached = denies?.lookup(sig, cost);
+    if (cached !== undefined) return cached;
+    if (refill && batches !== undefined) {
+      const o = await batches.refill(sig, limits, cost, denies);
+      if (o !== undefined) return o;
+      // The refill that came first may have been denied meanwhile.
+      const again = denies?.lookup(sig, cost);
+      if (again !== undefined) return again;
     }
-    return this.degradedAll(limits, cost, lease);
+    const sent = performance.now();
+    const o = await this.decideAll(limits, cost, undefined, call);
+    denies?.record(sig, cost, o, sent);
+    batches?.observe(sig, o);
+    return o;
   }
 
-  private degradedAll(limits: readonly Limit[], cost: number, lease: string | undefined): MultiOutcome {
-    let degraded: Degraded = 'fail-open';
+  /** A partial grant for a batch: undefined when Redis cannot answer. */
+  private async tryGrant(limits: readonly Limit[], n: number): Promise<MultiOutcome | undefined> {
+    const take: Take = { upto: true, n };
+    const only = limits.length === 1 ? limits[0] : undefined;
+    if (only !== undefined) {
+      const g = await this.guarded((at) => this.callOne(only[0], only[1], take, undefined, at), undefined);
+      if (!g.ok) return undefined;
+      const [d, granted, mode] = g.value;
+      return { allowed: d.allowed, deniedBy: d.allowed ? 0 : 1, decisions: [d], degraded: undefined, mode, granted };
+    }
+    const g = await this.guarded((at) => this.callAll(limits, take, undefined, at), undefined);
+    if (!g.ok) return undefined;
+    const [[allowed, deniedBy, ds, granted], mode] = g.value;
+    return { allowed, deniedBy, decisions: ds, degraded: undefined, mode, granted };
+  }
+
+  /** The failure policy's answer for a cost, as a call to Redis that failed would get it. */
+  private degradedFor(limits: readonly Limit[], cost: number): MultiOutcome {
+    const only = limits.length === 1 ? limits[0] : undefined;
+    if (only !== undefined) {
+      const [d, granted, degraded] = this.fallbackTake(only[0], only[1], costOf(cost), undefined);
+      return multiOf({ decision: d, degraded, mode: undefined, granted });
+    }
+    return this.degradedAll(limits, costOf(cost), undefined);
+  }
+
+  /** @internal Several limits in one call (one alone with its own command, but a concurrency peek). */
+  decideAll(limits: readonly Limit[], cost: number, lease: string | undefined, call?: CallOptions): Promise<MultiOutcome> {
+    return this.decideAllTake(limits, costOf(cost), lease, call);
+  }
+
+  /** @internal Several limits, a cost or a partial grant. */
+  async decideAllTake(limits: readonly Limit[], take: Take, lease: string | undefined, call?: CallOptions): Promise<MultiOutcome> {
+    const only = limits.length === 1 ? limits[0] : undefined;
+    if (only && (take.n > 0 || only[1].kind !== 'concurrency')) {
+      return multiOf(await this.decideTake(only[0], only[1], take, lease, call));
+    }
+    if (limits.length === 0 || limits.length > 16) throw new UnsupportedError('between 1 and 16 limits per call');
+    const g = await this.guarded((at) => this.callAll(limits, take, lease, at), call);
+    if (g.ok) {
+      const [[allowed, deniedBy, ds, granted], mode] = g.value;
+      return { allowed, deniedBy, decisions: ds, degraded: undefined, mode, granted };
+    }
+    return this.degradedAll(limits, take, lease);
+  }
+
+  /** @internal The failure policy's answer for several limits. */
+  degradedAll(limits: readonly Limit[], take: Take, lease: string | undefined): MultiOutcome {
+    let degraded = 'fail-open' as Degraded;
     // Peek first so that a denial consumes from none of the limits.
     const peeks = limits.map(([k, a]) => {
       const [d, g] = this.fallback(k, a, 0, lease);
       degraded = g;
       return d;
     });
+    // A partial grant takes what the fewest left allow, at most n (as RL.ALL ... UPTO n).
+    let cost = take.n;
+    if (take.upto && degraded === 'local') cost = Math.max(Math.min(Math.min(...peeks.map((d) => d.remaining)), take.n), 1);
     const denier = peeks.findIndex((d, i) => {
       if (degraded === 'fail-closed') return true;
       // One slot whatever the cost; none taken by a peek.
@@ -703,7 +1077,7 @@ export class Client {
     } else {
       ds = limits.map(([k, a]) => this.fallback(k, a, cost, lease)[0]);
     }
-    return { allowed: denier < 0, deniedBy: denier + 1, decisions: ds, degraded, mode: undefined };
+    return { allowed: denier < 0, deniedBy: denier + 1, decisions: ds, degraded, mode: undefined, granted: denier < 0 ? cost : 0 };
   }
 
   /**

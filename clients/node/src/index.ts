@@ -63,8 +63,17 @@ export {
   keySlot,
   toConnection,
 } from './connection.js';
+export { type BatchStats, type Batching } from './batch.js';
 export { Lease } from './lease.js';
-export { type Counts, Metrics, type PromRegistry, exposeToPrometheus } from './metrics.js';
+export {
+  type Counts,
+  type LocalLabel,
+  Metrics,
+  type PromRegistry,
+  exposeBreakerToPrometheus,
+  exposeToPrometheus,
+  renderBreakerGauge,
+} from './metrics.js';
 export { Reservation } from './reservation.js';
 export { BUNDLED_SCRIPTS, LIBRARY, LIBRARY_NAME } from './scripts.js';
 export {
@@ -73,19 +82,24 @@ export {
   type ClientOptions,
   type Decision,
   type Degraded,
+  type Durability,
+  type DurabilityStats,
   type FailurePolicy,
+  type LocalAnswer,
   type Mode,
   type MultiOutcome,
   type Outcome,
   RateLimitError,
   RejectedError,
   type Settlement,
+  type ShortAck,
   type TopEntry,
   UnavailableError,
   UnsupportedError,
 } from './types.js';
 export {
   type Admission,
+  DENY_CACHE_ENTRIES,
   type Admitted,
   type ExpressRequestLike,
   type Fields,

@@ -60,6 +60,17 @@ export class LocalLimiter {
   }
 
   /**
+   * A partial grant from the in-process bucket: what it has left (whole units), at most `n`;
+   * nothing left is the denial of one unit. The decision and the units granted.
+   */
+  grant(key: string, a: Algorithm, instances: number, n: number): [Decision, number] {
+    const left = this.check(key, a, instances, 0).remaining;
+    const g = Math.max(Math.min(left, n), 1);
+    const d = this.check(key, a, instances, g);
+    return [d, d.allowed ? g : 0];
+  }
+
+  /**
    * Gives back `-delta` tokens (never above the capacity) or takes `delta` more, below zero if
    * need be, down to minus the capacity: a bucket in debt denies until it has refilled past it.
    */

@@ -16,7 +16,14 @@ export interface Counts {
   refunded: number;
   /** Units taken by settlements (an actual cost above the estimate). */
   charged: number;
+  /** Admissions answered from a leased batch, without a call to Redis (among `allowed`). */
+  batch: number;
+  /** Denials answered by the deny cache, without a call to Redis (among `denied`, or `shadowDenied`). */
+  denyCache: number;
 }
+
+/** An answer made in the process: from a leased batch, or by the deny cache. */
+export type LocalLabel = 'batch' | 'deny_cache';
 
 const DECISIONS_HELP =
   'Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).';
@@ -38,17 +45,26 @@ export class Metrics {
   private entry(limit: string): Counts {
     let c = this.byLimit.get(limit);
     if (!c) {
-      c = { allowed: 0, denied: 0, degraded: 0, shadowDenied: 0, shadow: false, refunded: 0, charged: 0 };
+      c = { allowed: 0, denied: 0, degraded: 0, shadowDenied: 0, shadow: false, refunded: 0, charged: 0, batch: 0, denyCache: 0 };
       this.byLimit.set(limit, c);
     }
     return c;
   }
 
-  record(limit: string, allowed: boolean, degraded: boolean): void {
+  /** An enforced limit's answer; `local` when it was made in the process (a batch, the deny cache). */
+  record(limit: string, allowed: boolean, degraded: boolean, local?: LocalLabel): void {
     const c = this.entry(limit);
     if (allowed) c.allowed += 1;
     else c.denied += 1;
     if (degraded) c.degraded += 1;
+    if (local !== undefined) this.recordLocal(limit, local);
+  }
+
+  /** An answer made in the process for `limit` (counted besides `allowed`, `denied` or `shadow_denied`). */
+  recordLocal(limit: string, local: LocalLabel): void {
+    const c = this.entry(limit);
+    if (local === 'batch') c.batch += 1;
+    else c.denyCache += 1;
   }
 
   /** A shadow limit's answer: admissions count as allowed, refusals as shadow_denied, never as denied. */
@@ -69,7 +85,7 @@ export class Metrics {
 
   counts(limit: string): Counts {
     const c = this.byLimit.get(limit);
-    return c ? { ...c } : { allowed: 0, denied: 0, degraded: 0, shadowDenied: 0, shadow: false, refunded: 0, charged: 0 };
+    return c ? { ...c } : { allowed: 0, denied: 0, degraded: 0, shadowDenied: 0, shadow: false, refunded: 0, charged: 0, batch: 0, denyCache: 0 };
   }
 
   /** Every limit with its counts, in byte order of the names. */
@@ -79,7 +95,9 @@ export class Metrics {
 
   /**
    * `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`, for a limit
-   * evaluated as a shadow limit also `outcome="shadow_denied"`, then, once a settlement changed
+   * evaluated as a shadow limit also `outcome="shadow_denied"`, `outcome="batch"` once the limit
+   * has had an admission answered from a batch and `outcome="deny_cache"` once it has had a denial
+   * answered by the deny cache, then, once a settlement changed
    * something, `ratelimit_settled_units_total{limit="...",direction="refunded|charged"}`.
    */
   renderPrometheus(): string {
@@ -95,6 +113,13 @@ export class Metrics {
         out += `ratelimit_decisions_total{limit="${n}",outcome="${outcome}"} ${v}\n`;
       }
       if (c.shadow) out += `ratelimit_decisions_total{limit="${n}",outcome="shadow_denied"} ${c.shadowDenied}\n`;
+      // Admissions and denials among the above that were answered in the process.
+      for (const [outcome, v] of [
+        ['batch', c.batch],
+        ['deny_cache', c.denyCache],
+      ] as const) {
+        if (v > 0) out += `ratelimit_decisions_total{limit="${n}",outcome="${outcome}"} ${v}\n`;
+      }
     }
     const settled = entries.filter(([, c]) => c.refunded > 0 || c.charged > 0);
     if (settled.length > 0) {
@@ -109,12 +134,28 @@ export class Metrics {
   }
 }
 
+const BREAKER_HELP =
+  "Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.";
+
+/**
+ * The gauge `ratelimit_breaker_open` in Prometheus's text format: 1 while `open` (the breaker of
+ * the client a middleware decides with), else 0. A middleware's `renderPrometheus()` is its
+ * counters followed by this.
+ */
+export function renderBreakerGauge(open: boolean): string {
+  return `# HELP ratelimit_breaker_open ${BREAKER_HELP}\n# TYPE ratelimit_breaker_open gauge\nratelimit_breaker_open ${open ? 1 : 0}\n`;
+}
+
 /** What is used of prom-client: its `Counter` and a registry. */
 interface PromCounter {
   reset(): void;
   inc(labels: Record<string, string>, value: number): void;
 }
+interface PromGauge {
+  set(value: number): void;
+}
 interface PromClient {
+  Gauge: new (config: { name: string; help: string; registers: unknown[]; collect: (this: PromGauge) => void }) => PromGauge;
   Counter: new (config: {
     name: string;
     help: string;
@@ -131,6 +172,41 @@ export interface PromRegistry {
 
 /** The metrics each registry reports, summed over every middleware attached to it. */
 const attached = new WeakMap<PromRegistry, Set<Metrics>>();
+/** The breakers each registry reports: the gauge is 1 while any of them is open. */
+const breakers = new WeakMap<PromRegistry, Set<() => boolean>>();
+
+/** prom-client, loaded (rejects when it is not installed). */
+async function promClient(): Promise<PromClient> {
+  const imported = (await import('prom-client')) as unknown as PromClient & { default?: PromClient };
+  return imported.Counter ? imported : imported.default!;
+}
+
+/**
+ * Reports `ratelimit_breaker_open` through prom-client, in `registry` (default: prom-client's
+ * global one): 1 while `open()` is true for any of the breakers given to the same registry, else
+ * 0, read at every scrape. Rejects when prom-client is not installed.
+ */
+export async function exposeBreakerToPrometheus(open: () => boolean, registry?: PromRegistry): Promise<void> {
+  const prom = await promClient();
+  const reg = registry ?? prom.register;
+  let set = breakers.get(reg);
+  if (!set) {
+    set = new Set();
+    breakers.set(reg, set);
+  }
+  set.add(open);
+  const all = set;
+  if (!reg.getSingleMetric('ratelimit_breaker_open')) {
+    new prom.Gauge({
+      name: 'ratelimit_breaker_open',
+      help: BREAKER_HELP,
+      registers: [reg],
+      collect(this: PromGauge) {
+        this.set([...all].some((f) => f()) ? 1 : 0);
+      },
+    });
+  }
+}
 
 /**
  * Reports `metrics` through prom-client, in `registry` (default: prom-client's global one):
@@ -139,8 +215,7 @@ const attached = new WeakMap<PromRegistry, Set<Metrics>>();
  * the same registry). Rejects when prom-client is not installed.
  */
 export async function exposeToPrometheus(metrics: Metrics, registry?: PromRegistry): Promise<void> {
-  const imported = (await import('prom-client')) as unknown as PromClient & { default?: PromClient };
-  const prom: PromClient = imported.Counter ? imported : imported.default!;
+  const prom = await promClient();
   const reg = registry ?? prom.register;
   let set = attached.get(reg);
   if (!set) {
@@ -163,6 +238,8 @@ export async function exposeToPrometheus(metrics: Metrics, registry?: PromRegist
           t.shadow ||= c.shadow;
           t.refunded += c.refunded;
           t.charged += c.charged;
+          t.batch += c.batch;
+          t.denyCache += c.denyCache;
         }
       }
     }
@@ -181,6 +258,8 @@ export async function exposeToPrometheus(metrics: Metrics, registry?: PromRegist
           this.inc({ limit, outcome: 'denied' }, c.denied);
           this.inc({ limit, outcome: 'degraded' }, c.degraded);
           if (c.shadow) this.inc({ limit, outcome: 'shadow_denied' }, c.shadowDenied);
+          if (c.batch > 0) this.inc({ limit, outcome: 'batch' }, c.batch);
+          if (c.denyCache > 0) this.inc({ limit, outcome: 'deny_cache' }, c.denyCache);
         }
       },
     });

@@ -65,6 +65,51 @@ export interface ClientOptions {
   failClosedRetryMs?: number;
 }
 
+/** What a durable client does with an admission fewer replicas acknowledged than it asked. */
+export type ShortAck =
+  /** Deny it (the units stay spent on the master: under-admission, never over). */
+  | 'deny'
+  /** Admit it, and count it in `durabilityStats().short`. */
+  | 'admit'
+  /** Answer it with the failure policy, as if Redis had not answered. */
+  | 'failure-policy';
+
+/**
+ * A durable client's admissions ({@link Client.withDurability}): each admitting write is
+ * acknowledged by `replicas` replicas (`WAIT replicas timeout` on a connection of its own, after
+ * the call) before it admits.
+ */
+export interface Durability {
+  /** Replicas that must acknowledge the write (at least 1). */
+  replicas: number;
+  /** How long `WAIT` waits for them, in ms (below the client's own timeout, which bounds the call and the `WAIT` together). */
+  timeoutMs: number;
+  /** What an admission that fewer replicas acknowledged becomes (default `'deny'`). */
+  short?: ShortAck;
+  /**
+   * Whether the replicas must have the write in their append-only file too (`WAITAOF 0 replicas
+   * timeout`: fsynced, so a replica that restarts keeps it). Replicas without `appendonly yes`
+   * never acknowledge it. A server without `WAITAOF` (before Redis 7.2) gets `WAIT`.
+   */
+  aof?: boolean;
+  /**
+   * Opens one more connection of the durable lane, ready, to the same server as the client's
+   * (a node-redis client or cluster, an ioredis `Redis` or `Cluster`, or any `Connection`):
+   * `WAIT` holds the connection it is sent on, so each durable call takes one of its own.
+   */
+  connect: () => Promise<unknown>;
+  /** Closes a connection of the lane that is no longer kept (one that failed, one too many, or all of them on `close`). */
+  close?: (connection: unknown) => void | Promise<void>;
+}
+
+/** What a durable client's admissions met so far. */
+export interface DurabilityStats {
+  /** Admissions acknowledged by enough replicas. */
+  acknowledged: number;
+  /** Admissions fewer replicas acknowledged in time (then answered as `short` says). */
+  short: number;
+}
+
 /** Per-call options. */
 export interface CallOptions {
   /**
@@ -76,13 +121,31 @@ export interface CallOptions {
   timeoutMs?: number;
 }
 
+/**
+ * How the client answered without calling Redis: from units a partial grant took earlier for
+ * the key (a leased batch), or by repeating an earlier denial within its `retryAfterMs` (the deny
+ * cache). Also the metrics' outcome label.
+ */
+export type LocalAnswer = 'batch' | 'deny_cache';
+
 /** The answer for one limit. */
 export interface Outcome {
   readonly decision: Decision;
   /** Set when Redis was not asked or did not answer in time. */
   readonly degraded: Degraded | undefined;
-  /** The mode that answered (undefined when degraded). */
+  /**
+   * The mode that answered (undefined when degraded; for a local answer, the mode of the call it
+   * comes from).
+   */
   readonly mode: Mode | undefined;
+  /**
+   * The units taken: the cost when admitted and 0 when denied; for a partial grant
+   * ({@link Client.checkUpto}) the units granted, 1 to `n`. An answer of `'fail-open'` grants
+   * what was asked (nothing is taken anywhere).
+   */
+  readonly granted: number;
+  /** Set when the client answered from a batch or its deny cache, without calling Redis. */
+  readonly answeredLocally?: LocalAnswer | undefined;
 }
 
 /** The answer for several limits checked at once (`RL.ALL`). */
@@ -93,6 +156,10 @@ export interface MultiOutcome {
   readonly decisions: readonly Decision[];
   readonly degraded: Degraded | undefined;
   readonly mode: Mode | undefined;
+  /** The units taken from every limit (see {@link Outcome.granted}). */
+  readonly granted: number;
+  /** Set when the client answered from a batch or its deny cache, without calling Redis. */
+  readonly answeredLocally?: LocalAnswer | undefined;
 }
 
 /** The state of every limit after a settlement (`RL.SETTLE`), in the order of the limits. */

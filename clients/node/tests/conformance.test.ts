@@ -18,6 +18,7 @@ import { test } from 'node:test';
 
 import {
   type Algorithm,
+  type Batching,
   Client,
   type ClientOptions,
   type Concurrency,
@@ -26,6 +27,7 @@ import {
   type Lease,
   LIBRARY,
   type Limit,
+  type LocalAnswer,
   type Mode,
   RejectedError,
   type Reservation,
@@ -120,6 +122,25 @@ function options(c: Obj, mode: Mode): ClientOptions {
   return out;
 }
 
+/** The client of a case: its options, and the deny cache (`deny_cache: {entries}`) when it has one. */
+function clientOf(connection: Opened['connection'], c: Obj, mode: Mode): Client {
+  const client = new Client(connection, options(c, mode));
+  const dc = ((c['options'] ?? {}) as Obj)['deny_cache'] as Obj | undefined;
+  if (dc !== undefined) client.withDenyCache(num(dc, 'entries'));
+  const b = ((c['options'] ?? {}) as Obj)['batching'] as Obj | undefined;
+  if (b !== undefined) {
+    const batching: Batching = {};
+    if (Array.isArray(b['hot_keys'])) batching.hotKeys = b['hot_keys'] as string[];
+    if (typeof b['initial'] === 'number') batching.initial = b['initial'];
+    if (typeof b['max_batch'] === 'number') batching.maxBatch = b['max_batch'];
+    if (typeof b['remaining_share'] === 'number') batching.remainingShare = b['remaining_share'];
+    if (typeof b['lease_ms'] === 'number') batching.leaseMs = b['lease_ms'];
+    if (typeof b['detect_per_sec'] === 'number') batching.detectPerSec = b['detect_per_sec'];
+    client.withBatching(batching);
+  }
+  return client;
+}
+
 function decision(d: Decision): Json {
   return [d.allowed ? 1 : 0, d.remaining, d.retryAfterMs, d.resetAfterMs, d.limit];
 }
@@ -164,6 +185,8 @@ function layerOptions(c: Obj): RateLimitOptions<RequestLike> {
   }));
   if (l['estimates']) out.estimates = l['estimates'] as Record<string, number>;
   out.legacyHeaders = l['legacy_headers'] === true;
+  // Off unless the case turns it on: it counts down on the process's clock, which the test clock does not move.
+  out.denyCache = l['deny_cache'] === true;
   const format = l['header_format'];
   if (format !== undefined) {
     if (format !== 'draft-11' && format !== 'draft-12') throw new Error(`unknown header_format ${JSON.stringify(format)}`);
@@ -194,7 +217,7 @@ function expectation(step: Obj, mode: Mode): Json | undefined {
 }
 
 const OPS = [
-  'check', 'peek', 'check_all', 'acquire', 'acquire_all', 'renew', 'release', 'release_id', 'reserve', 'reserve_all',
+  'check', 'peek', 'check_all', 'check_upto', 'check_all_upto', 'flush', 'close', 'acquire', 'acquire_all', 'renew', 'release', 'release_id', 'reserve', 'reserve_all',
   'settle', 'settle_delta', 'top', 'reset_top', 'redis', 'request', 'finish', 'wait_leases', 'metrics', 'keys', 'calls',
   'stop_redis',
 ];
@@ -291,10 +314,16 @@ class Run {
   }
 
   /** Adds `degraded` when the answer did not come from Redis; else checks the run's mode answered. */
-  provenance(obs: Obj, degraded: Degraded | undefined, mode: Mode | undefined): Obj {
+  provenance(obs: Obj, degraded: Degraded | undefined, mode: Mode | undefined, local?: LocalAnswer): Obj {
+    if (local !== undefined) obs['answered_locally'] = local;
     if (degraded !== undefined) obs['degraded'] = degraded;
     else if (mode !== this.mode) this.problems.push(`answered by ${mode ?? 'none'} in ${this.mode} mode`);
     return obs;
+  }
+
+  /** A check's `granted`: its cost when admitted, 0 when denied (fail-open grants what was asked). */
+  granted(got: number, allowed: boolean, cost: number): void {
+    if (got !== (allowed ? cost : 0)) this.problems.push(`granted ${got}, not ${allowed ? cost : 0}`);
   }
 
   holdLease(arg: Obj, admitted: boolean, lease: Lease | undefined, obs: Obj): void {
@@ -333,11 +362,27 @@ class Run {
           op === 'peek'
             ? await this.client.limiter(algo).peek(key)
             : await this.client.check(key, algo, (a['cost'] as number | undefined) ?? 1);
-        return this.provenance({ decision: decision(o.decision) }, o.degraded, o.mode);
+        this.granted(o.granted, o.decision.allowed, op === 'peek' ? 0 : ((a['cost'] as number | undefined) ?? 1));
+        return this.provenance({ decision: decision(o.decision) }, o.degraded, o.mode, o.answeredLocally);
       }
       case 'check_all': {
-        const o = await this.client.checkAll(this.limits(a['limits']!), (a['cost'] as number | undefined) ?? 1);
-        return this.provenance({ allowed: o.allowed, denied_by: o.deniedBy, decisions: o.decisions.map(decision) }, o.degraded, o.mode);
+        const cost = (a['cost'] as number | undefined) ?? 1;
+        const o = await this.client.checkAll(this.limits(a['limits']!), cost);
+        this.granted(o.granted, o.allowed, cost);
+        return this.provenance({ allowed: o.allowed, denied_by: o.deniedBy, decisions: o.decisions.map(decision) }, o.degraded, o.mode, o.answeredLocally);
+      }
+      case 'check_upto': {
+        const o = await this.client.checkUpto(a['key'] as string, this.algorithm(a['limit']!), a['upto'] as number);
+        return this.provenance({ decision: decision(o.decision), granted: o.granted }, o.degraded, o.mode, o.answeredLocally);
+      }
+      case 'check_all_upto': {
+        const o = await this.client.checkAllUpto(this.limits(a['limits']!), a['upto'] as number);
+        return this.provenance(
+          { allowed: o.allowed, denied_by: o.deniedBy, decisions: o.decisions.map(decision), granted: o.granted },
+          o.degraded,
+          o.mode,
+          o.answeredLocally,
+        );
       }
       case 'acquire': {
         const key = a['key'] as string;
@@ -395,6 +440,10 @@ class Run {
         const s = await this.client.settle(this.limits(a['limits']!), a['delta'] as number);
         return this.provenance({ decisions: s.decisions.map(decision) }, s.degraded, s.mode);
       }
+      case 'flush':
+        return { returned: await this.client.flush() };
+      case 'close':
+        return { returned: await this.client.close() };
       case 'top': {
         const entries = await this.client.top(arg as number);
         return { entries: entries.map((e) => [e.key, e.denied, e.error, e.command, e.firstDeniedMs, e.lastDeniedMs]) };
@@ -497,7 +546,7 @@ function runsOf(c: Obj): Array<{ mode: Mode; library: Library; framework: Framew
 }
 
 /** The features a case may require (`requires` in the table) that this package implements. */
-const SUPPORTED: ReadonlySet<string> = new Set<string>();
+const SUPPORTED: ReadonlySet<string> = new Set<string>(['partial_grants', 'deny_cache', 'batches']);
 
 test(`the conformance table on ${serverVersion()}`, async (t) => {
   const startUs = table['clock_start_us'] as number;
@@ -522,7 +571,7 @@ test(`the conformance table on ${serverVersion()}`, async (t) => {
           const unreachable = c['redis'] === 'unreachable';
           const opened: Opened = open(library, unreachable ? await freePort() : server.port);
           if (!unreachable) await ready(opened);
-          const client = new Client(opened.connection, options(c, mode));
+          const client = clientOf(opened.connection, c, mode);
           const run = new Run(c, mode, client, harness);
           try {
             if (c['layer']) run.app = await startApp(framework!, client, layerOptions(c), run.gates);

@@ -22,7 +22,7 @@ import {
 } from '../src/index.js';
 import { type App, Gates, type HttpReply, send, startApp } from './apps.js';
 import { connect } from 'node:net';
-import { type Admin, PATIENT, Server, cmd, open, ready, sleep } from './harness.js';
+import { type Admin, PATIENT, Server, cmd, freePort, open, ready, sleep } from './harness.js';
 import express from 'express';
 import type { AddressInfo } from 'node:net';
 import { rateLimit, redisRateLimit } from '../src/index.js';
@@ -83,6 +83,7 @@ describe('the HTTP middleware beyond the table', () => {
         'ratelimit_settled_units_total{limit="new",direction="charged"} 0',
         'ratelimit_settled_units_total{limit="tokens",direction="refunded"} 6',
         'ratelimit_settled_units_total{limit="tokens",direction="charged"} 5',
+        'ratelimit_breaker_open 0',
       ]);
       assert.match(text, /# HELP ratelimit_decisions_total Rate-limit decisions per limit/);
       assert.match(text, /# TYPE ratelimit_settled_units_total counter/);
@@ -93,6 +94,56 @@ describe('the HTTP middleware beyond the table', () => {
       // prometheus: false: in no registry, not even prom-client's global one (the default).
       assert.equal((await registry.metrics()).includes('limit="q"'), false);
       assert.equal((await register.metrics()).includes('limit="q"'), false);
+    } finally {
+      s.closeAllConnections();
+      await new Promise<void>((r) => s.close(() => r()));
+      await o.close();
+    }
+  });
+
+  test('ratelimit_breaker_open: 0, then 1 once the breaker opened, in renderPrometheus() and through prom-client', async () => {
+    const registry = new Registry();
+    const port0 = await freePort();
+    const o = open('ioredis', port0);
+    const c = new Client(o.connection, { timeoutMs: 200, breaker: { failures: 1, cooldownMs: 60_000 } });
+    const limiter = redisRateLimit(c, {
+      key: { header: 'x-api-key' },
+      prometheus: registry,
+      limits: [{ plan: '*', class: '*', policies: [policy('pm', fixedWindow(10, 60))] }],
+    });
+    const app = express();
+    app.get('/metrics', (_req, res) => {
+      res.type('text/plain').send(limiter.renderPrometheus());
+    });
+    app.use(limiter);
+    app.use((_req, res) => {
+      res.end('ok');
+    });
+    const s = app.listen(0, '127.0.0.1');
+    await new Promise<void>((r) => s.once('listening', () => r()));
+    const port = (s.address() as AddressInfo).port;
+    const gauge =
+      "# HELP ratelimit_breaker_open Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers without asking it.\n" +
+      '# TYPE ratelimit_breaker_open gauge\n';
+    try {
+      assert.equal((await send(port, { path: '/metrics' })).body, limiter.metrics.renderPrometheus() + gauge + 'ratelimit_breaker_open 0\n');
+      await sleep(50);
+      assert.match(await registry.metrics(), /\nratelimit_breaker_open 0\n/);
+      const r = await send(port, { path: '/', headers: { 'x-api-key': 'k' } });
+      assert.deepEqual([r.status, r.headers['ratelimit-degraded']], [200, 'fail-open']);
+      assert.equal(c.breakerOpen, true);
+      const text = (await send(port, { path: '/metrics' })).body!;
+      assert.equal(
+        text,
+        '# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n' +
+          '# TYPE ratelimit_decisions_total counter\n' +
+          'ratelimit_decisions_total{limit="pm",outcome="allowed"} 1\n' +
+          'ratelimit_decisions_total{limit="pm",outcome="denied"} 0\n' +
+          'ratelimit_decisions_total{limit="pm",outcome="degraded"} 1\n' +
+          gauge +
+          'ratelimit_breaker_open 1\n',
+      );
+      assert.match(await registry.metrics(), /\nratelimit_breaker_open 1\n/);
     } finally {
       s.closeAllConnections();
       await new Promise<void>((r) => s.close(() => r()));
@@ -228,7 +279,17 @@ describe('the HTTP middleware beyond the table', () => {
       const others: number[] = [];
       for (let i = 0; i < 3; i++) others.push((await send(port, { path: '/', headers: { 'x-api-key': 'scraper' } })).status);
       assert.deepEqual(others, [200, 200, 429]);
-      assert.deepEqual(limits.metrics.counts('per-minute'), { allowed: 2, denied: 1, degraded: 0, shadowDenied: 0, shadow: false, refunded: 0, charged: 0 });
+      assert.deepEqual(limits.metrics.counts('per-minute'), {
+        allowed: 2,
+        denied: 1,
+        degraded: 0,
+        shadowDenied: 0,
+        shadow: false,
+        refunded: 0,
+        charged: 0,
+        batch: 0,
+        denyCache: 0,
+      });
       // A repeated header: its values joined as Node joins them.
       const raw = await new Promise<string>((ok, fail) => {
         const sock = connect(port, '127.0.0.1', () =>

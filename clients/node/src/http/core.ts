@@ -11,8 +11,9 @@ import { isIP } from 'node:net';
 
 import { type Algorithm, type Limit, windowSecs } from '../algorithm.js';
 import type { Client } from '../client.js';
+import { DenyCache } from '../deny.js';
 import type { Lease } from '../lease.js';
-import { Metrics, type PromRegistry, exposeToPrometheus } from '../metrics.js';
+import { Metrics, type PromRegistry, exposeBreakerToPrometheus, exposeToPrometheus, renderBreakerGauge } from '../metrics.js';
 import { Reservation } from '../reservation.js';
 import type { Decision, Degraded, Mode, MultiOutcome } from '../types.js';
 
@@ -148,7 +149,20 @@ export interface RateLimitOptions<Req> {
    * registry, a registry of your own, or `false`.
    */
   prometheus?: boolean | PromRegistry;
+  /**
+   * The deny cache (default on, {@link DENY_CACHE_ENTRIES} entries): a request denied by Redis
+   * with `retryAfterMs` R is denied again in the process, without calling Redis, until R has
+   * passed on the process's clock (counted `outcome="deny_cache"`). `false`: every request asks
+   * Redis (the client's own deny cache is not used either). It counts down on the process's
+   * clock: a test that moves the server's clock turns it off.
+   */
+  denyCache?: boolean;
+  /** The deny cache's entries at most, the least recently used evicted first (default {@link DENY_CACHE_ENTRIES}). */
+  denyCacheEntries?: number;
 }
+
+/** Entries of the middleware's deny cache unless `RateLimitOptions.denyCacheEntries` says otherwise. */
+export const DENY_CACHE_ENTRIES = 10_000;
 
 /** The header fields of a response, lower-case names in the order they are set. */
 export type Fields = Array<[string, string]>;
@@ -375,13 +389,16 @@ export function pathOf(req: RequestLike): string {
   return q < 0 ? url : url.slice(0, q);
 }
 
-/** The decisions for the enforced limits, a lease when concurrency limits are among them. */
-async function decide(client: Client, limits: readonly Limit[], cost: number): Promise<[MultiOutcome, Lease | undefined]> {
+/**
+ * The decisions for the enforced limits, a lease when concurrency limits are among them; the
+ * others through the middleware's deny cache, when it has one.
+ */
+async function decide(client: Client, limits: readonly Limit[], cost: number, denies: DenyCache | undefined): Promise<[MultiOutcome, Lease | undefined]> {
   if (limits.some(([, a]) => a.kind === 'concurrency')) {
     const o = await client.acquireAll(limits, cost);
     return [o.outcome, o.lease];
   }
-  return [await client.checkAll(limits, cost), undefined];
+  return [await client.checkAllWith(limits, cost, denies), undefined];
 }
 
 /** The framework-independent part of the middleware: one instance per middleware. */
@@ -393,6 +410,8 @@ export class RateLimitEngine<Req extends RequestLike> {
   private readonly limitsFn: ((plan: string, cls: string) => readonly Policy[]) | undefined;
   private readonly prefix: string;
   private readonly legacy: boolean;
+  /** The middleware's own deny cache (undefined when turned off). */
+  private readonly denies: DenyCache | undefined;
 
   constructor(
     readonly client: Client,
@@ -405,12 +424,23 @@ export class RateLimitEngine<Req extends RequestLike> {
     else for (const e of options.limits) this.table.set(JSON.stringify([e.plan, e.class]), e.policies);
     this.prefix = options.prefix ?? 'rl';
     this.legacy = options.legacyHeaders ?? false;
+    this.denies = (options.denyCache ?? true) ? new DenyCache(options.denyCacheEntries ?? DENY_CACHE_ENTRIES, client.timeoutMs) : undefined;
     this.metrics = options.metrics ?? new Metrics();
     const prometheus = options.prometheus ?? true;
     if (prometheus !== false) {
       // Without prom-client installed there is nothing to report to: the counters stay here.
       exposeToPrometheus(this.metrics, prometheus === true ? undefined : prometheus).catch(() => undefined);
+      exposeBreakerToPrometheus(() => client.breakerOpen, prometheus === true ? undefined : prometheus).catch(() => undefined);
     }
+  }
+
+  /**
+   * What to serve on `/metrics`: the counters ({@link Metrics.renderPrometheus}), then
+   * `ratelimit_breaker_open`, 1 while the client's circuit breaker is open (Redis failed
+   * repeatedly and the failure policy answers without asking it), else 0.
+   */
+  renderPrometheus(): string {
+    return this.metrics.renderPrometheus() + renderBreakerGauge(this.client.breakerOpen);
   }
 
   /** The policies of (plan, class), as `RateLimitOptions.limits` says. */
@@ -453,14 +483,14 @@ export class RateLimitEngine<Req extends RequestLike> {
     try {
       [outcome, lease] =
         eLimits.length === 0
-          ? [{ allowed: true, deniedBy: 0, decisions: [], degraded: undefined, mode: undefined }, undefined]
-          : await decide(this.client, eLimits, estimate);
+          ? [{ allowed: true, deniedBy: 0, decisions: [], degraded: undefined, mode: undefined, granted: estimate }, undefined]
+          : await decide(this.client, eLimits, estimate, this.denies);
     } catch (e) {
       return { kind: 'refuse', refusal: problem500(e instanceof Error ? e.message : String(e)) };
     }
     ePolicies.forEach((p, i) => {
       const deniedHere = !outcome.allowed && outcome.deniedBy === i + 1;
-      if (outcome.allowed || deniedHere) this.metrics.record(p.name, outcome.allowed, outcome.degraded !== undefined);
+      if (outcome.allowed || deniedHere) this.metrics.record(p.name, outcome.allowed, outcome.degraded !== undefined, outcome.answeredLocally);
     });
     const leases: Lease[] = lease ? [lease] : [];
     // Each shadow policy's answer: its index, its outcome, whether it consumed.
@@ -470,7 +500,7 @@ export class RateLimitEngine<Req extends RequestLike> {
       for (const i of shadows) {
         let answer: [MultiOutcome, Lease | undefined];
         try {
-          answer = await decide(this.client, [limits[i]!], estimate);
+          answer = await decide(this.client, [limits[i]!], estimate, this.denies);
         } catch {
           // A shadow limit that Redis refuses is left out; it never fails a request.
           continue;
@@ -478,6 +508,7 @@ export class RateLimitEngine<Req extends RequestLike> {
         const [o, l] = answer;
         const name = policies[i]!.name;
         this.metrics.recordShadow(name, o.allowed, o.degraded !== undefined);
+        if (o.answeredLocally !== undefined) this.metrics.recordLocal(name, o.answeredLocally);
         if (!o.allowed) denials.push(name);
         if (l) leases.push(l);
         shadowed.push({ i, outcome: o, consumed: o.allowed });
@@ -492,7 +523,7 @@ export class RateLimitEngine<Req extends RequestLike> {
           const d = o.decisions[k]!;
           shadowed.push({
             i,
-            outcome: { allowed: d.allowed, deniedBy: d.allowed ? 0 : 1, decisions: [d], degraded: o.degraded, mode: o.mode },
+            outcome: { allowed: d.allowed, deniedBy: d.allowed ? 0 : 1, decisions: [d], degraded: o.degraded, mode: o.mode, granted: 0 },
             consumed: false,
           });
         });
@@ -519,6 +550,7 @@ export class RateLimitEngine<Req extends RequestLike> {
         decisions: answers.map(([, d]) => d),
         degraded,
         mode: outcome.mode,
+        granted: outcome.granted,
       };
       const info: RateLimitInfo = {
         shadowDenials: denials,

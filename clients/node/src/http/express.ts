@@ -22,8 +22,10 @@ import {
 /** An Express (or Connect) middleware, with the counters it keeps. */
 export interface RateLimitMiddleware<Req extends RequestLike = ExpressRequestLike> {
   (req: Req, res: ResponseLike, next: (err?: unknown) => void): void;
-  /** The counters (`metrics.renderPrometheus()` for a `/metrics` route). */
+  /** The counters. */
   readonly metrics: Metrics;
+  /** What to serve on `/metrics`: the counters, then the gauge `ratelimit_breaker_open` of the client. */
+  renderPrometheus(): string;
   readonly engine: RateLimitEngine<Req>;
 }
 
@@ -149,7 +151,7 @@ export function redisRateLimit<Req extends RequestLike = ExpressRequestLike>(
       (e: unknown) => next(e),
     );
   };
-  return Object.assign(middleware, { metrics: engine.metrics, engine });
+  return Object.assign(middleware, { metrics: engine.metrics, engine, renderPrometheus: () => engine.renderPrometheus() });
 }
 
 /**

@@ -52,7 +52,10 @@ const engines = new WeakMap<object, RateLimitEngine<FastifyRequestLike>>();
  * `setActualCost(reply, n)` before `reply.send` is settled in `onSend`, before the response
  * leaves. The counters are on `options.metrics` (pass your own `Metrics` to read them).
  */
-export const fastifyRateLimit: FastifyRateLimitPlugin & { metricsOf(options: object): Metrics | undefined } = Object.assign(
+export const fastifyRateLimit: FastifyRateLimitPlugin & {
+  metricsOf(options: object): Metrics | undefined;
+  renderPrometheusOf(options: object): string | undefined;
+} = Object.assign(
   async (fastify: FastifyInstanceLike, options: FastifyRateLimitOptions<FastifyRequestLike>): Promise<void> => {
     const engine = new RateLimitEngine<FastifyRequestLike>(options.client, options);
     engines.set(options, engine);
@@ -91,6 +94,10 @@ export const fastifyRateLimit: FastifyRateLimitPlugin & { metricsOf(options: obj
     /** The counters of the plugin registered with these options. */
     metricsOf(options: object): Metrics | undefined {
       return engines.get(options)?.metrics;
+    },
+    /** What to serve on `/metrics` for the plugin registered with these options: its counters, then `ratelimit_breaker_open`. */
+    renderPrometheusOf(options: object): string | undefined {
+      return engines.get(options)?.renderPrometheus();
     },
   },
 );
