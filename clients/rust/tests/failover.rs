@@ -203,8 +203,15 @@ where
 /// A proxy in front of a master: what the master sends reaches the other side `lag` later once
 /// that side has asked for the replication stream (`PSYNC`), at once before (the handshake, and
 /// every client's connection); what goes to the master is never delayed. What it holds when
-/// the master dies is lost.
-async fn lagging_proxy(master_port: u16, lag: Duration) -> (u16, tokio::task::JoinHandle<()>) {
+/// the master dies (once `gone` is set) is lost; a connection the master closes while alive (as
+/// Redis 8 closes the channel of a full sync once the RDB is sent) is closed once what it held
+/// was delivered.
+async fn lagging_proxy(
+    master_port: u16,
+    lag: Duration,
+) -> (u16, tokio::task::JoinHandle<()>, Arc<AtomicBool>) {
+    let gone = Arc::new(AtomicBool::new(false));
+    let master_gone = gone.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let accepting = tokio::spawn(async move {
@@ -230,6 +237,7 @@ async fn lagging_proxy(master_port: u16, lag: Duration) -> (u16, tokio::task::Jo
                 }
             });
             let lagging = replicating.clone();
+            let gone = master_gone.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
                 while let Ok(n) = from_master.read(&mut buf).await {
@@ -247,7 +255,10 @@ async fn lagging_proxy(master_port: u16, lag: Duration) -> (u16, tokio::task::Jo
                     }
                 }
                 // The master is gone: what it sent and the other side has not received is lost.
-                delivering.abort();
+                // (Else the channel's end lets the delivery finish, then close.)
+                if gone.load(Ordering::Relaxed) {
+                    delivering.abort();
+                }
             });
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
@@ -268,7 +279,7 @@ async fn lagging_proxy(master_port: u16, lag: Duration) -> (u16, tokio::task::Jo
             });
         }
     });
-    (port, accepting)
+    (port, accepting, gone)
 }
 
 /// What the probe of the replication lag saw from the start of a round to the kill.
@@ -416,7 +427,7 @@ async fn round(
     idle: Duration,
 ) -> Round {
     let master_port = cluster_port();
-    let (proxy, accepting) = lagging_proxy(master_port, lag).await;
+    let (proxy, accepting, gone) = lagging_proxy(master_port, lag).await;
     let r = match setup {
         Setup::Sentinel => {
             let mut master = master_at(master_port);
@@ -433,6 +444,7 @@ async fn round(
                 client,
                 connect(),
                 probe,
+                &gone,
                 idle,
                 freeze,
                 &mut master,
@@ -460,6 +472,7 @@ async fn round(
                 client,
                 baseline,
                 probe,
+                &gone,
                 idle,
                 freeze,
                 master,
@@ -482,12 +495,14 @@ async fn round(
 /// a replica did not acknowledge in time, and would end a fresh key early), drives the load
 /// through `client`, fails the master over (`promote` after it is killed or frozen: nothing for
 /// a Sentinel, which promotes by itself), and counts every key of the round on the new master
-/// with a plain client made by `after`. `probe` samples the lag until the kill.
+/// with a plain client made by `after`. `probe` samples the lag until the kill; `gone` tells the
+/// proxy the master is killed or frozen.
 #[allow(clippy::too_many_arguments)]
 async fn run<C>(
     client: Client<C>,
     baseline: Client<C>,
     probe: Probe,
+    gone: &AtomicBool,
     idle: Duration,
     freeze: bool,
     master: &mut common::Server,
@@ -566,6 +581,8 @@ where
     tokio::time::sleep(Duration::from_millis(300)).await;
     by_policy.store(0, Ordering::Relaxed);
     let lag = tokio::task::block_in_place(|| probe.finish());
+    // What the proxy holds from now on is lost when the master's connections end.
+    gone.store(true, Ordering::Relaxed);
     if freeze {
         // Frozen, not dead: its connections stay open and unanswered until the replica took
         // over (then it is killed, as an operator would fence it).
