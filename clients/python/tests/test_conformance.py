@@ -70,7 +70,7 @@ HTTP_FLAVORS = ("starlette", "flask") + (("fastapi", "django") if os.environ.get
 
 # The features a case may require ("requires" in the table) that this package implements; a case
 # that requires another is skipped.
-SUPPORTED: frozenset[str] = frozenset()
+SUPPORTED: frozenset[str] = frozenset({"partial_grants"})
 
 
 def _params() -> list[Any]:
@@ -283,7 +283,8 @@ def expectation(step: dict[str, Any], mode: str) -> Any:
 
 
 OPS = (
-    "check", "peek", "check_all", "acquire", "acquire_all", "renew", "release", "release_id", "reserve",
+    "check", "peek", "check_all", "check_upto", "check_all_upto", "acquire", "acquire_all", "renew", "release",
+    "release_id", "reserve",
     "reserve_all", "settle", "settle_delta", "top", "reset_top", "redis", "request", "finish", "wait_leases",
     "metrics", "keys", "calls", "stop_redis", "advance_only", "note",
 )  # fmt: skip
@@ -354,12 +355,24 @@ class Run:
             self.problems.append(f"answered by {mode} in {self.mode} mode")
         return obs
 
-    def outcome(self, o: Any) -> dict[str, Any]:
-        return self.provenance({"decision": decision(o.decision)}, o.degraded, o.mode)
+    def outcome(self, o: Any, granted: bool = False) -> dict[str, Any]:
+        obs: dict[str, Any] = {"decision": decision(o.decision)}
+        if granted:
+            obs["granted"] = o.granted
+        return self.local(self.provenance(obs, o.degraded, o.mode), o)
 
-    def multi(self, o: Any) -> dict[str, Any]:
+    def multi(self, o: Any, granted: bool = False) -> dict[str, Any]:
         obs = {"allowed": o.allowed, "denied_by": o.denied_by, "decisions": [decision(d) for d in o.decisions]}
-        return self.provenance(obs, o.degraded, o.mode)
+        if granted:
+            obs["granted"] = o.granted
+        return self.local(self.provenance(obs, o.degraded, o.mode), o)
+
+    @staticmethod
+    def local(obs: dict[str, Any], o: Any) -> dict[str, Any]:
+        """``answered_locally`` when the client answered without calling Redis."""
+        if o.answered_locally is not None:
+            obs["answered_locally"] = o.answered_locally.value
+        return obs
 
     def hold_lease(self, arg: dict[str, Any], admitted: bool, lease: Any, obs: dict[str, Any]) -> None:
         if (lease is not None) != admitted:
@@ -389,6 +402,11 @@ class Run:
                 return self.outcome(got)
             if op == "check_all":
                 return self.multi(await maybe(c.check_all(self.limits(arg["limits"]), arg.get("cost", 1))))
+            if op == "check_upto":
+                a = self.algorithm(arg["limit"])
+                return self.outcome(await maybe(c.check_upto(arg["key"], a, arg["upto"])), granted=True)
+            if op == "check_all_upto":
+                return self.multi(await maybe(c.check_all_upto(self.limits(arg["limits"]), arg["upto"])), granted=True)
             if op == "acquire":
                 conc = self.algorithm(arg["limit"])
                 lo = await maybe(c.acquire(arg["key"], conc, arg.get("id")))

@@ -162,13 +162,38 @@ def parse_decision(v: Any) -> Decision:
     return Decision(allowed == 1, remaining, retry, reset, limit)
 
 
-def parse_multi(v: Any, n: int) -> tuple[bool, int, tuple[Decision, ...]]:
+def parse_take(v: Any, cost: int, upto: bool) -> tuple[Decision, int]:
+    """A limiter's reply and the units it took: for a cost, the cost when admitted, else 0; for
+    a partial grant (``UPTO n``), the reply's sixth integer."""
+    if not upto:
+        d = parse_decision(v)
+        return d, cost if d.allowed else 0
+    if not isinstance(v, (list, tuple)) or len(v) != 6:
+        raise UnexpectedReply(repr(v))
+    granted = _int(v[5])
+    if granted < 0:
+        raise UnexpectedReply(repr(v))
+    return parse_decision(v[:5]), granted
+
+
+#: ``RL.ALL``'s reply: allowed, denied_by, one decision per limit, the units granted.
+Multi = tuple[bool, int, tuple[Decision, ...], int]
+
+
+def parse_multi(v: Any, n: int, cost: int = 0, upto: bool = False) -> Multi:
     if not isinstance(v, (list, tuple)) or len(v) != n + 2:
         raise UnexpectedReply(repr(v))
     denied_by = _int(v[1])
     if denied_by < 0:
         raise UnexpectedReply(repr(v))
-    return _int(v[0]) == 1, denied_by, tuple(parse_decision(d) for d in v[2:])
+    allowed = _int(v[0]) == 1
+    replies = [parse_take(d, cost, upto) for d in v[2:]]
+    if upto:
+        # The same in every inner reply of a partial grant.
+        granted = replies[0][1] if replies else 0
+    else:
+        granted = cost if allowed else 0
+    return allowed, denied_by, tuple(d for d, _ in replies), granted
 
 
 def parse_decisions(v: Any, n: int) -> tuple[Decision, ...]:
@@ -297,31 +322,40 @@ class Core:
                 reply = yield ("EVALSHA", script.sha, len(keys), *keys, *args)
         return reply, mode
 
-    def call_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Exchange[tuple[Decision, Mode]]:
-        """One limit's command: the parameters, then the cost, or for a concurrency limit the
-        lease id (``RL.ACQUIRE`` takes no cost)."""
+    def call_one(
+        self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False
+    ) -> Exchange[tuple[Decision, int, Mode]]:
+        """One limit's command: the parameters, then the cost (``UPTO cost`` for a partial
+        grant), or for a concurrency limit the lease id (``RL.ACQUIRE`` takes no cost). The
+        decision, the units taken, the mode."""
         args = algo.params()
         if isinstance(algo, Concurrency) and lease is not None:
             args.append(lease)
+        elif upto:
+            args += ["UPTO", str(cost)]
         else:
             args.append(str(cost))
         reply, mode = yield from self.invoke(algo.command, [key], args, numkeys=False)
-        return parse_decision(reply), mode
+        if isinstance(algo, Concurrency) and lease is not None:
+            d = parse_decision(reply)
+            return d, int(d.allowed), mode
+        d, granted = parse_take(reply, cost, upto)
+        return d, granted, mode
 
     def call_release(self, key: str, lease_id: str) -> Exchange[int]:
         reply, _ = yield from self.invoke("RL.RELEASE", [key], [lease_id], numkeys=False)
         return _int(reply)
 
     def call_all(
-        self, limits: Limits, cost: int, lease: str | None
-    ) -> Exchange[tuple[tuple[bool, int, tuple[Decision, ...]], Mode]]:
+        self, limits: Limits, cost: int, lease: str | None, upto: bool = False
+    ) -> Exchange[tuple[Multi, Mode]]:
         args = limit_args(limits)
         if lease is not None:
             args += ["LEASE", lease]
-        args += ["COST", str(cost)]
+        args += ["UPTO" if upto else "COST", str(cost)]
         keys = [k for k, _ in limits]
         reply, mode = yield from self.invoke("RL.ALL", keys, args, numkeys=True)
-        return parse_multi(reply, len(limits)), mode
+        return parse_multi(reply, len(limits), cost, upto), mode
 
     def call_settle(self, limits: Limits, delta: int) -> Exchange[tuple[tuple[Decision, ...], Mode]]:
         args = [*limit_args(limits), "DELTA", str(delta)]
@@ -342,32 +376,47 @@ class Core:
 
     # Answers without Redis --------------------------------------------------------------------
 
-    def degraded_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> tuple[Decision, Degraded]:
+    def degraded_take(
+        self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False
+    ) -> tuple[Decision, int, Degraded]:
+        """The failure policy's answer and the units it took (for a partial grant of at most
+        ``cost``: ``FailOpen`` grants them all, ``FailClosed`` none, ``Local`` what the
+        in-process bucket has)."""
         o = self.options
         policy = o.policy
         if isinstance(policy, FailClosed):
             retry = o.fail_closed_retry_ms
-            return Decision(False, 0, retry, retry, algo.quota), Degraded.FAIL_CLOSED
+            return Decision(False, 0, retry, retry, algo.quota), 0, Degraded.FAIL_CLOSED
         if isinstance(policy, Local):
             if isinstance(algo, Concurrency):
                 d = self.leases.acquire(key, lease or "", algo, policy.instances, cost > 0)
-            else:
-                d = self.local.check(key, algo, policy.instances, cost)
-            return d, Degraded.LOCAL
+                return d, int(d.allowed), Degraded.LOCAL
+            if upto:
+                d, granted = self.local.grant(key, algo, policy.instances, cost)
+                return d, granted, Degraded.LOCAL
+            d = self.local.check(key, algo, policy.instances, cost)
+            return d, cost if d.allowed else 0, Degraded.LOCAL
         assert isinstance(policy, FailOpen)
-        return Decision(True, algo.quota, 0, 0, algo.quota), Degraded.FAIL_OPEN
+        return Decision(True, algo.quota, 0, 0, algo.quota), cost, Degraded.FAIL_OPEN
 
-    def degraded_outcome(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
-        decision, degraded = self.degraded_one(key, algo, cost, lease)
-        return Outcome(decision, degraded, None)
+    def degraded_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> tuple[Decision, Degraded]:
+        d, _, degraded = self.degraded_take(key, algo, cost, lease)
+        return d, degraded
 
-    def degraded_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+    def degraded_outcome(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
+        decision, granted, degraded = self.degraded_take(key, algo, cost, lease, upto)
+        return Outcome(decision, degraded, None, granted)
+
+    def degraded_all(self, limits: Limits, cost: int, lease: str | None, upto: bool = False) -> MultiOutcome:
         degraded = Degraded.FAIL_OPEN
         # Peek first so that a denial consumes from none of the limits.
         peeks: list[Decision] = []
         for k, a in limits:
             d, degraded = self.degraded_one(k, a, 0, lease)
             peeks.append(d)
+        if upto and degraded is Degraded.LOCAL:
+            # A partial grant takes what the fewest left allow, at most n (as RL.ALL ... UPTO n).
+            cost = max(1, min(min((d.remaining for d in peeks), default=0), cost))
         denier: int | None = None
         for i, (d, (_, a)) in enumerate(zip(peeks, limits, strict=True)):
             if degraded is Degraded.FAIL_CLOSED:
@@ -392,6 +441,7 @@ class Core:
             decisions=tuple(decisions),
             degraded=degraded,
             mode=None,
+            granted=cost if denier is None else 0,
         )
 
     def degraded_settlement(self, limits: Limits) -> Settlement:
@@ -425,7 +475,28 @@ def check_count(limits: Limits) -> None:
 
 
 def multi_of(o: Outcome) -> MultiOutcome:
-    return MultiOutcome(o.decision.allowed, 0 if o.decision.allowed else 1, (o.decision,), o.degraded, o.mode)
+    return MultiOutcome(
+        o.decision.allowed,
+        0 if o.decision.allowed else 1,
+        (o.decision,),
+        o.degraded,
+        o.mode,
+        o.granted,
+        o.answered_locally,
+    )
+
+
+def single_of(o: MultiOutcome) -> Outcome:
+    """The answer for one limit, from an answer for exactly one."""
+    return Outcome(o.decisions[0], o.degraded, o.mode, o.granted, o.answered_locally)
+
+
+def check_upto_args(limits: Limits, n: int) -> None:
+    """What a partial grant refuses before sending: a concurrency limit, ``n`` below 1."""
+    if has_concurrency(limits):
+        raise Unsupported("a concurrency limit is not granted in part (a lease is one slot)")
+    if n < 1:
+        raise Unsupported("UPTO n takes n of at least 1")
 
 
 def has_concurrency(limits: Limits) -> bool:

@@ -73,6 +73,16 @@ class Local:
 FailurePolicy = FailOpen | FailClosed | Local
 
 
+class LocalAnswer(enum.Enum):
+    """Set on an outcome the client made without calling Redis. The value is the metrics'
+    outcome label."""
+
+    #: Admitted from units a partial grant took earlier for this key (a leased batch).
+    BATCH = "batch"
+    #: Denied again, within the ``retry_after_ms`` of an earlier denial of this key.
+    DENY_CACHE = "deny_cache"
+
+
 class Degraded(enum.Enum):
     """Set on an outcome that did not come from Redis: which failure policy made it. The value
     is the ``RateLimit-Degraded`` response field."""
@@ -115,8 +125,15 @@ class Outcome:
     decision: Decision
     #: Set when Redis was not asked or did not answer in time.
     degraded: Degraded | None
-    #: The mode that answered (``None`` when degraded).
+    #: The mode that answered (``None`` when degraded; for a local answer, the mode of the call
+    #: it comes from).
     mode: Mode | None
+    #: The units taken: the cost when admitted and 0 when denied; for a partial grant
+    #: (:meth:`Client.check_upto`) the units granted, 1 to ``n``. An answer of ``FailOpen``
+    #: grants what was asked (nothing is taken anywhere).
+    granted: int = 0
+    #: Set when the client answered from a batch or its deny cache, without calling Redis.
+    answered_locally: LocalAnswer | None = None
 
     @property
     def allowed(self) -> bool:
@@ -133,6 +150,10 @@ class MultiOutcome:
     decisions: tuple[Decision, ...]
     degraded: Degraded | None
     mode: Mode | None
+    #: The units taken from every limit (see :attr:`Outcome.granted`).
+    granted: int = 0
+    #: Set when the client answered from a batch or its deny cache, without calling Redis.
+    answered_locally: LocalAnswer | None = None
 
 
 @dataclass(frozen=True, slots=True)

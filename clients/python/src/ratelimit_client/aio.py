@@ -31,6 +31,7 @@ from ._core import (
     LoadScript,
     UnexpectedReply,
     check_count,
+    check_upto_args,
     classify,
     error_code,
     has_concurrency,
@@ -38,6 +39,7 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    single_of,
 )
 from ._flight import Deadline, Failure, Gate
 from ._scripts import LIBRARY
@@ -330,29 +332,30 @@ class AsyncClient:
 
     # Limits ------------------------------------------------------------------------------------
 
-    async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
+    async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
         try:
-            decision, mode = await self._guarded(self._core.call_one(key, algo, cost, lease))
+            decision, granted, mode = await self._guarded(self._core.call_one(key, algo, cost, lease, upto))
         except Failure:
-            return self._core.degraded_outcome(key, algo, cost, lease)
-        return Outcome(decision, None, mode)
+            return self._core.degraded_outcome(key, algo, cost, lease, upto)
+        return Outcome(decision, None, mode, granted)
 
-    async def _decide_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+    async def _decide_all(self, limits: Limits, cost: int, lease: str | None, upto: bool = False) -> MultiOutcome:
         if one_alone(limits, cost):
             key, algo = limits[0]
-            return multi_of(await self._decide_one(key, algo, cost, lease))
+            return multi_of(await self._decide_one(key, algo, cost, lease, upto))
         check_count(limits)
         try:
-            (allowed, denied_by, decisions), mode = await self._guarded(self._core.call_all(limits, cost, lease))
+            (allowed, denied_by, decisions, granted), mode = await self._guarded(
+                self._core.call_all(limits, cost, lease, upto)
+            )
         except Failure:
-            return self._core.degraded_all(limits, cost, lease)
-        return MultiOutcome(allowed, denied_by, decisions, None, mode)
+            return self._core.degraded_all(limits, cost, lease, upto)
+        return MultiOutcome(allowed, denied_by, decisions, None, mode, granted)
 
     async def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
         if not isinstance(algo, Concurrency):
             return await self._decide_one(key, algo, cost, None)
-        o = await self.check_all([(key, algo)], cost)
-        return Outcome(o.decisions[0], o.degraded, o.mode)
+        return single_of(await self.check_all([(key, algo)], cost))
 
     async def peek(self, key: str, algo: Algorithm) -> Outcome:
         return await self.check(key, algo, 0)
@@ -364,6 +367,27 @@ class AsyncClient:
         if cost > 0:
             raise Unsupported("concurrency limits take a lease: AsyncClient.acquire_all")
         return await self._decide_all(limits, 0, new_lease_id())
+
+    async def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
+        """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,
+        at least 1 and at most ``n``, taken in one call; :attr:`Outcome.granted` says how many
+        (0 when denied: nothing was left, and the decision is the denial of one unit). Give
+        back what goes unused with :meth:`settle` (a negative delta). ``n`` from 1 to 10^15
+        (1,000 for a sliding log); not for a concurrency limit (:class:`Unsupported`). Batches
+        and the deny cache are not used. When Redis cannot answer: ``FailOpen`` grants ``n``
+        (nothing taken), ``FailClosed`` denies, ``Local`` grants what its in-process bucket
+        has, at most ``n``."""
+        check_upto_args([(key, algo)], n)
+        return await self._decide_one(key, algo, n, None, upto=True)
+
+    async def check_all_upto(self, limits: Limits, n: int) -> MultiOutcome:
+        """A partial grant of several limits at once (``RL.ALL ... UPTO n``): every limit is
+        granted the same units, the fewest any of them has left, at most ``n``
+        (:attr:`MultiOutcome.granted`; 0 when denied, as a cost of 1 would be). One limit alone
+        uses its own command. Concurrency limits are refused (:class:`Unsupported`)."""
+        limits = list(limits)
+        check_upto_args(limits, n)
+        return await self._decide_all(limits, n, None, upto=True)
 
     # Leases ------------------------------------------------------------------------------------
 

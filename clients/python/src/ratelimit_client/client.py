@@ -28,6 +28,7 @@ from ._core import (
     LoadScript,
     UnexpectedReply,
     check_count,
+    check_upto_args,
     classify,
     error_code,
     has_concurrency,
@@ -35,6 +36,7 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    single_of,
 )
 from ._flight import Failure, Gate, connected_in
 from ._scripts import LIBRARY
@@ -243,23 +245,25 @@ class Client:
 
     # Limits ------------------------------------------------------------------------------------
 
-    def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
+    def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
         try:
-            decision, mode = self._guarded(self._core.call_one(key, algo, cost, lease))
+            decision, granted, mode = self._guarded(self._core.call_one(key, algo, cost, lease, upto))
         except Failure:
-            return self._core.degraded_outcome(key, algo, cost, lease)
-        return Outcome(decision, None, mode)
+            return self._core.degraded_outcome(key, algo, cost, lease, upto)
+        return Outcome(decision, None, mode, granted)
 
-    def _decide_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+    def _decide_all(self, limits: Limits, cost: int, lease: str | None, upto: bool = False) -> MultiOutcome:
         if one_alone(limits, cost):
             key, algo = limits[0]
-            return multi_of(self._decide_one(key, algo, cost, lease))
+            return multi_of(self._decide_one(key, algo, cost, lease, upto))
         check_count(limits)
         try:
-            (allowed, denied_by, decisions), mode = self._guarded(self._core.call_all(limits, cost, lease))
+            (allowed, denied_by, decisions, granted), mode = self._guarded(
+                self._core.call_all(limits, cost, lease, upto)
+            )
         except Failure:
-            return self._core.degraded_all(limits, cost, lease)
-        return MultiOutcome(allowed, denied_by, decisions, None, mode)
+            return self._core.degraded_all(limits, cost, lease, upto)
+        return MultiOutcome(allowed, denied_by, decisions, None, mode, granted)
 
     def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
         """Checks (and on admission consumes) ``cost`` units of ``algo`` on ``key``. A
@@ -267,8 +271,7 @@ class Client:
         taken with :meth:`acquire` (:class:`Unsupported` for a cost above 0)."""
         if not isinstance(algo, Concurrency):
             return self._decide_one(key, algo, cost, None)
-        o = self.check_all([(key, algo)], cost)
-        return Outcome(o.decisions[0], o.degraded, o.mode)
+        return single_of(self.check_all([(key, algo)], cost))
 
     def peek(self, key: str, algo: Algorithm) -> Outcome:
         """The current state, consuming nothing (cost 0)."""
@@ -284,6 +287,27 @@ class Client:
         if cost > 0:
             raise Unsupported("concurrency limits take a lease: Client.acquire_all")
         return self._decide_all(limits, 0, new_lease_id())
+
+    def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
+        """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,
+        at least 1 and at most ``n``, taken in one call; :attr:`Outcome.granted` says how many
+        (0 when denied: nothing was left, and the decision is the denial of one unit). Give
+        back what goes unused with :meth:`settle` (a negative delta). ``n`` from 1 to 10^15
+        (1,000 for a sliding log); not for a concurrency limit (:class:`Unsupported`). Batches
+        and the deny cache are not used. When Redis cannot answer: ``FailOpen`` grants ``n``
+        (nothing taken), ``FailClosed`` denies, ``Local`` grants what its in-process bucket
+        has, at most ``n``."""
+        check_upto_args([(key, algo)], n)
+        return self._decide_one(key, algo, n, None, upto=True)
+
+    def check_all_upto(self, limits: Limits, n: int) -> MultiOutcome:
+        """A partial grant of several limits at once (``RL.ALL ... UPTO n``): every limit is
+        granted the same units, the fewest any of them has left, at most ``n``
+        (:attr:`MultiOutcome.granted`; 0 when denied, as a cost of 1 would be). One limit alone
+        uses its own command. Concurrency limits are refused (:class:`Unsupported`)."""
+        limits = list(limits)
+        check_upto_args(limits, n)
+        return self._decide_all(limits, n, None, upto=True)
 
     # Leases ------------------------------------------------------------------------------------
 
