@@ -70,7 +70,7 @@ HTTP_FLAVORS = ("starlette", "flask") + (("fastapi", "django") if os.environ.get
 
 # The features a case may require ("requires" in the table) that this package implements; a case
 # that requires another is skipped.
-SUPPORTED: frozenset[str] = frozenset({"partial_grants"})
+SUPPORTED: frozenset[str] = frozenset({"partial_grants", "deny_cache"})
 
 
 def _params() -> list[Any]:
@@ -192,6 +192,14 @@ def options(case: dict[str, Any], mode: str) -> Options:
     )
 
 
+def with_features(case: dict[str, Any], client: Any) -> Any:
+    """The client of a case with its deny cache (``options.deny_cache``) when it has one."""
+    o = case.get("options", {})
+    if "deny_cache" in o:
+        client = client.with_deny_cache(o["deny_cache"]["entries"])
+    return client
+
+
 def middleware_options(case: dict[str, Any], metrics: Metrics) -> dict[str, Any]:
     layer = case["layer"]
     limits = case["limits"]
@@ -199,6 +207,9 @@ def middleware_options(case: dict[str, Any], metrics: Metrics) -> dict[str, Any]
         "metrics": metrics,
         "legacy_headers": layer.get("legacy_headers", False),
         "header_format": layer.get("header_format", "draft-11"),
+        # Off unless the case turns it on: it counts down on the process's clock, which the test
+        # clock does not move.
+        "deny_cache": layer.get("deny_cache", False),
     }
     key = layer.get("key")
     if key and "header" in key:
@@ -320,15 +331,15 @@ class Run:
         CURRENT["gates"] = self.gates = Gates()
         if flavor in ("sync", "async"):
             cls = AsyncClient if flavor == "async" else Client
-            self.client = cls.from_url(self.url, self.opts)
+            self.client = with_features(case, cls.from_url(self.url, self.opts))
         else:
             self.web = web(flavor)
             mw = middleware_options(case, self.metrics)
             if flavor in ASGI_FLAVORS:
-                self.client = AsyncClient.from_url(self.url, self.opts)
+                self.client = with_features(case, AsyncClient.from_url(self.url, self.opts))
                 self.web.dispatch.current = asgi_app(flavor, self.client, mw)
             else:
-                self.client = Client.from_url(self.url, self.opts)
+                self.client = with_features(case, Client.from_url(self.url, self.opts))
                 self.web.dispatch.current = wsgi_app(flavor, self.client, mw)
 
     def close(self) -> None:

@@ -9,14 +9,16 @@ buckets), is decided here too.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
@@ -30,6 +32,7 @@ from ._types import (
     FailClosed,
     FailOpen,
     Local,
+    LocalAnswer,
     Mode,
     ModeChoice,
     MultiOutcome,
@@ -491,6 +494,12 @@ def single_of(o: MultiOutcome) -> Outcome:
     return Outcome(o.decisions[0], o.degraded, o.mode, o.granted, o.answered_locally)
 
 
+def signature(limits: Limits) -> str:
+    """The identity of a call's limits: every key, algorithm and its parameters, in order (the
+    deny cache's entries and the batches' table are keyed by it)."""
+    return "".join(f"{len(k)}:{k} {a.keyword} {' '.join(a.params())}\n" for k, a in limits)
+
+
 def check_upto_args(limits: Limits, n: int) -> None:
     """What a partial grant refuses before sending: a concurrency limit, ``n`` below 1."""
     if has_concurrency(limits):
@@ -516,3 +525,159 @@ def renewal_answer(answer: Outcome | None, o: Outcome) -> Outcome:
     if o.decision.allowed and answer.decision.remaining <= o.decision.remaining:
         return answer
     return o
+
+
+# The deny cache ----------------------------------------------------------------------------
+# The deny cache: after Redis denied a call with ``retry_after_ms`` R, the same call (the same
+# limits, keys, parameters and cost) is denied in the process until R has passed by the monotonic
+# clock, without a call to Redis.
+#
+# It can only deny more than Redis would, never admit: what changes the key meanwhile (another
+# process refunding, a limit raised, a window ending sooner by the server's clock than by this
+# one) is seen at most R later. Entries are counted from the moment the denied call was sent, so
+# an entry never outlives the server's own R. When it expires, one check asks Redis (a probe)
+# while the others are still answered from it, for at most the client's timeout: a key denied
+# again costs one call per R, not one per caller waiting at that moment.
+
+V = TypeVar("V")
+
+
+class Lru(Generic[V]):
+    """At most ``capacity`` entries (at least 1), the least recently used evicted first. Not
+    locked: its owner holds a lock around it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._entries: OrderedDict[str, V] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> V | None:
+        """The entry of ``key``, now the most recently used."""
+        v = self._entries.get(key)
+        if v is not None:
+            self._entries.move_to_end(key)
+        return v
+
+    def insert(self, key: str, value: V) -> tuple[str, V] | None:
+        """Inserts (or replaces) ``key``'s entry as the most recently used; the entry evicted to
+        make room, if any."""
+        if key in self._entries:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            return None
+        evicted = self._entries.popitem(last=False) if len(self._entries) >= self.capacity else None
+        self._entries[key] = value
+        return evicted
+
+    def remove(self, key: str) -> V | None:
+        return self._entries.pop(key, None)
+
+    def items(self) -> list[tuple[str, V]]:
+        return list(self._entries.items())
+
+    def clear(self) -> list[tuple[str, V]]:
+        out = list(self._entries.items())
+        self._entries.clear()
+        return out
+
+
+@dataclass(slots=True)
+class _Denied:
+    #: A check is asking Redis since the entry expired, until ``until`` (moved on by the timeout).
+    probing: bool
+    #: When the denied call was sent (``time.monotonic()``).
+    sent: float
+    until: float
+    outcome: MultiOutcome
+
+
+def _entry_key(sig: str, cost: int) -> str:
+    """One entry per call: the limits' signature and the cost."""
+    return f"{sig}cost {cost}"
+
+
+class DenyCache:
+    """A fixed number of denials, the least recently used evicted first."""
+
+    def __init__(self, capacity: int, probe: float) -> None:
+        self._entries: Lru[_Denied] = Lru(capacity)
+        self._lock = threading.Lock()
+        #: How long one probe may take (the client's timeout), in seconds.
+        self._probe = probe
+
+    @property
+    def capacity(self) -> int:
+        return self._entries.capacity
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def lookup(self, sig: str, cost: int) -> MultiOutcome | None:
+        """The denial standing for ``sig`` at ``cost``, its waits counted down to now (at least 1
+        ms). The first check after the entry expired gets ``None`` and asks Redis: the entry
+        answers the others until that answer is recorded or the probe's time is up (then it is
+        dropped)."""
+        now = time.monotonic()
+        key = _entry_key(sig, cost)
+        with self._lock:
+            d = self._entries.get(key)
+            if d is None:
+                return None
+            if now >= d.until:
+                if d.probing:
+                    self._entries.remove(key)
+                else:
+                    d.probing = True
+                    d.until = now + self._probe
+                return None
+            sent, outcome = d.sent, d.outcome
+        # Whole milliseconds gone since the denial (rounded down): the waits are rounded up.
+        gone = int((now - sent) * 1000)
+        decisions = tuple(
+            dataclasses.replace(
+                x,
+                retry_after_ms=max(1, x.retry_after_ms - gone) if x.retry_after_ms > 0 else x.retry_after_ms,
+                reset_after_ms=max(0, x.reset_after_ms - gone),
+            )
+            for x in outcome.decisions
+        )
+        return dataclasses.replace(outcome, decisions=decisions, granted=0, answered_locally=LocalAnswer.DENY_CACHE)
+
+    def record(self, sig: str, cost: int, o: MultiOutcome, sent: float) -> None:
+        """Remembers a denial that Redis answered (not one of the failure policy, nor one answered
+        locally) whose wait is known and above 0; ``sent`` is when its call was sent. An
+        admission by Redis (a probe's answer) drops the entry if it leaves the cost; if it leaves
+        less (the next check would be denied, its wait unknown), the next check probes again,
+        the others still answered from the entry meanwhile."""
+        if o.degraded is not None or o.answered_locally is not None:
+            return
+        key = _entry_key(sig, cost)
+        if o.allowed:
+            left = min((d.remaining for d in o.decisions), default=0)
+            with self._lock:
+                if left >= cost:
+                    self._entries.remove(key)
+                else:
+                    entry = self._entries.get(key)
+                    if entry is not None:
+                        entry.probing = False
+                        entry.until = time.monotonic()
+            return
+        i = max(o.denied_by, 1) - 1
+        if i >= len(o.decisions):
+            return
+        wait = o.decisions[i].retry_after_ms
+        if wait <= 0:
+            return  # -1: never admitted at this cost; not cached
+        with self._lock:
+            self._entries.insert(key, _Denied(False, sent, sent + wait / 1000, o))
+
+    def until(self, sig: str, cost: int) -> float | None:
+        """When the entry of ``sig`` at ``cost`` expires (or its probe's time is up), if there
+        is one (``time.monotonic()``)."""
+        with self._lock:
+            d = self._entries.get(_entry_key(sig, cost))
+            return None if d is None else d.until

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 import time
 import weakref
@@ -25,6 +26,7 @@ from ._core import (
     ANY_NODE,
     ON_A_CLUSTER,
     Core,
+    DenyCache,
     Detect,
     Exchange,
     Limits,
@@ -39,6 +41,7 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    signature,
     single_of,
 )
 from ._flight import Deadline, Failure, Gate
@@ -95,6 +98,7 @@ class AsyncClient:
         self._redis = redis
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
+        self._denies: DenyCache | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
         # ``redis`` serves the first loop that makes a call; every other loop has a copy.
         self._copy = None if isinstance(redis, redis_cluster.RedisCluster) else _copy_of(redis)
@@ -170,6 +174,34 @@ class AsyncClient:
     @property
     def mode(self) -> Mode | None:
         return self._core.mode
+
+    def with_deny_cache(self, entries: int) -> AsyncClient:
+        """This client (the same connection, mode, breaker and policy) with a deny cache of
+        ``entries`` entries, the least recently used evicted first: a check of a cost above 0
+        that Redis denied with ``retry_after_ms`` R is denied again in the process, without a
+        call, until R has passed on the process's monotonic clock (:attr:`Outcome.answered_locally`
+        ``DENY_CACHE``). It never admits. Peeks, partial grants, leases, reservations and
+        settlements never use it. The client it was made from is unchanged."""
+        c = copy.copy(self)
+        c._denies = DenyCache(entries, self._core.options.timeout)
+        return c
+
+    def without_deny_cache(self) -> AsyncClient:
+        """This client without a deny cache (the client it was made from is unchanged)."""
+        c = copy.copy(self)
+        c._denies = None
+        return c
+
+    def denied_until(self, limits: Limits, cost: int) -> float | None:
+        return None if self._denies is None else self._denies.until(signature(list(limits)), cost)
+
+    def deny_cache_capacity(self) -> int | None:
+        """The deny cache's number of entries at most, ``None`` without one."""
+        return None if self._denies is None else self._denies.capacity
+
+    def deny_cache_len(self) -> int:
+        """Entries in the deny cache now."""
+        return 0 if self._denies is None else len(self._denies)
 
     def breaker_open(self) -> bool:
         return self._core.breaker.is_open()
@@ -354,6 +386,8 @@ class AsyncClient:
 
     async def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
         if not isinstance(algo, Concurrency):
+            if cost > 0 and self._hot():
+                return single_of(await self._decide_hot([(key, algo)], cost))
             return await self._decide_one(key, algo, cost, None)
         return single_of(await self.check_all([(key, algo)], cost))
 
@@ -363,10 +397,30 @@ class AsyncClient:
     async def check_all(self, limits: Limits, cost: int = 1) -> MultiOutcome:
         limits = list(limits)
         if not has_concurrency(limits):
+            if cost > 0 and 1 <= len(limits) <= 16 and self._hot():
+                return await self._decide_hot(limits, cost)
             return await self._decide_all(limits, cost, None)
         if cost > 0:
             raise Unsupported("concurrency limits take a lease: AsyncClient.acquire_all")
         return await self._decide_all(limits, 0, new_lease_id())
+
+    def _hot(self) -> bool:
+        return self._denies is not None
+
+    async def _decide_hot(self, limits: Limits, cost: int) -> MultiOutcome:
+        """A check of a cost above 0 through the deny cache: a standing denial answers in the
+        process; else Redis decides, and a denial is remembered."""
+        sig = signature(limits)
+        denies = self._denies
+        if denies is not None:
+            cached = denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        sent = time.monotonic()
+        o = await self._decide_all(limits, cost, None)
+        if denies is not None:
+            denies.record(sig, cost, o, sent)
+        return o
 
     async def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
         """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,

@@ -4,6 +4,7 @@ most-denied keys; module detection, the Lua fallback, the failure policy and the
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from ._core import (
     ANY_NODE,
     ON_A_CLUSTER,
     Core,
+    DenyCache,
     Detect,
     Exchange,
     Limits,
@@ -36,6 +38,7 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    signature,
     single_of,
 )
 from ._flight import Failure, Gate, connected_in
@@ -74,6 +77,7 @@ class Client:
         self._execute: Callable[..., Any] = redis.execute_command
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
+        self._denies: DenyCache | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
 
     @classmethod
@@ -118,6 +122,36 @@ class Client:
     def mode(self) -> Mode | None:
         """The mode in use, once known."""
         return self._core.mode
+
+    def with_deny_cache(self, entries: int) -> Client:
+        """This client (the same connection, mode, breaker and policy) with a deny cache of
+        ``entries`` entries, the least recently used evicted first: a check of a cost above 0
+        that Redis denied with ``retry_after_ms`` R is denied again in the process, without a
+        call, until R has passed on the process's monotonic clock (:attr:`Outcome.answered_locally`
+        ``DENY_CACHE``). It never admits. Peeks, partial grants, leases, reservations and
+        settlements never use it. The client it was made from is unchanged."""
+        c = copy.copy(self)
+        c._denies = DenyCache(entries, self._core.options.timeout)
+        return c
+
+    def without_deny_cache(self) -> Client:
+        """This client without a deny cache (the client it was made from is unchanged)."""
+        c = copy.copy(self)
+        c._denies = None
+        return c
+
+    def denied_until(self, limits: Limits, cost: int) -> float | None:
+        """When the deny cache's entry for these limits at this cost expires
+        (``time.monotonic()``), if it has one."""
+        return None if self._denies is None else self._denies.until(signature(list(limits)), cost)
+
+    def deny_cache_capacity(self) -> int | None:
+        """The deny cache's number of entries at most, ``None`` without one."""
+        return None if self._denies is None else self._denies.capacity
+
+    def deny_cache_len(self) -> int:
+        """Entries in the deny cache now."""
+        return 0 if self._denies is None else len(self._denies)
 
     def breaker_open(self) -> bool:
         """Whether the circuit breaker is open (or half open)."""
@@ -270,6 +304,8 @@ class Client:
         concurrency limit is only peeked at here (cost 0, through ``RL.ALL``); its slots are
         taken with :meth:`acquire` (:class:`Unsupported` for a cost above 0)."""
         if not isinstance(algo, Concurrency):
+            if cost > 0 and self._hot():
+                return single_of(self._decide_hot([(key, algo)], cost))
             return self._decide_one(key, algo, cost, None)
         return single_of(self.check_all([(key, algo)], cost))
 
@@ -283,10 +319,30 @@ class Client:
         Concurrency limits are only peeked at here (cost 0)."""
         limits = list(limits)
         if not has_concurrency(limits):
+            if cost > 0 and 1 <= len(limits) <= 16 and self._hot():
+                return self._decide_hot(limits, cost)
             return self._decide_all(limits, cost, None)
         if cost > 0:
             raise Unsupported("concurrency limits take a lease: Client.acquire_all")
         return self._decide_all(limits, 0, new_lease_id())
+
+    def _hot(self) -> bool:
+        return self._denies is not None
+
+    def _decide_hot(self, limits: Limits, cost: int) -> MultiOutcome:
+        """A check of a cost above 0 through the deny cache: a standing denial answers in the
+        process; else Redis decides, and a denial is remembered."""
+        sig = signature(limits)
+        denies = self._denies
+        if denies is not None:
+            cached = denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        sent = time.monotonic()
+        o = self._decide_all(limits, cost, None)
+        if denies is not None:
+            denies.record(sig, cost, o, sent)
+        return o
 
     def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
         """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,

@@ -21,6 +21,7 @@ from http import HTTPStatus
 from typing import Any
 
 from ._http import (
+    DENY_CACHE_ENTRIES,
     FIELDS,
     STATE_KEY,
     Admission,
@@ -134,9 +135,13 @@ class RateLimitMiddleware:
         lease_keep_alive: float | None = None,
         metrics: Metrics | None = None,
         header_format: HeaderFormat = "draft-11",
+        deny_cache: bool = True,
+        deny_cache_entries: int = DENY_CACHE_ENTRIES,
     ) -> None:
         self.app = app
-        self.client = client
+        #: The client the middleware decides with (its deny cache and batches included): close
+        #: it on shutdown to give back what the batches hold.
+        self.client = client.with_deny_cache(deny_cache_entries) if deny_cache else client.without_deny_cache()
         self.rules = make_rules(
             key=key,
             plan=plan,
