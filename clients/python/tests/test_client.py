@@ -232,8 +232,9 @@ def test_both_clients_have_the_same_shape() -> None:
     for name in vars(AsyncClient):
         # What answers without Redis: the builders, and what the batches and the deny cache hold.
         local = {
-            "acquire", "acquire_all", "from_url", "breaker_open", "with_deny_cache", "without_deny_cache",
-            "deny_cache_capacity", "deny_cache_len", "denied_until",
+            "acquire", "acquire_all", "from_url", "breaker_open", "with_batching", "without_batching",
+            "with_deny_cache", "without_deny_cache", "batch_stats", "batch_size", "deny_cache_capacity",
+            "deny_cache_len", "denied_until",
         }  # fmt: skip
         if name in sync and name not in local:
             assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name

@@ -39,6 +39,7 @@ from apps import (
 from ratelimit_client import (
     LIBRARY,
     AsyncClient,
+    Batching,
     BreakerConfig,
     Client,
     Concurrency,
@@ -70,7 +71,7 @@ HTTP_FLAVORS = ("starlette", "flask") + (("fastapi", "django") if os.environ.get
 
 # The features a case may require ("requires" in the table) that this package implements; a case
 # that requires another is skipped.
-SUPPORTED: frozenset[str] = frozenset({"partial_grants", "deny_cache"})
+SUPPORTED: frozenset[str] = frozenset({"partial_grants", "deny_cache", "batches"})
 
 
 def _params() -> list[Any]:
@@ -193,8 +194,22 @@ def options(case: dict[str, Any], mode: str) -> Options:
 
 
 def with_features(case: dict[str, Any], client: Any) -> Any:
-    """The client of a case with its deny cache (``options.deny_cache``) when it has one."""
+    """The client of a case with its batches (``options.batching``) and deny cache
+    (``options.deny_cache``) when it has them."""
     o = case.get("options", {})
+    if "batching" in o:
+        b = o["batching"]
+        d = Batching()
+        client = client.with_batching(
+            Batching(
+                hot_keys=tuple(b.get("hot_keys", ())),
+                detect_per_sec=b.get("detect_per_sec", d.detect_per_sec),
+                lease=b["lease_ms"] / 1000 if "lease_ms" in b else d.lease,
+                initial=b.get("initial", d.initial),
+                max_batch=b.get("max_batch", d.max_batch),
+                remaining_share=b.get("remaining_share", d.remaining_share),
+            )
+        )
     if "deny_cache" in o:
         client = client.with_deny_cache(o["deny_cache"]["entries"])
     return client
@@ -297,7 +312,7 @@ OPS = (
     "check", "peek", "check_all", "check_upto", "check_all_upto", "acquire", "acquire_all", "renew", "release",
     "release_id", "reserve",
     "reserve_all", "settle", "settle_delta", "top", "reset_top", "redis", "request", "finish", "wait_leases",
-    "metrics", "keys", "calls", "stop_redis", "advance_only", "note",
+    "metrics", "keys", "calls", "flush", "close", "stop_redis", "advance_only", "note",
 )  # fmt: skip
 
 
@@ -475,6 +490,10 @@ class Run:
             if op == "reset_top":
                 await maybe(c.reset_top())
                 return {}
+            if op == "flush":
+                return {"returned": await maybe(c.flush())}
+            if op == "close":
+                return {"returned": await (c.aclose() if isinstance(c, AsyncClient) else asyncio.to_thread(c.close))}
         except (Rejected, Unsupported, Unavailable) as e:
             return error(e)
         if op == "redis":

@@ -1,23 +1,32 @@
 # mypy: disallow-untyped-calls=False
 """Hot keys, against real servers on the real clock: what the table cannot show of the deny
 cache (its entries last exactly their wait, then one probe asks Redis while the others are still
-answered from it, never a denial of the failure policy, on in the middleware by default)."""
+answered from it, never a denial of the failure policy, on in the middleware by default) and of
+leased batches (sizes step by step, exact returns, leases ending, the bounded table, both
+clients; processes racing on one hot key, one of them killed, against Redis's own count)."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
+import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from ratelimit_client import (
     AsyncClient,
+    Batching,
+    BatchStats,
     Client,
     FailClosed,
     FixedWindow,
     LocalAnswer,
     Options,
+    SlidingWindow,
     TokenBucket,
 )
 from ratelimit_client.asgi import RateLimitMiddleware as AsgiMiddleware
@@ -147,3 +156,172 @@ def test_entries_are_bounded_least_recently_used_first(server: Server, entries: 
     assert newest == [LocalAnswer.DENY_CACHE] * entries
     assert c.check("k1", window).answered_locally is None
     assert calls(server, "rl.fixedwindow") == 2 * (entries + 2) + 1
+
+
+# Leased batches ---------------------------------------------------------------------------------
+
+
+def stored(s: Server, key: str) -> int:
+    """The count a fixed window holds (``fw <count> <start>``)."""
+    return int(str(s.connect().get(key)).split(" ")[1])
+
+
+def test_batch_sizes_follow_the_rule_step_by_step(server: Server) -> None:
+    """B doubles when a batch is used up, never above ``⌊R / remaining_share⌋``; a batch given
+    back halves it; near the limit every request is one call."""
+    c = Client.from_url(server.url, SLACK).with_batching(Batching(hot_keys=["hot"], initial=4, lease=600))
+    window = FixedWindow(100, 3600)
+    limits = [("hot", window)]
+    sizes, local = [], []
+    for _ in range(13):
+        o = c.check("hot", window)
+        assert o.decision.allowed
+        sizes.append(c.batch_size(limits))
+        local.append(o.answered_locally is LocalAnswer.BATCH)
+    # UPTO 4 (R 100: 96 left), three from it; UPTO 8 (B doubled; 88 left), seven from it; then
+    # B would double to 16 but ⌊88 / 8⌋ = 11: UPTO 11, and B becomes min(16, ⌊77 / 8⌋) = 9.
+    assert sizes == [4, 4, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8, 9]
+    assert local == [False, True, True, True, False, True, True, True, True, True, True, True, False]
+    assert stored(server, "hot") == 4 + 8 + 11
+    assert c.batch_stats() == BatchStats(refills=3, granted=23, used=13, answered=10, returned=0, lapsed=0, held=10)
+    assert c.flush() == 10
+    assert (stored(server, "hot"), c.batch_size(limits)) == (13, 4)  # given back: B halved
+    # Near the limit: 87 left; take all but 15. R is still 77 (the latest grant's) and B 4:
+    # UPTO 4 (11 left, B becomes max(1, min(4, ⌊11 / 8⌋)) = 1), three from it, then ⌊11 / 8⌋ = 1
+    # is not above the cost and each request is a call of its own.
+    server.connect().execute_command("RL.FIXEDWINDOW", "hot", 100, 3600, 72)
+    before = calls(server, "rl.fixedwindow")
+    outcomes = [c.check("hot", window) for _ in range(17)]
+    assert [o.decision.allowed for o in outcomes] == [True] * 15 + [False] * 2
+    assert [o.answered_locally for o in outcomes] == [None] + [LocalAnswer.BATCH] * 3 + [None] * 13
+    assert (calls(server, "rl.fixedwindow") - before, c.batch_size(limits)) == (14, 1)
+    assert stored(server, "hot") == 100
+
+
+def test_returns_are_exact_and_a_sliding_window_lapses(server: Server) -> None:
+    c = Client.from_url(server.url, SLACK).with_batching(Batching(hot_keys=["b", "s"], initial=16, lease=600))
+    bucket = TokenBucket(1000, 0.001)
+    c.check("b", bucket, 3)
+    c.check("s", SlidingWindow(1000, 3600), 3)
+    # The bucket's batch of 16 holds 13: all but what it may refill before the return lands
+    # (0.001/s over the timeout of 2 s, rounded up: 1), since the grant left it no room below its
+    # capacity. The sliding window's 13 cannot go back exactly: they lapse.
+    assert c.flush() == 12
+    assert server.connect().execute_command("RL.TOKENBUCKET", "b", 1000, 0.001, 0)[1] == 996
+    assert server.connect().execute_command("RL.SLIDINGWINDOW", "s", 1000, 3600, 0)[1] == 984
+    assert (c.batch_stats().returned, c.batch_stats().lapsed) == (12, 1 + 13)
+
+
+def test_a_batch_goes_back_when_its_lease_ends_and_the_table_is_bounded(server: Server) -> None:
+    c = Client.from_url(server.url, SLACK).with_batching(
+        Batching(hot_keys_where=lambda k: k.startswith("h"), initial=8, lease=0.2, max_keys=2)
+    )
+    window = FixedWindow(1000, 3600)
+    c.check("h1", window)
+    assert stored(server, "h1") == 8
+    time.sleep(0.5)  # the lease ended: 7 back, without a call on the key
+    assert stored(server, "h1") == 1
+    c.check("h1", window)
+    c.check("h2", window)
+    c.check("h3", window)  # a third entry evicts the least recently used, h1, and its batch
+    deadline = time.monotonic() + 5
+    while stored(server, "h1") != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [stored(server, k) for k in ("h1", "h2", "h3")] == [2, 8, 8]
+    assert c.close() == 14
+    assert [stored(server, k) for k in ("h1", "h2", "h3")] == [2, 1, 1]
+    # Closed: one call per request from now on, for every copy sharing the batches.
+    assert c.check("h2", window).answered_locally is None and stored(server, "h2") == 2
+
+
+def test_the_asyncio_client_batches_alike(server: Server) -> None:
+    async def run() -> tuple[list[bool], int, int]:
+        c = AsyncClient.from_url(server.url, SLACK).with_batching(Batching(hot_keys=["hot"], initial=4, lease=600))
+        window = FixedWindow(100, 3600)
+        outcomes = await asyncio.gather(*(c.check("hot", window) for _ in range(20)))
+        admitted = [o.decision.allowed for o in outcomes]
+        held = stored(server, "hot")
+        returned = await c.aclose()
+        return admitted, held, returned
+
+    admitted, held, returned = asyncio.run(run())
+    assert admitted == [True] * 20
+    assert stored(server, "hot") == 20 == held - returned
+
+
+RACE_LIMIT = 5000
+
+
+def racer(url: str, limit: int, threads: int, per_thread: int, admitted: Any, go: Any) -> None:
+    """A process of ``threads`` threads checking the hot key ``per_thread`` times each, counting
+    its admissions in ``admitted`` (shared memory, so that a process killed midway has told)."""
+    c = Client.from_url(url, SLACK).with_batching(Batching(hot_keys=["hot"]))
+    window = FixedWindow(limit, 3600)
+    go.wait()
+
+    def run() -> None:
+        for _ in range(per_thread):
+            if c.check("hot", window).decision.allowed:
+                with admitted.get_lock():
+                    admitted.value += 1
+
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    c.close()
+
+
+def race(server: Server, processes: int, kill: int | None, limit: int = RACE_LIMIT) -> tuple[list[int], int, int]:
+    """``processes`` racers on the hot key, a fixed window of ``limit`` (3 threads, 800 checks
+    each: more than 5,000 in all); with ``kill``, that one is killed with SIGKILL once it has
+    admitted 300. Each process's admissions, Redis's count once the others have closed, and the
+    calls Redis served."""
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    counts = [ctx.Value("l", 0) for _ in range(processes)]
+    procs = [ctx.Process(target=racer, args=(server.url, limit, 3, 800, counts[i], go)) for i in range(processes)]
+    for p in procs:
+        p.start()
+    go.set()
+    if kill is not None:
+        deadline = time.monotonic() + 60
+        while counts[kill].value < 300:
+            assert time.monotonic() < deadline and procs[kill].is_alive()
+            time.sleep(0.001)
+        os.kill(procs[kill].pid or 0, signal.SIGKILL)
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == (-signal.SIGKILL if kill is not None and p is procs[kill] else 0)
+    served = calls(server, "rl.fixedwindow") + calls(server, "rl.settle")
+    return [c.value for c in counts], stored(server, "hot"), served
+
+
+@pytest.mark.heavy
+def test_racing_processes_admit_exactly_what_redis_counts(server: Server) -> None:
+    admitted, count, served = race(server, 4, None)
+    # 9,600 checks on a limit of 5,000: never more admitted than the limit, and once every
+    # process has closed, Redis counts exactly what they admitted (every unit held went back).
+    assert sum(admitted) == count <= RACE_LIMIT
+    print(f"\nexhausted: {sum(admitted)} admitted of {RACE_LIMIT}, {count} counted, {served} calls")
+
+
+@pytest.mark.heavy
+def test_a_hot_key_costs_a_fraction_of_a_call_per_admission(server: Server) -> None:
+    admitted, count, served = race(server, 4, None, limit=1_000_000)
+    # Far from its limit: all 9,600 admitted, a few grants and returns per process and lease.
+    assert sum(admitted) == count == 9600
+    print(f"\nhot key: {count} admitted, {served} calls ({served / count:.4f} per admission)")
+    assert served < count / 20
+
+
+@pytest.mark.heavy
+def test_a_killed_process_loses_at_most_one_batch_and_never_over_admits(server: Server) -> None:
+    admitted, count, _ = race(server, 4, 0)
+    lost = count - sum(admitted)
+    # What the killed process held in its one batch is lost (counted by Redis, admitted by no
+    # one): at most one batch, never a unit admitted twice.
+    assert sum(admitted) <= count <= RACE_LIMIT
+    assert 0 <= lost <= Batching().max_batch
+    print(f"\nkilled: {admitted[0]} admitted by it, {sum(admitted)} in all, {count} counted by Redis, {lost} lost")

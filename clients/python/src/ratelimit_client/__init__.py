@@ -11,6 +11,8 @@ same decisions and stores the same bytes.
 
 from ._scripts import LIBRARY, LIBRARY_NAME
 from ._types import (
+    Batching,
+    BatchStats,
     BreakerConfig,
     Decision,
     Degraded,
@@ -77,6 +79,8 @@ __all__ = [
     "AsyncMultiReservationOutcome",
     "AsyncReservation",
     "AsyncReservationOutcome",
+    "BatchStats",
+    "Batching",
     "BreakerConfig",
     "Client",
     "Concurrency",

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
@@ -27,6 +28,8 @@ from ._flight import Failure, Flight
 from ._local import LocalLeases, LocalLimiter
 from ._scripts import LIBRARY_NAME, SCRIPTS, Script, function_name
 from ._types import (
+    Batching,
+    BatchStats,
     Decision,
     Degraded,
     FailClosed,
@@ -43,7 +46,7 @@ from ._types import (
     TopEntry,
     Unsupported,
 )
-from .algorithms import Algorithm, Concurrency
+from .algorithms import Algorithm, Concurrency, FixedWindow, SlidingLog, SlidingWindow
 
 T = TypeVar("T")
 
@@ -681,3 +684,388 @@ class DenyCache:
         with self._lock:
             d = self._entries.get(_entry_key(sig, cost))
             return None if d is None else d.until
+
+
+# Leased batches ----------------------------------------------------------------------------
+# Leased batches for hot keys: one partial grant (``UPTO n``) takes several units of a key (or
+# of every limit of an ``RL.ALL`` plan) at once, the process admits its requests from them without
+# calling Redis, and what it did not use goes back with ``RL.SETTLE ... DELTA -n`` when the
+# batch's lease ends, when the client is flushed or closed, or when the batch leaves the bounded
+# table.
+#
+# Every request admitted from a batch spent a unit that Redis granted: a process never admits
+# more than it was granted. What a batch holds is not available to other processes until it is
+# used or given back; that is the most they can be refused beyond the exact answer
+# (docs/clients.md states the bound).
+#
+# This part does no I/O: the synchronous and the asyncio client drive it (``client.py``,
+# ``aio.py``), each with its own turns (a lock per entry), timers and returns.
+
+
+@dataclass(slots=True)
+class Batch:
+    """The units of one grant still held."""
+
+    #: When the grant was sent (``time.monotonic()``): its decisions were made then or after.
+    sent: float
+    ends: float
+    granted: int
+    held: int
+    #: The grant's reply, one per limit.
+    decisions: tuple[Decision, ...]
+    mode: Mode | None
+
+
+@dataclass(slots=True)
+class Return:
+    """What goes back to Redis from one batch."""
+
+    limits: list[tuple[str, Algorithm]]
+    batch: Batch
+
+
+def upto_max(limits: Limits) -> int:
+    """At most what one partial grant can take of these limits: 10^15, and 1,000 sliding-log
+    entries in all."""
+    logs = sum(1 for _, a in limits if isinstance(a, SlidingLog))
+    return 1000 // logs if logs else 10**15
+
+
+@dataclass(slots=True)
+class Entry:
+    limits: list[tuple[str, Algorithm]]
+    declared: bool
+    #: Calls counted per whole second since ``second``, and in the second before.
+    second: float
+    size: int
+    #: The fewest units Redis said remain, with the latest answer (before any: the limit).
+    remaining: int
+    #: Where its generations start (apart from every other entry's).
+    generation: int
+    #: The entry's turn to refill (a lock of the driver's kind).
+    gate: Any
+    calls: int = 0
+    previous: int = 0
+    batch: Batch | None = None
+    #: The latest batch was used up before its lease ended.
+    used_up: bool = False
+    #: The latest grant took less than it asked (or nothing, or Redis did not answer).
+    short: bool = False
+    #: Units of the callers waiting for a refill.
+    waiting: int = 0
+
+    def count_call(self, now: float) -> None:
+        gone = now - self.second
+        if gone >= 2:
+            self.previous, self.calls, self.second = 0, 0, now
+        elif gone >= 1:
+            self.previous, self.calls = self.calls, 0
+            self.second += 1
+        self.calls += 1
+
+    def hot(self, cfg: Batching) -> bool:
+        return self.declared or (cfg.detect_per_sec > 0 and max(self.calls, self.previous) >= cfg.detect_per_sec)
+
+    def worth_a_batch(self, cost: int, cfg: Batching) -> bool:
+        """Whether a batch for ``cost`` would hold more than the cost: ``1/remaining_share`` of
+        what Redis last said remains is above it."""
+        return self.remaining // cfg.remaining_share > cost
+
+    def expire(self, now: float, returns: list[Return]) -> None:
+        if self.batch is not None and now >= self.batch.ends:
+            self.give_back(returns)
+
+    def give_back(self, returns: list[Return]) -> None:
+        """Gives back what the batch holds now (B halves when it holds units)."""
+        b, self.batch = self.batch, None
+        if b is None:
+            return
+        self.generation += 1
+        if b.held > 0:
+            self.size = max(1, self.size // 2)
+            self.used_up = False
+            returns.append(Return(list(self.limits), b))
+
+    def take(self, cost: int, now: float) -> MultiOutcome | None:
+        """Admits ``cost`` from the batch if it holds that much and its lease is not over."""
+        b = self.batch
+        if b is None or now >= b.ends or b.held < cost:
+            return None
+        b.held -= cost
+        if b.held == 0:
+            self.used_up = True
+        return answer(b, cost, now, LocalAnswer.BATCH)
+
+    def ask(self, cost: int, cfg: Batching, most: int) -> int:
+        """The size of the next grant: B (doubled if the last batch was used up), or what the
+        callers waiting need if more, at most ``max_batch`` and ``1/remaining_share`` of what
+        Redis last said remains, at least the cost."""
+        if self.used_up:
+            self.size = min(self.size * 2, cfg.max_batch)
+            self.used_up = False
+        want = max(self.size, cost + self.waiting)
+        share = self.remaining // cfg.remaining_share
+        return max(cost, min(want, cfg.max_batch, share, most))
+
+
+def answer(b: Batch, cost: int, now: float, local: LocalAnswer | None) -> MultiOutcome:
+    """The answer to a request admitted with ``cost`` units of batch ``b``, which now holds
+    ``b.held``: each limit's remaining is what Redis said with the grant plus what the batch
+    still holds; the resets count down from the grant."""
+    gone = max(0, int((now - b.sent) * 1000))
+    return MultiOutcome(
+        allowed=True,
+        denied_by=0,
+        decisions=tuple(
+            Decision(True, d.remaining + b.held, 0, max(0, d.reset_after_ms - gone), d.limit) for d in b.decisions
+        ),
+        degraded=None,
+        mode=b.mode,
+        granted=cost,
+        answered_locally=local,
+    )
+
+
+def returnable(algo: Algorithm, d: Decision, b: Batch, now: float, margin: float) -> int:
+    """The units of a batch that can go back to one limit at ``now`` without leaving it with more
+    than it would have had if they had never been taken: none for a sliding window or log (a
+    refund lowers the current window's count or removes the newest entries, which may not be
+    the batch's); all for a fixed window while the window of the grant is surely still the
+    current one; for a bucket or GCRA all, less what it may have refilled past its capacity
+    meanwhile (which a refund would count twice)."""
+    if isinstance(algo, (SlidingWindow, SlidingLog)):
+        return 0
+    if isinstance(algo, FixedWindow):
+        return b.held if now + margin < b.sent + d.reset_after_ms / 1000 else 0
+    age = max(0.0, now + margin - b.sent)
+    refilled = algo.rate_per_sec * age
+    # What the limit held before the grant is below remaining + 1 + granted.
+    room = d.limit - d.remaining - b.granted - 1
+    excess = math.ceil(max(0.0, refilled - max(0.0, float(room))))
+    return 0 if excess >= b.held else b.held - excess
+
+
+def return_plan(r: Return, now: float, margin: float) -> list[tuple[list[tuple[str, Algorithm]], int]]:
+    """The ``RL.SETTLE`` calls that give back what ``r`` can: limits given back the same units
+    go in one call, and one with 0 is left out."""
+    deltas = [returnable(a, d, r.batch, now, margin) for (_, a), d in zip(r.limits, r.batch.decisions, strict=True)]
+    return [([r.limits[i] for i, x in enumerate(deltas) if x == n], n) for n in sorted({x for x in deltas if x > 0})]
+
+
+@dataclass(slots=True)
+class Counters:
+    refills: int = 0
+    granted: int = 0
+    used: int = 0
+    answered: int = 0
+    returned: int = 0
+    lapsed: int = 0
+
+
+ANSWER, REFILL, PLAIN = "answer", "refill", "plain"
+
+
+@dataclass(slots=True)
+class Granted:
+    """What a grant decided: the answer for the request that asked (``None``: decide it with a
+    call of its own), the units it was admitted with as a batch to give back should its caller
+    be gone, the returns to send, and whether its denial goes to the deny cache."""
+
+    answer: MultiOutcome | None
+    own: Batch | None
+    returns: list[Return]
+    deny: MultiOutcome | None = None
+    #: When the new batch's lease ends and its generation (``None``: no batch kept).
+    timer: tuple[float, int] | None = None
+
+
+@dataclass
+class Table:
+    """The batches of a client and its copies: a bounded table of keys (or plans), each with its
+    detection counts and at most one batch."""
+
+    cfg: Batching
+    #: Makes an entry's turn (a ``threading.Lock``, an ``asyncio.Lock``).
+    new_gate: Callable[[], Any]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counters: Counters = field(default_factory=Counters)
+    closed: bool = False
+    _generations: int = 0
+    entries: Lru[Entry] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.entries = Lru(self.cfg.max_keys)
+
+    def stats(self) -> BatchStats:
+        with self.lock:
+            held = sum(e.batch.held for _, e in self.entries.items() if e.batch is not None)
+            return BatchStats(**dataclasses.asdict(self.counters), held=held)
+
+    def size(self, sig: str) -> int | None:
+        with self.lock:
+            e = self.entries.get(sig)
+            return None if e is None else e.size
+
+    def try_local(self, sig: str, limits: Limits, cost: int) -> tuple[str, MultiOutcome | None, list[Return]]:
+        """Counts the call, and answers it from the batch when it can."""
+        if self.closed or cost > upto_max(limits):
+            return PLAIN, None, []
+        now = time.monotonic()
+        returns: list[Return] = []
+        with self.lock:
+            e = self.entries.get(sig)
+            if e is None:
+                self._generations += 1 << 32
+                cfg = self.cfg
+                e = Entry(
+                    limits=list(limits),
+                    declared=cfg.declared([k for k, _ in limits]),
+                    second=now,
+                    size=min(max(1, cfg.initial), max(1, cfg.max_batch)),
+                    remaining=min((a.quota for _, a in limits), default=0),
+                    generation=self._generations,
+                    gate=self.new_gate(),
+                )
+                evicted = self.entries.insert(sig, e)
+                if evicted is not None:
+                    evicted[1].give_back(returns)
+            e.count_call(now)
+            e.expire(now, returns)
+            o = e.take(cost, now)
+            if o is not None:
+                self.counters.used += cost
+                self.counters.answered += 1
+                return ANSWER, o, returns
+            if e.hot(self.cfg) and e.worth_a_batch(cost, self.cfg):
+                return REFILL, None, returns
+            return PLAIN, None, returns
+
+    def wait(self, sig: str, cost: int) -> tuple[Any, int] | None:
+        """A caller that needs a refill: counted among those waiting; the entry's turn and its
+        generation now."""
+        with self.lock:
+            e = self.entries.get(sig)
+            if e is None:
+                return None
+            e.waiting += cost
+            return e.gate, e.generation
+
+    def waited(self, sig: str, cost: int) -> None:
+        with self.lock:
+            e = self.entries.get(sig)
+            if e is not None:
+                e.waiting = max(0, e.waiting - cost)
+
+    def turn(
+        self, sig: str, limits: Limits, cost: int, seen: int
+    ) -> tuple[str, MultiOutcome | int | None, list[Return]]:
+        """With the entry's turn: the answer from a batch that came meanwhile, a plain call
+        (the refill that came first took less than it asked, the key runs low, batches are
+        closed), or the size of the grant to ask (the old batch given back first)."""
+        now = time.monotonic()
+        returns: list[Return] = []
+        with self.lock:
+            e = self.entries.get(sig)
+            if e is None:
+                return PLAIN, None, returns
+            e.expire(now, returns)
+            o = e.take(cost, now)
+            if o is not None:
+                self.counters.used += cost
+                self.counters.answered += 1
+                return ANSWER, o, returns
+            if (e.generation != seen and e.short) or not e.worth_a_batch(cost, self.cfg) or self.closed:
+                return PLAIN, None, returns
+            # Too little left for this cost: it goes back before the new grant.
+            e.give_back(returns)
+            return REFILL, e.ask(cost, self.cfg, upto_max(limits)), returns
+
+    def granted(self, sig: str, limits: Limits, cost: int, ask: int, sent: float, reply: MultiOutcome) -> Granted:
+        """Redis's grant of ``reply.granted`` units for the refill of ``sig`` sent at ``sent``."""
+        g = reply.granted
+        admitted = g >= cost
+        ends = sent + self.cfg.lease
+        for (_, a), d in zip(limits, reply.decisions, strict=True):
+            if isinstance(a, FixedWindow):
+                ends = min(ends, sent + d.reset_after_ms / 1000)
+        batch = Batch(sent, ends, g, g - cost if admitted else g, reply.decisions, reply.mode)
+        # Redis's own answer for this request: the grant's, less the units left in the batch.
+        got = Granted(
+            answer(batch, cost, sent, None) if admitted else None,
+            dataclasses.replace(batch, held=cost) if admitted else None,
+            [],
+        )
+        with self.lock:
+            self.counters.refills += 1
+            self.counters.granted += g
+            e = self.entries.get(sig)
+            if e is not None and not self.closed:
+                e.generation += 1
+                e.short = g < ask
+                e.used_up = False
+                e.remaining = min((d.remaining for d in reply.decisions), default=0)
+                e.size = max(1, min(e.size, e.remaining // self.cfg.remaining_share))
+                # Whatever another grant left (none while turns are kept) goes back.
+                e.give_back(got.returns)
+                if batch.held > 0:
+                    e.batch = batch
+                    got.timer = (batch.ends, e.generation)
+                elif admitted:
+                    e.used_up = True
+            elif batch.held > 0:
+                got.returns.append(Return(list(limits), batch))
+            if admitted:
+                self.counters.used += cost
+        if not admitted:
+            got.own = None
+            if g == 0 and cost == 1:
+                # Nothing left: the denial of one unit, exactly what a call with cost 1 answers.
+                got.answer = reply
+                got.deny = reply
+        return got
+
+    def unanswered(self, sig: str) -> None:
+        """The refill's grant got no answer: the next callers decide with calls of their own."""
+        with self.lock:
+            self.counters.refills += 1
+            e = self.entries.get(sig)
+            if e is not None:
+                e.generation += 1
+                e.short = True
+
+    def gone(self, cost: int) -> None:
+        """The caller of a refill went away: the units it would have used go back."""
+        with self.lock:
+            self.counters.used -= cost
+
+    def observe(self, sig: str, o: MultiOutcome) -> None:
+        """What Redis answered a call of ``sig`` made without a batch: what remains, for the next
+        batch's size."""
+        if o.degraded is not None or o.answered_locally is not None or not o.decisions:
+            return
+        with self.lock:
+            e = self.entries.get(sig)
+            if e is not None:
+                e.remaining = min(d.remaining for d in o.decisions)
+
+    def expired(self, sig: str, generation: int) -> list[Return]:
+        """The batch of ``sig`` at the end of its lease, unless another grant replaced it."""
+        returns: list[Return] = []
+        with self.lock:
+            e = self.entries.get(sig)
+            if e is not None and e.generation == generation:
+                e.give_back(returns)
+        return returns
+
+    def drain(self) -> list[Return]:
+        """Every batch, taken out of the table."""
+        returns: list[Return] = []
+        with self.lock:
+            for _, e in self.entries.items():
+                e.give_back(returns)
+        return returns
+
+    def account(self, r: Return, returned: int) -> None:
+        with self.lock:
+            self.counters.returned += returned
+            self.counters.lapsed += r.batch.held - returned

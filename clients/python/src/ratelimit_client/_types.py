@@ -4,6 +4,7 @@ failure policies, and the errors."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -116,6 +117,63 @@ class Options:
     #: ``max_connections``); the others wait for their turn outside their deadline while Redis
     #: answers, rather than queue on the server inside it.
     max_in_flight: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """When and how a client takes batches (:meth:`Client.with_batching`).
+
+    A key (or a plan of several limits checked together) is batched when one of its keys is
+    declared hot (``hot_keys``, ``hot_keys_where``), or when this process checks it at least
+    ``detect_per_sec`` times in a second."""
+
+    #: Keys batched from their first call (a plan of several limits when any of its keys is).
+    hot_keys: Sequence[str] = ()
+    #: Keys for which this is true are batched from their first call.
+    hot_keys_where: Callable[[str], bool] | None = None
+    #: Calls within one second (counted in whole seconds from a key's first call, the previous
+    #: second's count included) that make a key hot; 0: only declared keys.
+    detect_per_sec: int = 100
+    #: How long a batch lives, in seconds: what it has not used by then goes back. A fixed
+    #: window's batch ends with the window it was granted in, if that comes first.
+    lease: float = 0.2
+    #: The first batch size.
+    initial: int = 8
+    #: The largest batch.
+    max_batch: int = 1024
+    #: A batch asks for at most ``1/remaining_share`` of what Redis last said remains, so a
+    #: nearly exhausted key is decided one call per request.
+    remaining_share: int = 8
+    #: Keys (or plans) tracked at once, the least recently used forgotten first, its batch
+    #: given back.
+    max_keys: int = 1024
+
+    def declared(self, keys: Sequence[str]) -> bool:
+        """Whether any of ``keys`` is declared hot."""
+        hot = set(self.hot_keys)
+        return any(k in hot or (self.hot_keys_where is not None and self.hot_keys_where(k)) for k in keys)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What the batches of a client did since it was made (units, and requests answered)."""
+
+    #: Partial grants sent to take a batch.
+    refills: int = 0
+    #: Units those grants took.
+    granted: int = 0
+    #: Units spent by admitted requests: the requests that took a batch and those answered from
+    #: one.
+    used: int = 0
+    #: Requests admitted from a batch without a call to Redis.
+    answered: int = 0
+    #: Units given back to Redis (``RL.SETTLE ... DELTA -n``).
+    returned: int = 0
+    #: Units neither used nor given back: a sliding window's or log's, a window's that ended, a
+    #: bucket's that refilled meanwhile, or a return Redis did not answer.
+    lapsed: int = 0
+    #: Units held in batches now.
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)

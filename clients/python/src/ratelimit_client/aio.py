@@ -23,14 +23,20 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from ._core import (
+    ANSWER,
     ANY_NODE,
     ON_A_CLUSTER,
+    PLAIN,
+    Batch,
     Core,
     DenyCache,
     Detect,
     Exchange,
+    Granted,
     Limits,
     LoadScript,
+    Return,
+    Table,
     UnexpectedReply,
     check_count,
     check_upto_args,
@@ -41,12 +47,15 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    return_plan,
     signature,
     single_of,
 )
 from ._flight import Deadline, Failure, Gate
 from ._scripts import LIBRARY
 from ._types import (
+    Batching,
+    BatchStats,
     Degraded,
     Local,
     Mode,
@@ -99,6 +108,7 @@ class AsyncClient:
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
         self._denies: DenyCache | None = None
+        self._batches: AsyncBatches | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
         # ``redis`` serves the first loop that makes a call; every other loop has a copy.
         self._copy = None if isinstance(redis, redis_cluster.RedisCluster) else _copy_of(redis)
@@ -192,6 +202,31 @@ class AsyncClient:
         c._denies = None
         return c
 
+    def with_batching(self, batching: Batching | None = None) -> AsyncClient:
+        """This client taking leased batches for hot keys, as :meth:`Client.with_batching`
+        (the batches' timers and returns run on the loop of the calls that took them)."""
+        c = copy.copy(self)
+        plain = copy.copy(self)
+        plain._batches, plain._denies = None, None
+        c._batches = AsyncBatches(plain, batching or Batching())
+        return c
+
+    def without_batching(self) -> AsyncClient:
+        c = copy.copy(self)
+        c._batches = None
+        return c
+
+    def batch_stats(self) -> BatchStats:
+        return BatchStats() if self._batches is None else self._batches.table.stats()
+
+    def batch_size(self, limits: Limits) -> int | None:
+        return None if self._batches is None else self._batches.table.size(signature(list(limits)))
+
+    async def flush(self) -> int:
+        """Gives back at once what every batch holds, and waits for the answers: the units given
+        back."""
+        return 0 if self._batches is None else await self._batches.flush()
+
     def denied_until(self, limits: Limits, cost: int) -> float | None:
         return None if self._denies is None else self._denies.until(signature(list(limits)), cost)
 
@@ -206,9 +241,15 @@ class AsyncClient:
     def breaker_open(self) -> bool:
         return self._core.breaker.is_open()
 
-    async def aclose(self) -> None:
-        """Closes the connections of the running loop (those of a loop that is gone went with
-        it)."""
+    async def aclose(self) -> int:
+        """Stops the batches of this client and of every copy sharing them, gives back what they
+        hold (the units given back, 0 without batches), then closes the connections of the
+        running loop (those of a loop that is gone went with it; a later call opens new ones)."""
+        returned = 0 if self._batches is None else await self._batches.close()
+        await self._close_connections()
+        return returned
+
+    async def _close_connections(self) -> None:
         loop = asyncio.get_running_loop()
         home = self._home() if self._home is not None else None
         with self._loops_lock:
@@ -405,22 +446,57 @@ class AsyncClient:
         return await self._decide_all(limits, 0, new_lease_id())
 
     def _hot(self) -> bool:
-        return self._denies is not None
+        return self._batches is not None or self._denies is not None
 
     async def _decide_hot(self, limits: Limits, cost: int) -> MultiOutcome:
-        """A check of a cost above 0 through the deny cache: a standing denial answers in the
-        process; else Redis decides, and a denial is remembered."""
+        """A check of a cost above 0 through the batches and the deny cache, as
+        :meth:`Client._decide_hot`."""
         sig = signature(limits)
-        denies = self._denies
+        batches, denies = self._batches, self._denies
+        refill = False
+        if batches is not None:
+            step, local = batches.try_local(sig, limits, cost)
+            if local is not None:
+                return local
+            refill = step != PLAIN
         if denies is not None:
             cached = denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        if refill and batches is not None:
+            o = await batches.refill(sig, limits, cost, denies)
+            if o is not None:
+                return o
+            cached = None if denies is None else denies.lookup(sig, cost)
             if cached is not None:
                 return cached
         sent = time.monotonic()
         o = await self._decide_all(limits, cost, None)
         if denies is not None:
             denies.record(sig, cost, o, sent)
+        if batches is not None:
+            batches.table.observe(sig, o)
         return o
+
+    async def _try_grant(self, limits: Limits, n: int) -> MultiOutcome | None:
+        """A partial grant of at most ``n`` units for a batch: ``None`` when Redis cannot answer
+        (no failure policy applied)."""
+        core = self._core
+        try:
+            if len(limits) == 1:
+                key, algo = limits[0]
+                d, granted, mode = await self._guarded(core.call_one(key, algo, n, None, upto=True))
+                return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
+            (allowed, denied_by, ds, granted), mode = await self._guarded(core.call_all(limits, n, None, upto=True))
+            return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
+        except Failure:
+            return None
+
+    def _degraded_for(self, limits: Limits, cost: int) -> MultiOutcome:
+        if len(limits) == 1:
+            key, algo = limits[0]
+            return multi_of(self._core.degraded_outcome(key, algo, cost, None))
+        return self._core.degraded_all(limits, cost, None)
 
     async def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
         """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,
@@ -535,6 +611,134 @@ class AsyncClient:
     async def load_library(self) -> str:
         name = await self._conn()[0].execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
         return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class AsyncBatches:
+    """The asyncio client's batches: the table (``_batch.py``), each entry's turn an
+    ``asyncio.Lock``, the lease timers and returns tasks of the running loop. A grant runs in a
+    task of its own holding the turn: a caller that goes away meanwhile (a cancelled request)
+    neither loses the units nor lets a second refill start; the units it would have used go
+    back."""
+
+    def __init__(self, client: AsyncClient, cfg: Batching) -> None:
+        self.client = client
+        self.table = Table(cfg, asyncio.Lock)
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, returns: list[Return]) -> None:
+        if returns:
+            self._spawn(self._give_back_all(returns))
+
+    async def _give_back_all(self, returns: list[Return]) -> None:
+        for r in returns:
+            await self.give_back(r)
+
+    def try_local(self, sig: str, limits: Limits, cost: int) -> tuple[str, MultiOutcome | None]:
+        step, o, returns = self.table.try_local(sig, limits, cost)
+        self._send(returns)
+        return step, o if step == ANSWER else None
+
+    async def refill(self, sig: str, limits: Limits, cost: int, denies: DenyCache | None) -> MultiOutcome | None:
+        table = self.table
+        w = table.wait(sig, cost)
+        if w is None:
+            return None
+        gate, seen = w
+        try:
+            await gate.acquire()
+        finally:
+            table.waited(sig, cost)
+        handed = False
+        try:
+            step, v, returns = table.turn(sig, limits, cost, seen)
+            self._send(returns)
+            if step == ANSWER:
+                assert isinstance(v, MultiOutcome)
+                return v
+            if step == PLAIN or not isinstance(v, int):
+                return None
+            cached = None if denies is None else denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+            task = asyncio.get_running_loop().create_task(self._grant(sig, limits, cost, v, denies, gate))
+            handed = True
+        finally:
+            if not handed:
+                gate.release()
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            got = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._unused(t, limits, cost))
+            raise
+        return got.answer
+
+    def _unused(self, t: asyncio.Task[Granted], limits: Limits, cost: int) -> None:
+        """The caller of a grant went away: the units it was admitted with go back."""
+        if t.cancelled() or t.exception() is not None:
+            return
+        own: Batch | None = t.result().own
+        if own is not None:
+            self.table.gone(cost)
+            self._send([Return(list(limits), own)])
+
+    async def _grant(
+        self, sig: str, limits: Limits, cost: int, ask: int, denies: DenyCache | None, gate: asyncio.Lock
+    ) -> Granted:
+        table = self.table
+        try:
+            sent = time.monotonic()
+            try:
+                reply = await self.client._try_grant(limits, ask)
+            except RateLimitError:
+                table.unanswered(sig)
+                raise
+            if reply is None:
+                table.unanswered(sig)
+                return Granted(self.client._degraded_for(limits, cost), None, [])
+            got = table.granted(sig, limits, cost, ask, sent, reply)
+        finally:
+            gate.release()
+        self._send(got.returns)
+        if got.timer is not None:
+            at, generation = got.timer
+            loop = asyncio.get_running_loop()
+            loop.call_later(max(0.0, at - time.monotonic()), lambda: self._send(table.expired(sig, generation)))
+        if got.deny is not None and denies is not None:
+            denies.record(sig, cost, got.deny, sent)
+        return got
+
+    async def give_back(self, r: Return) -> int:
+        client = self.client
+        back = dict.fromkeys(range(len(r.limits)), 0)
+        for subset, n in return_plan(r, time.monotonic(), client._core.options.timeout):
+            try:
+                s = await client.settle(subset, -n)
+            except RateLimitError:
+                continue
+            if s.degraded is None:
+                for i, lim in enumerate(r.limits):
+                    if lim in subset:
+                        back[i] = n
+        returned = min(back.values(), default=0)
+        self.table.account(r, returned)
+        return returned
+
+    async def flush(self) -> int:
+        n = 0
+        for r in self.table.drain():
+            n += await self.give_back(r)
+        return n
+
+    async def close(self) -> int:
+        self.table.closed = True
+        return await self.flush()
 
 
 class _AsyncReleasable(Protocol):

@@ -5,6 +5,7 @@ most-denied keys; module detection, the Lua fallback, the failure policy and the
 from __future__ import annotations
 
 import copy
+import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,14 +21,18 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
 from ._core import (
+    ANSWER,
     ANY_NODE,
     ON_A_CLUSTER,
+    PLAIN,
     Core,
     DenyCache,
     Detect,
     Exchange,
     Limits,
     LoadScript,
+    Return,
+    Table,
     UnexpectedReply,
     check_count,
     check_upto_args,
@@ -38,12 +43,15 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    return_plan,
     signature,
     single_of,
 )
 from ._flight import Failure, Gate, connected_in
 from ._scripts import LIBRARY
 from ._types import (
+    Batching,
+    BatchStats,
     Degraded,
     Local,
     Mode,
@@ -78,6 +86,7 @@ class Client:
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
         self._denies: DenyCache | None = None
+        self._batches: Batches | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
 
     @classmethod
@@ -140,6 +149,37 @@ class Client:
         c._denies = None
         return c
 
+    def with_batching(self, batching: Batching | None = None) -> Client:
+        """This client (and the copies made from it afterwards) taking leased batches for hot
+        keys, as ``batching`` says (default :class:`Batching`): a hot key's checks take several
+        units with one partial grant (``UPTO n``) and admit from them without calling Redis
+        (:attr:`Outcome.answered_locally` ``BATCH``), giving back what they did not use when the
+        batch's lease ends (see docs/clients.md). The client it was made from is unchanged."""
+        c = copy.copy(self)
+        plain = copy.copy(self)
+        plain._batches, plain._denies = None, None
+        c._batches = Batches(plain, batching or Batching())
+        return c
+
+    def without_batching(self) -> Client:
+        """This client without batches (those of other copies carry on)."""
+        c = copy.copy(self)
+        c._batches = None
+        return c
+
+    def batch_stats(self) -> BatchStats:
+        """What the batches did so far (all zero without batches)."""
+        return BatchStats() if self._batches is None else self._batches.table.stats()
+
+    def batch_size(self, limits: Limits) -> int | None:
+        """The size the next batch of these limits starts from (B), while they are tracked."""
+        return None if self._batches is None else self._batches.table.size(signature(list(limits)))
+
+    def flush(self) -> int:
+        """Gives back at once what every batch holds (``RL.SETTLE ... DELTA -n``), and waits for
+        the answers: the units given back. The keys are batched again on their next calls."""
+        return 0 if self._batches is None else self._batches.flush()
+
     def denied_until(self, limits: Limits, cost: int) -> float | None:
         """When the deny cache's entry for these limits at this cost expires
         (``time.monotonic()``), if it has one."""
@@ -157,8 +197,13 @@ class Client:
         """Whether the circuit breaker is open (or half open)."""
         return self._core.breaker.is_open()
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Stops the batches of this client and of every copy sharing them (their checks go to
+        Redis one by one from then on), gives back what they hold (the units given back, 0
+        without batches), then closes the connections (a later call opens new ones)."""
+        returned = 0 if self._batches is None else self._batches.close()
         self._redis.close()
+        return returned
 
     def __enter__(self) -> Client:
         return self
@@ -327,22 +372,60 @@ class Client:
         return self._decide_all(limits, 0, new_lease_id())
 
     def _hot(self) -> bool:
-        return self._denies is not None
+        return self._batches is not None or self._denies is not None
 
     def _decide_hot(self, limits: Limits, cost: int) -> MultiOutcome:
-        """A check of a cost above 0 through the deny cache: a standing denial answers in the
-        process; else Redis decides, and a denial is remembered."""
+        """A check of a cost above 0 through the batches and the deny cache: a batch holding the
+        units admits first (they are granted), then a standing denial denies, then Redis
+        decides (a refill for a hot key), and a denial is remembered."""
         sig = signature(limits)
-        denies = self._denies
+        batches, denies = self._batches, self._denies
+        refill = False
+        if batches is not None:
+            step, local = batches.try_local(sig, limits, cost)
+            if local is not None:
+                return local
+            refill = step != PLAIN
         if denies is not None:
             cached = denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        if refill and batches is not None:
+            o = batches.refill(sig, limits, cost, denies)
+            if o is not None:
+                return o
+            # The refill that came first may have been denied meanwhile.
+            cached = None if denies is None else denies.lookup(sig, cost)
             if cached is not None:
                 return cached
         sent = time.monotonic()
         o = self._decide_all(limits, cost, None)
         if denies is not None:
             denies.record(sig, cost, o, sent)
+        if batches is not None:
+            batches.table.observe(sig, o)
         return o
+
+    def _try_grant(self, limits: Limits, n: int) -> MultiOutcome | None:
+        """A partial grant of at most ``n`` units for a batch: ``None`` when Redis cannot answer
+        (no failure policy applied)."""
+        core = self._core
+        try:
+            if len(limits) == 1:
+                key, algo = limits[0]
+                d, granted, mode = self._guarded(core.call_one(key, algo, n, None, upto=True))
+                return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
+            (allowed, denied_by, ds, granted), mode = self._guarded(core.call_all(limits, n, None, upto=True))
+            return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
+        except Failure:
+            return None
+
+    def _degraded_for(self, limits: Limits, cost: int) -> MultiOutcome:
+        """The failure policy's answer for a cost, as a call to Redis that failed would get it."""
+        if len(limits) == 1:
+            key, algo = limits[0]
+            return multi_of(self._core.degraded_outcome(key, algo, cost, None))
+        return self._core.degraded_all(limits, cost, None)
 
     def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
         """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,
@@ -754,6 +837,138 @@ class Limiter:
 
     def __repr__(self) -> str:
         return f"Limiter(client={self.client!r}, algorithm={self.algorithm!r})"
+
+
+class Batches:
+    """The synchronous client's batches: the table (``_batch.py``), each entry's turn a lock,
+    and a thread of their own that gives batches back when their lease ends (and the units of
+    batches evicted or replaced) without holding up a request."""
+
+    def __init__(self, client: Client, cfg: Batching) -> None:
+        #: The client without batches nor deny cache, for the grants and returns.
+        self.client = client
+        self.table = Table(cfg, threading.Lock)
+        self._cond = threading.Condition()
+        self._timers: list[tuple[float, int, str, int]] = []
+        self._pending: list[Return] = []
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def try_local(self, sig: str, limits: Limits, cost: int) -> tuple[str, MultiOutcome | None]:
+        step, o, returns = self.table.try_local(sig, limits, cost)
+        self._send(returns)
+        return step, o if step == ANSWER else None
+
+    def refill(self, sig: str, limits: Limits, cost: int, denies: DenyCache | None) -> MultiOutcome | None:
+        """Takes a new batch for ``sig``, one refill at a time: callers that come while one is
+        in flight wait for it and are served from it when it covers them. ``None``: decide this
+        request with a call of its own."""
+        table = self.table
+        w = table.wait(sig, cost)
+        if w is None:
+            return None
+        gate, seen = w
+        try:
+            gate.acquire()
+        finally:
+            table.waited(sig, cost)
+        try:
+            step, v, returns = table.turn(sig, limits, cost, seen)
+            self._send(returns)
+            if step == ANSWER:
+                assert isinstance(v, MultiOutcome)
+                return v
+            if step == PLAIN or not isinstance(v, int):
+                return None
+            cached = None if denies is None else denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+            sent = time.monotonic()
+            try:
+                reply = self.client._try_grant(limits, v)
+            except RateLimitError:
+                table.unanswered(sig)
+                raise
+            if reply is None:
+                table.unanswered(sig)
+                # Redis could not answer: the failure policy answers this request.
+                return self.client._degraded_for(limits, cost)
+            got = table.granted(sig, limits, cost, v, sent, reply)
+        finally:
+            gate.release()
+        self._send(got.returns)
+        if got.timer is not None:
+            self._schedule(sig, *got.timer)
+        if got.deny is not None and denies is not None:
+            denies.record(sig, cost, got.deny, sent)
+        return got.answer
+
+    def give_back(self, r: Return) -> int:
+        """Sends what ``r`` can give back: the units given back to every limit (the fewest, for
+        a plan)."""
+        client = self.client
+        plan = return_plan(r, time.monotonic(), client._core.options.timeout)
+        back = dict.fromkeys(range(len(r.limits)), 0)
+        for subset, n in plan:
+            try:
+                s = client.settle(subset, -n)
+            except RateLimitError:
+                continue
+            if s.degraded is None:
+                for i, lim in enumerate(r.limits):
+                    if lim in subset:
+                        back[i] = n
+        returned = min(back.values(), default=0)
+        self.table.account(r, returned)
+        return returned
+
+    def flush(self) -> int:
+        return sum(self.give_back(r) for r in self.table.drain())
+
+    def close(self) -> int:
+        self.table.closed = True
+        return self.flush()
+
+    # The thread of the returns ----------------------------------------------------------------
+
+    def _send(self, returns: list[Return]) -> None:
+        if returns:
+            with self._cond:
+                self._pending += returns
+                self._start()
+                self._cond.notify()
+
+    def _schedule(self, sig: str, at: float, generation: int) -> None:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._timers, (at, self._seq, sig, generation))
+            self._start()
+            self._cond.notify()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ratelimit-batches", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    due: list[Return] = []
+                    while self._timers and self._timers[0][0] <= now:
+                        _, _, sig, generation = heapq.heappop(self._timers)
+                        due += self.table.expired(sig, generation)
+                    due += self._pending
+                    self._pending = []
+                    if due:
+                        break
+                    self._cond.wait(None if not self._timers else max(0.0, self._timers[0][0] - now))
+            for r in due:
+                try:
+                    self.give_back(r)
+                except Exception:
+                    self.table.account(r, 0)
 
 
 def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | None:
