@@ -45,7 +45,7 @@ from ._http import (
     starlette_view,
 )
 from .aio import AsyncClient
-from .metrics import Metrics
+from .metrics import Metrics, breaker_text
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -118,6 +118,18 @@ class RateLimitMiddleware:
             header_format=header_format,
         )
         self.metrics = metrics if metrics is not None else Metrics()
+
+    def render_prometheus(self) -> str:
+        """What to serve on ``/metrics``: the middleware's counters
+        (:meth:`Metrics.render_prometheus`), then ``ratelimit_breaker_open``, 1 while the
+        client's circuit breaker is open (Redis failed repeatedly and the failure policy answers
+        without asking it), else 0 (``docs/monitoring/client_alerts.yml`` alerts on it)."""
+        return self.metrics.render_prometheus() + breaker_text(self.client.breaker_open())
+
+    def register(self, registry: Any = None) -> Any:
+        """The same through ``prometheus_client``: :meth:`Metrics.register` with the breaker's
+        gauge."""
+        return self.metrics.register(registry, self.client.breaker_open)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

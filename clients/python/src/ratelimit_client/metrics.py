@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,20 @@ DECISIONS_HELP = (
     "shadow_denied (a shadow limit would have refused; let through)."
 )
 SETTLED_HELP = "Units given back (refunded) or taken (charged) when reservations were settled with their actual cost."
+BREAKER_HELP = (
+    "Whether the client's circuit breaker is open: Redis failed repeatedly and the failure policy answers "
+    "without asking it."
+)
+
+
+def breaker_text(is_open: bool) -> str:
+    """The ``ratelimit_breaker_open`` gauge in Prometheus's text format: 1 while the client's
+    circuit breaker is open, else 0."""
+    return (
+        f"# HELP ratelimit_breaker_open {BREAKER_HELP}\n"
+        "# TYPE ratelimit_breaker_open gauge\n"
+        f"ratelimit_breaker_open {1 if is_open else 0}\n"
+    )
 
 
 @dataclass(slots=True)
@@ -143,13 +157,15 @@ class Metrics:
                 out.append(f'ratelimit_settled_units_total{{limit="{n}",direction="{direction}"}} {v}\n')
         return "".join(out)
 
-    def register(self, registry: Any = None) -> Any:
+    def register(self, registry: Any = None, breaker_open: Callable[[], bool] | None = None) -> Any:
         """Exposes these counters through ``prometheus_client`` (which must be installed): a
         collector registered in ``registry`` (default ``prometheus_client.REGISTRY``), read at
-        every scrape. Returns the collector (``registry.unregister(collector)`` removes it)."""
+        every scrape; with ``breaker_open`` (a client's ``breaker_open``), the
+        ``ratelimit_breaker_open`` gauge too. Returns the collector
+        (``registry.unregister(collector)`` removes it)."""
         from prometheus_client import REGISTRY
 
-        collector = _Collector(self)
+        collector = _Collector(self, breaker_open)
         (REGISTRY if registry is None else registry).register(collector)
         return collector
 
@@ -157,8 +173,9 @@ class Metrics:
 class _Collector:
     """A ``prometheus_client`` collector of :class:`Metrics`."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, breaker_open: Callable[[], bool] | None) -> None:
         self._metrics = metrics
+        self._breaker_open = breaker_open
 
     def describe(self) -> list[Any]:
         return []
@@ -183,3 +200,7 @@ class _Collector:
                 settled.add_metric([name, "charged"], c.charged)
         yield decisions
         yield settled
+        if self._breaker_open is not None:
+            from prometheus_client.core import GaugeMetricFamily
+
+            yield GaugeMetricFamily("ratelimit_breaker_open", BREAKER_HELP, value=1 if self._breaker_open() else 0)
