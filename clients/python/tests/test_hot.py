@@ -325,3 +325,33 @@ def test_a_killed_process_loses_at_most_one_batch_and_never_over_admits(server: 
     assert sum(admitted) <= count <= RACE_LIMIT
     assert 0 <= lost <= Batching().max_batch
     print(f"\nkilled: {admitted[0]} admitted by it, {sum(admitted)} in all, {count} counted by Redis, {lost} lost")
+
+
+def test_an_asyncio_caller_gone_during_its_refill_gives_its_unit_back(server: Server) -> None:
+    """A cancelled request does not cancel its refill: the grant completes, the batch is kept,
+    and the unit the caller would have used goes back."""
+
+    async def run() -> tuple[BatchStats, int]:
+        c = AsyncClient.from_url(server.url, Options(timeout=1.0)).with_batching(
+            Batching(hot_keys=["hot"], initial=8, lease=600)
+        )
+        window = FixedWindow(100, 3600)
+        await c.check("cold", window)  # the mode detected
+        server.freeze()
+        try:
+            task = asyncio.create_task(c.check("hot", window))
+            await asyncio.sleep(0.2)  # its grant (UPTO 8) sent, unanswered
+            task.cancel()
+        finally:
+            server.thaw()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 5
+        while c.batch_stats().returned < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        stats = c.batch_stats()
+        return stats, await c.aclose()
+
+    stats, returned = asyncio.run(run())
+    assert stats == BatchStats(refills=1, granted=8, used=0, answered=0, returned=1, lapsed=0, held=7)
+    assert returned == 7 and stored(server, "hot") == 0
