@@ -234,7 +234,7 @@ def test_both_clients_have_the_same_shape() -> None:
         local = {
             "acquire", "acquire_all", "from_url", "breaker_open", "with_batching", "without_batching",
             "with_deny_cache", "without_deny_cache", "batch_stats", "batch_size", "deny_cache_capacity",
-            "deny_cache_len", "denied_until",
+            "deny_cache_len", "denied_until", "with_durability", "durability_stats",
         }  # fmt: skip
         if name in sync and name not in local:
             assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name

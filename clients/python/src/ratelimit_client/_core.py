@@ -21,6 +21,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from ._breaker import Breaker
@@ -32,6 +33,8 @@ from ._types import (
     BatchStats,
     Decision,
     Degraded,
+    Durability,
+    DurabilityStats,
     FailClosed,
     FailOpen,
     Local,
@@ -43,6 +46,7 @@ from ._types import (
     Outcome,
     Rejected,
     Settlement,
+    ShortAck,
     TopEntry,
     Unsupported,
 )
@@ -228,6 +232,64 @@ def limit_args(limits: Limits) -> list[str]:
     return args
 
 
+class Durable:
+    """The durable admissions of a client: ``WAIT replicas timeout`` (or ``WAITAOF 0 replicas
+    timeout``) after an admission, on the connection that wrote it (``WAIT`` waits for the
+    writes of the connection it is sent on), and what a short acknowledgement becomes."""
+
+    def __init__(self, durability: Durability) -> None:
+        self.durability = durability
+        self._lock = threading.Lock()
+        self._acknowledged = 0
+        self._short = 0
+        #: Set when the server answered that it has no ``WAITAOF``: ``WAIT`` from then on.
+        self.no_waitaof = False
+
+    def stats(self) -> DurabilityStats:
+        with self._lock:
+            return DurabilityStats(self._acknowledged, self._short)
+
+    def acknowledged(self) -> Exchange[bool]:
+        """``WAIT`` (``WAITAOF``) after the connection's write: whether the admission stands
+        (enough replicas acknowledged it, or ``ShortAck.ADMIT``); ``False``: refuse it
+        (``ShortAck.DENY``). ``ShortAck.FAILURE_POLICY`` raises: Redis did not decide."""
+        d = self.durability
+        ms = max(1, round(d.timeout * 1000))
+        acks: int | None = None
+        if d.aof and not self.no_waitaof:
+            try:
+                reply = yield ("WAITAOF", 0, d.replicas, ms)
+                if not isinstance(reply, (list, tuple)) or len(reply) != 2:
+                    raise UnexpectedReply(repr(reply))
+                # [fsynced locally, replicas that fsynced]
+                acks = _int(reply[1])
+            except ResponseError as e:
+                if "unknown command" not in str(e).lower():
+                    raise
+                # A server before WAITAOF: the write is still this connection's last, so WAIT
+                # waits for it as well.
+                self.no_waitaof = True
+        if acks is None:
+            acks = _int((yield ("WAIT", d.replicas, ms)))
+        enough = acks >= d.replicas
+        with self._lock:
+            if enough:
+                self._acknowledged += 1
+            else:
+                self._short += 1
+        if enough or d.short is ShortAck.ADMIT:
+            return True
+        if d.short is ShortAck.FAILURE_POLICY:
+            raise RedisConnectionError("fewer replicas acknowledged the write than asked")
+        return False
+
+
+def writes(cost: int, upto: bool, lease: str | None) -> bool:
+    """Whether a call may write (a cost above 0, a partial grant, a lease): what a durable client
+    waits for."""
+    return cost > 0 or upto or lease is not None
+
+
 class Core:
     """What a client keeps between calls and decides without Redis: the options, the mode once
     known, the breaker, the in-process buckets and semaphores of the ``Local`` policy."""
@@ -329,7 +391,13 @@ class Core:
         return reply, mode
 
     def call_one(
-        self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False
+        self,
+        key: str,
+        algo: Algorithm,
+        cost: int,
+        lease: str | None,
+        upto: bool = False,
+        durable: Durable | None = None,
     ) -> Exchange[tuple[Decision, int, Mode]]:
         """One limit's command: the parameters, then the cost (``UPTO cost`` for a partial
         grant), or for a concurrency limit the lease id (``RL.ACQUIRE`` takes no cost). The
@@ -344,16 +412,23 @@ class Core:
         reply, mode = yield from self.invoke(algo.command, [key], args, numkeys=False)
         if isinstance(algo, Concurrency) and lease is not None:
             d = parse_decision(reply)
-            return d, int(d.allowed), mode
-        d, granted = parse_take(reply, cost, upto)
+            granted = int(d.allowed)
+        else:
+            d, granted = parse_take(reply, cost, upto)
+        if durable is not None and d.allowed and not (yield from durable.acknowledged()):
+            d, granted = self.refuse(d), 0
         return d, granted, mode
+
+    def refuse(self, d: Decision) -> Decision:
+        """An admission the replicas did not acknowledge, refused (``ShortAck.DENY``)."""
+        return dataclasses.replace(d, allowed=False, retry_after_ms=self.options.fail_closed_retry_ms)
 
     def call_release(self, key: str, lease_id: str) -> Exchange[int]:
         reply, _ = yield from self.invoke("RL.RELEASE", [key], [lease_id], numkeys=False)
         return _int(reply)
 
     def call_all(
-        self, limits: Limits, cost: int, lease: str | None, upto: bool = False
+        self, limits: Limits, cost: int, lease: str | None, upto: bool = False, durable: Durable | None = None
     ) -> Exchange[tuple[Multi, Mode]]:
         args = limit_args(limits)
         if lease is not None:
@@ -361,7 +436,11 @@ class Core:
         args += ["UPTO" if upto else "COST", str(cost)]
         keys = [k for k, _ in limits]
         reply, mode = yield from self.invoke("RL.ALL", keys, args, numkeys=True)
-        return parse_multi(reply, len(limits), cost, upto), mode
+        m = parse_multi(reply, len(limits), cost, upto)
+        if durable is not None and m[0] and not (yield from durable.acknowledged()):
+            # Denied as by the first limit, every limit answering the same refusal.
+            m = (False, 1, tuple(self.refuse(d) for d in m[2]), 0)
+        return m, mode
 
     def call_settle(self, limits: Limits, delta: int) -> Exchange[tuple[tuple[Decision, ...], Mode]]:
         args = [*limit_args(limits), "DELTA", str(delta)]

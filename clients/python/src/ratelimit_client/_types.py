@@ -176,6 +176,45 @@ class BatchStats:
     held: int = 0
 
 
+class ShortAck(enum.Enum):
+    """What a durable client does with an admission fewer replicas acknowledged than it asked."""
+
+    #: Deny it (the units stay spent on the master: under-admission, never over).
+    DENY = "deny"
+    #: Admit it, and count it in :attr:`DurabilityStats.short`.
+    ADMIT = "admit"
+    #: Answer it with the failure policy, as if Redis had not answered.
+    FAILURE_POLICY = "failure-policy"
+
+
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """Admissions that replicas must acknowledge (:meth:`Client.with_durability`)."""
+
+    #: Replicas that must acknowledge the write.
+    replicas: int
+    #: How long ``WAIT`` waits for them, in seconds (below the client's own timeout, which
+    #: bounds the call and the ``WAIT`` together).
+    timeout: float
+    #: What an admission that fewer replicas acknowledged becomes.
+    short: ShortAck = ShortAck.DENY
+    #: Whether the replicas must have the write in their append-only file too (``WAITAOF 0
+    #: replicas timeout``: fsynced, so a replica that restarts keeps it), not only in memory.
+    #: Replicas without ``appendonly yes`` never acknowledge it. A server without ``WAITAOF``
+    #: (before Redis 7.2) gets ``WAIT``.
+    aof: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DurabilityStats:
+    """What a durable client's admissions met so far."""
+
+    #: Admissions acknowledged by enough replicas.
+    acknowledged: int = 0
+    #: Admissions fewer replicas acknowledged in time (then answered as :class:`ShortAck` says).
+    short: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The answer for one limit."""

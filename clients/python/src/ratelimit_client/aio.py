@@ -31,6 +31,7 @@ from ._core import (
     Core,
     DenyCache,
     Detect,
+    Durable,
     Exchange,
     Granted,
     Limits,
@@ -50,6 +51,7 @@ from ._core import (
     return_plan,
     signature,
     single_of,
+    writes,
 )
 from ._flight import Deadline, Failure, Gate
 from ._scripts import LIBRARY
@@ -57,6 +59,8 @@ from ._types import (
     Batching,
     BatchStats,
     Degraded,
+    Durability,
+    DurabilityStats,
     Local,
     Mode,
     MultiOutcome,
@@ -109,6 +113,7 @@ class AsyncClient:
         self._core = Core(options or Options())
         self._denies: DenyCache | None = None
         self._batches: AsyncBatches | None = None
+        self._lane: AsyncLane | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
         # ``redis`` serves the first loop that makes a call; every other loop has a copy.
         self._copy = None if isinstance(redis, redis_cluster.RedisCluster) else _copy_of(redis)
@@ -201,6 +206,22 @@ class AsyncClient:
         c = copy.copy(self)
         c._denies = None
         return c
+
+    def with_durability(self, durability: Durability) -> AsyncClient:
+        """Durable admissions, as :meth:`Client.with_durability` (the lane's connections belong
+        to the loop that opened them)."""
+        if self._copy is None:
+            raise Unsupported("durable admissions need a client of one server")
+        if durability.replicas < 1:
+            raise Unsupported("durable admissions need at least 1 replica")
+        if durability.timeout >= self._core.options.timeout:
+            raise Unsupported("the WAIT timeout must be below the client's timeout")
+        c = copy.copy(self)
+        c._lane = AsyncLane(self._redis, Durable(durability))  # type: ignore[arg-type]
+        return c
+
+    def durability_stats(self) -> DurabilityStats:
+        return DurabilityStats() if self._lane is None else self._lane.durable.stats()
 
     def with_batching(self, batching: Batching | None = None) -> AsyncClient:
         """This client taking leased batches for hot keys, as :meth:`Client.with_batching`
@@ -344,12 +365,12 @@ class AsyncClient:
             value: T = stop.value
             return value
 
-    async def _guarded(self, exchange: Exchange[T]) -> T:
+    async def _guarded(self, exchange: Exchange[T], pinned: Single | None = None) -> T:
         core = self._core
         if not core.breaker.permit():
             exchange.close()
             raise Failure
-        conn, gate = self._conn()
+        conn, gate = (pinned, None) if pinned is not None else self._conn()
         opens = False
         if gate is not None:
             try:
@@ -381,6 +402,21 @@ class AsyncClient:
         core.breaker.success()
         return value
 
+    async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
+        """Runs a call's exchange; one that may write, on a durable client, on a connection of
+        the lane of its own (of the running loop), its admission followed by ``WAIT``."""
+        lane = self._lane if writes else None
+        if lane is None:
+            return await self._guarded(exchange(None))
+        conn = lane.take()
+        try:
+            value = await self._guarded(exchange(lane.durable), conn)
+        except BaseException:
+            await lane.drop(conn)
+            raise
+        await lane.put(conn)
+        return value
+
     async def _open_one(self, conn: Redis) -> None:
         """Opens a connection of the pool ahead of the call that needs it, outside the call's
         deadline: start-up (the TCP handshake, ``HELLO`` and ``CLIENT SETINFO``, and the few
@@ -406,8 +442,11 @@ class AsyncClient:
     # Limits ------------------------------------------------------------------------------------
 
     async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
+        core = self._core
         try:
-            decision, granted, mode = await self._guarded(self._core.call_one(key, algo, cost, lease, upto))
+            decision, granted, mode = await self._durably(
+                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)
+            )
         except Failure:
             return self._core.degraded_outcome(key, algo, cost, lease, upto)
         return Outcome(decision, None, mode, granted)
@@ -418,8 +457,9 @@ class AsyncClient:
             return multi_of(await self._decide_one(key, algo, cost, lease, upto))
         check_count(limits)
         try:
-            (allowed, denied_by, decisions, granted), mode = await self._guarded(
-                self._core.call_all(limits, cost, lease, upto)
+            core = self._core
+            (allowed, denied_by, decisions, granted), mode = await self._durably(
+                lambda durable: core.call_all(limits, cost, lease, upto, durable), writes(cost, upto, lease)
             )
         except Failure:
             return self._core.degraded_all(limits, cost, lease, upto)
@@ -485,9 +525,13 @@ class AsyncClient:
         try:
             if len(limits) == 1:
                 key, algo = limits[0]
-                d, granted, mode = await self._guarded(core.call_one(key, algo, n, None, upto=True))
+                d, granted, mode = await self._durably(
+                    lambda durable: core.call_one(key, algo, n, None, True, durable), True
+                )
                 return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
-            (allowed, denied_by, ds, granted), mode = await self._guarded(core.call_all(limits, n, None, upto=True))
+            (allowed, denied_by, ds, granted), mode = await self._durably(
+                lambda durable: core.call_all(limits, n, None, True, durable), True
+            )
             return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
         except Failure:
             return None
@@ -611,6 +655,44 @@ class AsyncClient:
     async def load_library(self) -> str:
         name = await self._conn()[0].execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
         return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class AsyncLane:
+    """The asyncio client's durable lane: clients of one connection each (kept per event loop,
+    whose connections they are), as :class:`ratelimit_client.client.Lane`."""
+
+    IDLE_KEPT = 64
+
+    def __init__(self, conn: Single, durable: Durable) -> None:
+        self.durable = durable
+        pool = conn.connection_pool
+        self._pool_class = type(pool)
+        self._connection_class = pool.connection_class
+        self._kwargs = dict(pool.connection_kwargs)
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Single]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def take(self) -> Single:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            idle = self._idle.get(loop)
+            if idle:
+                return idle.pop()
+        pool = self._pool_class(connection_class=self._connection_class, max_connections=1, **self._kwargs)
+        return redis.asyncio.Redis.from_pool(pool)
+
+    async def put(self, conn: Single) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            idle = self._idle.setdefault(loop, [])
+            if len(idle) < self.IDLE_KEPT:
+                idle.append(conn)
+                return
+        await conn.aclose()
+
+    async def drop(self, conn: Single) -> None:
+        with contextlib.suppress(Exception):
+            await conn.aclose()
 
 
 class AsyncBatches:

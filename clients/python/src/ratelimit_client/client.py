@@ -28,6 +28,7 @@ from ._core import (
     Core,
     DenyCache,
     Detect,
+    Durable,
     Exchange,
     Limits,
     LoadScript,
@@ -46,6 +47,7 @@ from ._core import (
     return_plan,
     signature,
     single_of,
+    writes,
 )
 from ._flight import Failure, Gate, connected_in
 from ._scripts import LIBRARY
@@ -53,6 +55,8 @@ from ._types import (
     Batching,
     BatchStats,
     Degraded,
+    Durability,
+    DurabilityStats,
     Local,
     Mode,
     MultiOutcome,
@@ -67,6 +71,9 @@ from ._types import (
 from .algorithms import Algorithm, Concurrency
 
 T = TypeVar("T")
+
+#: A client of one server (a name the class's ``redis`` property does not hide).
+Single = redis.Redis
 
 
 class Client:
@@ -87,6 +94,7 @@ class Client:
         self._core = Core(options or Options())
         self._denies: DenyCache | None = None
         self._batches: Batches | None = None
+        self._lane: Lane | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
 
     @classmethod
@@ -148,6 +156,28 @@ class Client:
         c = copy.copy(self)
         c._denies = None
         return c
+
+    def with_durability(self, durability: Durability) -> Client:
+        """This client (and the copies made from it afterwards) admitting only what
+        ``durability``'s replicas acknowledged: every call that may write (a cost above 0, a
+        partial grant, a lease) runs on a connection of its own followed by ``WAIT replicas
+        timeout`` (``WAITAOF 0 replicas timeout`` with ``aof``, ``WAIT`` on a server without
+        it), and an admission fewer replicas acknowledged in time becomes what
+        :class:`ShortAck` says. Denials are answered at once. ``durability.timeout`` must be
+        below the client's timeout. Not for a cluster client (:class:`Unsupported`)."""
+        if self._cluster:
+            raise Unsupported("durable admissions need a client of one server")
+        if durability.replicas < 1:
+            raise Unsupported("durable admissions need at least 1 replica")
+        if durability.timeout >= self._core.options.timeout:
+            raise Unsupported("the WAIT timeout must be below the client's timeout")
+        c = copy.copy(self)
+        c._lane = Lane(self._redis, Durable(durability))  # type: ignore[arg-type]
+        return c
+
+    def durability_stats(self) -> DurabilityStats:
+        """What the durable admissions met so far (all zero without durability)."""
+        return DurabilityStats() if self._lane is None else self._lane.durable.stats()
 
     def with_batching(self, batching: Batching | None = None) -> Client:
         """This client (and the copies made from it afterwards) taking leased batches for hot
@@ -220,9 +250,9 @@ class Client:
             return {"target_nodes": self._redis.get_random_node()}  # type: ignore[union-attr]
         return {}
 
-    def _send(self, call: tuple[Any, ...]) -> Any:
+    def _send(self, call: tuple[Any, ...], execute: Callable[..., Any] | None = None) -> Any:
         try:
-            reply = self._execute(*call, **self._routing(call))
+            reply = (execute or self._execute)(*call, **self._routing(call))
         except ResponseError:
             self._answered(self._gate)  # an error reply is an answer too (NOSCRIPT, ERR ...)
             raise
@@ -250,13 +280,13 @@ class Client:
 
             step.flight.run_sync(step.seen, load)
 
-    def _drive(self, exchange: Exchange[T]) -> T:
+    def _drive(self, exchange: Exchange[T], execute: Callable[..., Any] | None = None) -> T:
         try:
             call = next(exchange)
             while True:
                 try:
                     if isinstance(call, tuple):
-                        reply = self._send(call)
+                        reply = self._send(call, execute)
                     else:
                         self._step(call)
                         reply = None
@@ -273,11 +303,12 @@ class Client:
             value: T = stop.value
             return value
 
-    def _guarded(self, exchange: Exchange[T]) -> T:
+    def _guarded(self, exchange: Exchange[T], pinned: Single | None = None) -> T:
         """Runs an exchange under the breaker; :class:`Rejected` for an answer about the call,
-        :class:`Failure` when Redis did not decide."""
+        :class:`Failure` when Redis did not decide. ``pinned``: a connection of the durable
+        lane, which sends every command of the exchange (outside the gate)."""
         core = self._core
-        gate = self._gate
+        gate = None if pinned is not None else self._gate
         if not core.breaker.permit():
             exchange.close()
             raise Failure
@@ -289,7 +320,7 @@ class Client:
                 raise
         began = time.monotonic()
         try:
-            value = self._drive(exchange)
+            value = self._drive(exchange, None if pinned is None else pinned.execute_command)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
             rejected = classify(e)
             if rejected is None:
@@ -305,6 +336,21 @@ class Client:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
+        return value
+
+    def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
+        """Runs a call's exchange; one that may write, on a durable client, on a connection of
+        the lane of its own, its admission followed by ``WAIT``."""
+        lane = self._lane if writes else None
+        if lane is None:
+            return self._guarded(exchange(None))
+        conn = lane.take()
+        try:
+            value = self._guarded(exchange(lane.durable), conn)
+        except BaseException:
+            lane.drop(conn)
+            raise
+        lane.put(conn)
         return value
 
     def _reconnect(self) -> None:
@@ -325,8 +371,11 @@ class Client:
     # Limits ------------------------------------------------------------------------------------
 
     def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
+        core = self._core
         try:
-            decision, granted, mode = self._guarded(self._core.call_one(key, algo, cost, lease, upto))
+            decision, granted, mode = self._durably(
+                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)
+            )
         except Failure:
             return self._core.degraded_outcome(key, algo, cost, lease, upto)
         return Outcome(decision, None, mode, granted)
@@ -337,8 +386,9 @@ class Client:
             return multi_of(self._decide_one(key, algo, cost, lease, upto))
         check_count(limits)
         try:
-            (allowed, denied_by, decisions, granted), mode = self._guarded(
-                self._core.call_all(limits, cost, lease, upto)
+            core = self._core
+            (allowed, denied_by, decisions, granted), mode = self._durably(
+                lambda durable: core.call_all(limits, cost, lease, upto, durable), writes(cost, upto, lease)
             )
         except Failure:
             return self._core.degraded_all(limits, cost, lease, upto)
@@ -413,9 +463,11 @@ class Client:
         try:
             if len(limits) == 1:
                 key, algo = limits[0]
-                d, granted, mode = self._guarded(core.call_one(key, algo, n, None, upto=True))
+                d, granted, mode = self._durably(lambda durable: core.call_one(key, algo, n, None, True, durable), True)
                 return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
-            (allowed, denied_by, ds, granted), mode = self._guarded(core.call_all(limits, n, None, upto=True))
+            (allowed, denied_by, ds, granted), mode = self._durably(
+                lambda durable: core.call_all(limits, n, None, True, durable), True
+            )
             return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
         except Failure:
             return None
@@ -837,6 +889,41 @@ class Limiter:
 
     def __repr__(self) -> str:
         return f"Limiter(client={self.client!r}, algorithm={self.algorithm!r})"
+
+
+class Lane:
+    """The durable lane: clients of one connection each, to the client's server, for calls that
+    wait for replicas (``WAIT`` holds the connection it is sent on until they answer, so the
+    client's shared pool never waits). Idle ones are kept for the next calls, up to 64."""
+
+    IDLE_KEPT = 64
+
+    def __init__(self, conn: redis.Redis, durable: Durable) -> None:
+        self.durable = durable
+        pool = conn.connection_pool
+        self._pool_class = type(pool)
+        self._connection_class = pool.connection_class
+        self._kwargs = dict(pool.connection_kwargs)
+        self._idle: list[redis.Redis] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> redis.Redis:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        pool = self._pool_class(connection_class=self._connection_class, max_connections=1, **self._kwargs)
+        return redis.Redis(connection_pool=pool)
+
+    def put(self, conn: redis.Redis) -> None:
+        with self._lock:
+            if len(self._idle) < self.IDLE_KEPT:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def drop(self, conn: redis.Redis) -> None:
+        """A connection whose call did not end well is closed."""
+        conn.connection_pool.disconnect()
 
 
 class Batches:
