@@ -232,7 +232,7 @@ def test_both_clients_have_the_same_shape() -> None:
     for name in vars(AsyncClient):
         # What answers without Redis: the builders, and what the batches and the deny cache hold.
         local = {
-            "acquire", "acquire_all", "from_url", "breaker_open", "with_batching", "without_batching",
+            "acquire", "acquire_all", "from_url", "sentinel", "breaker_open", "with_batching", "without_batching",
             "with_deny_cache", "without_deny_cache", "batch_stats", "batch_size", "deny_cache_capacity",
             "deny_cache_len", "denied_until", "with_durability", "durability_stats",
         }  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.cluster as redis_cluster
+import redis.asyncio.sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
@@ -73,7 +74,7 @@ from ._types import (
     Unsupported,
 )
 from .algorithms import Algorithm, Concurrency
-from .client import address_of, gate_of, stall_of
+from .client import address_of, demoted, gate_of, host_port, pool_of_one, stall_of
 
 T = TypeVar("T")
 
@@ -163,6 +164,20 @@ class AsyncClient:
             pool = redis.asyncio.BlockingConnectionPool.from_url(url, timeout=None, **kwargs)
             conn = redis.asyncio.Redis.from_pool(pool)
         return cls(conn, options)
+
+    @classmethod
+    def sentinel(
+        cls, sentinels: Sequence[str], master: str, options: Options | None = None, **kwargs: Any
+    ) -> AsyncClient:
+        """A client of the master the Sentinels name, as :meth:`Client.sentinel`."""
+        options = options or Options()
+        kwargs.setdefault("socket_timeout", stall_of(options))
+        kwargs.setdefault("socket_connect_timeout", stall_of(options))
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        asked = {"socket_timeout": options.timeout, "socket_connect_timeout": options.timeout}
+        make: Callable[..., Any] = redis.asyncio.sentinel.Sentinel  # no annotations
+        manager = make([host_port(u) for u in sentinels], sentinel_kwargs=asked)
+        return cls(manager.master_for(master, **kwargs), options)
 
     @classmethod
     async def open(cls, url: str, options: Options | None = None, **kwargs: Any) -> AsyncClient:
@@ -391,6 +406,8 @@ class AsyncClient:
                 core.failed(began)
                 if gate is not None:
                     gate.failed()
+                if demoted(e):
+                    await self._reconnect()
                 raise Failure from e
             core.breaker.success()
             if error_code(e) == "READONLY":
@@ -665,10 +682,7 @@ class AsyncLane:
 
     def __init__(self, conn: Single, durable: Durable) -> None:
         self.durable = durable
-        pool = conn.connection_pool
-        self._pool_class = type(pool)
-        self._connection_class = pool.connection_class
-        self._kwargs = dict(pool.connection_kwargs)
+        self._pool = conn.connection_pool
         self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Single]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
@@ -678,8 +692,7 @@ class AsyncLane:
             idle = self._idle.get(loop)
             if idle:
                 return idle.pop()
-        pool = self._pool_class(connection_class=self._connection_class, max_connections=1, **self._kwargs)
-        return redis.asyncio.Redis.from_pool(pool)
+        return redis.asyncio.Redis.from_pool(pool_of_one(self._pool))
 
     async def put(self, conn: Single) -> None:
         loop = asyncio.get_running_loop()

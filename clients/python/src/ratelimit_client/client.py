@@ -11,12 +11,15 @@ import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import redis
 import redis.asyncio.cluster
 import redis.cluster
 import redis.cluster as redis_cluster
+import redis.sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
@@ -114,6 +117,27 @@ class Client:
         else:
             conn = redis.Redis.from_url(url, **kwargs)
         return cls(conn, options)
+
+    @classmethod
+    def sentinel(cls, sentinels: Sequence[str], master: str, options: Options | None = None, **kwargs: Any) -> Client:
+        """A client of the master that the Sentinels at ``sentinels`` (``redis://host:port``)
+        name ``master``, on redis-py's Sentinel support: every new connection asks the
+        Sentinels (``SENTINEL GET-MASTER-ADDR-BY-NAME``, each in turn) where the master is now.
+        A connection that fails (the master died, or a Sentinel closed it when it reconfigured
+        the old master) or meets ``READONLY`` (the master became a replica) is dropped, with the
+        pool's other connections after ``READONLY``, and the next call connects to the master the
+        Sentinels name then. The call that met the failure is answered by the failure policy;
+        none is sent twice. Round trips bounded and never retried as :meth:`from_url`'s."""
+        options = options or Options()
+        kwargs.setdefault("socket_timeout", options.timeout)
+        kwargs.setdefault("socket_connect_timeout", options.timeout)
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        asked = {"socket_timeout": options.timeout, "socket_connect_timeout": options.timeout}
+        # redis-py's Sentinel carries no annotations.
+        make: Callable[..., Any] = redis.sentinel.Sentinel
+        manager = make([host_port(u) for u in sentinels], sentinel_kwargs=asked)
+        master_for: Callable[..., redis.Redis] = manager.master_for
+        return cls(master_for(master, **kwargs), options)
 
     @classmethod
     def open(cls, url: str, options: Options | None = None, **kwargs: Any) -> Client:
@@ -327,6 +351,8 @@ class Client:
                 core.failed(began)
                 if gate is not None:
                     gate.failed()
+                if demoted(e):
+                    self._reconnect()
                 raise Failure from e
             core.breaker.success()
             if error_code(e) == "READONLY":
@@ -900,10 +926,7 @@ class Lane:
 
     def __init__(self, conn: redis.Redis, durable: Durable) -> None:
         self.durable = durable
-        pool = conn.connection_pool
-        self._pool_class = type(pool)
-        self._connection_class = pool.connection_class
-        self._kwargs = dict(pool.connection_kwargs)
+        self._pool = conn.connection_pool
         self._idle: list[redis.Redis] = []
         self._lock = threading.Lock()
 
@@ -911,8 +934,7 @@ class Lane:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        pool = self._pool_class(connection_class=self._connection_class, max_connections=1, **self._kwargs)
-        return redis.Redis(connection_pool=pool)
+        return redis.Redis(connection_pool=pool_of_one(self._pool))
 
     def put(self, conn: redis.Redis) -> None:
         with self._lock:
@@ -1056,6 +1078,27 @@ class Batches:
                     self.give_back(r)
                 except Exception:
                     self.table.account(r, 0)
+
+
+def pool_of_one(pool: Any) -> Any:
+    """A pool of one connection with the settings of ``pool`` (of the same kind, to the master
+    the Sentinels name for a Sentinel pool)."""
+    kwargs = dict(pool.connection_kwargs)
+    if hasattr(pool, "sentinel_manager"):
+        kwargs.pop("connection_pool", None)
+        return type(pool)(pool.service_name, pool.sentinel_manager, max_connections=1, **kwargs)
+    return type(pool)(connection_class=pool.connection_class, max_connections=1, **kwargs)
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """``redis://host:port`` (or ``host:port``) as redis-py's Sentinel takes an address."""
+    parsed = urlparse(url if "://" in url else f"redis://{url}")
+    return parsed.hostname or "localhost", parsed.port or 26379
+
+
+def demoted(e: BaseException) -> bool:
+    """redis-py's Sentinel connection met ``READONLY``: the master it knew is a replica now."""
+    return isinstance(e, RedisConnectionError) and "previous master is now a slave" in str(e)
 
 
 def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | None:
