@@ -355,3 +355,18 @@ def test_an_asyncio_caller_gone_during_its_refill_gives_its_unit_back(server: Se
     stats, returned = asyncio.run(run())
     assert stats == BatchStats(refills=1, granted=8, used=0, answered=0, returned=1, lapsed=0, held=7)
     assert returned == 7 and stored(server, "hot") == 0
+
+
+def test_copies_of_an_asyncio_client_share_its_loops(server: Server) -> None:
+    """A copy (with_deny_cache, with_batching) shares the pools of its client and which loop
+    each serves: one used on a loop, then the other on another, both reach Redis."""
+    plain = AsyncClient.from_url(server.url, SLACK)
+    cached = plain.with_deny_cache(4)
+
+    async def one(c: AsyncClient) -> object:
+        return (await c.check("k", FixedWindow(10, 60))).degraded
+
+    assert asyncio.run(one(cached)) is None
+    assert asyncio.run(one(plain)) is None
+    assert asyncio.run(one(cached)) is None
+    assert calls(server, "rl.fixedwindow") == 3

@@ -118,7 +118,9 @@ class AsyncClient:
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
         # ``redis`` serves the first loop that makes a call; every other loop has a copy.
         self._copy = None if isinstance(redis, redis_cluster.RedisCluster) else _copy_of(redis)
-        self._home: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        # The loop ``redis`` serves, in a list that the copies of this client share
+        # (with_deny_cache, with_batching...), as they share the pools.
+        self._home: list[weakref.ref[asyncio.AbstractEventLoop] | None] = [None]
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Single, Gate | None]] = (
             weakref.WeakKeyDictionary()
         )
@@ -127,12 +129,13 @@ class AsyncClient:
     def _conn(self) -> tuple[Redis, Gate | None]:
         """The redis-py client of the running loop, and the gate of its pool."""
         loop = asyncio.get_running_loop()
-        home = self._home() if self._home is not None else None
+        home_ref = self._home[0]
+        home = home_ref() if home_ref is not None else None
         if home is loop or self._copy is None:
             return self._redis, self._gate
         with self._loops_lock:
-            if self._home is None:
-                self._home = weakref.ref(loop)
+            if self._home[0] is None:
+                self._home[0] = weakref.ref(loop)
                 return self._redis, self._gate
             got = self._loops.get(loop)
             if got is None:
@@ -287,7 +290,8 @@ class AsyncClient:
 
     async def _close_connections(self) -> None:
         loop = asyncio.get_running_loop()
-        home = self._home() if self._home is not None else None
+        home_ref = self._home[0]
+        home = home_ref() if home_ref is not None else None
         with self._loops_lock:
             got = self._loops.pop(loop, None)
             if home is None or home is loop or home.is_closed():
