@@ -230,7 +230,13 @@ def test_both_clients_have_the_same_shape() -> None:
     aio.pop("aclose")
     assert sync == aio
     for name in vars(AsyncClient):
-        if name in sync and name not in ("acquire", "acquire_all", "from_url", "breaker_open"):
+        # What answers without Redis: the builders, and what the batches and the deny cache hold.
+        local = {
+            "acquire", "acquire_all", "from_url", "sentinel", "breaker_open", "with_batching", "without_batching",
+            "with_deny_cache", "without_deny_cache", "batch_stats", "batch_size", "deny_cache_capacity",
+            "deny_cache_len", "denied_until", "with_durability", "durability_stats",
+        }  # fmt: skip
+        if name in sync and name not in local:
             assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name
     assert public(Limiter) == public(AsyncLimiter)
 
@@ -391,3 +397,40 @@ def test_resp2_and_resp3_answer_alike(protocol: int, clock_server: Server) -> No
             assert [(e.key, e.denied) for e in c.top()] == [("k", 1)]
     assert answers[0] == answers[1] == answers[2]
     assert answers[0][0][2].allowed is False and answers[0][3][0].remaining == 1
+
+
+def test_granted_is_the_units_taken_on_every_path(clock_server: Server) -> None:
+    """``granted``: the cost when a check admits, 0 when it denies; a partial grant's units (its
+    reply's sixth integer) in both clients; what each failure policy grants for ``UPTO n``."""
+    a = FixedWindow(5, 60)
+    c = Client.from_url(clock_server.url, SLACK)
+    outcomes = (c.check("k", a, 2), c.check("k", a, 4))
+    assert [(o.decision.allowed, o.granted) for o in outcomes] == [(True, 2), (False, 0)]
+    assert (c.check_upto("k", a, 10).granted, c.check_upto("k", a, 10).granted) == (3, 0)
+    assert c.check_all([("{u}a", a), ("{u}b", a)], 2).granted == 2
+    assert c.check_all_upto([("{u}a", a), ("{u}t", TokenBucket(4, 0.001))], 9).granted == 3
+    with pytest.raises(Unsupported):
+        c.check_upto("k", a, 0)
+    with pytest.raises(Unsupported):
+        c.check_all_upto([("{u}a", a), ("{u}c", Concurrency(2, 10))], 1)
+    stats = commandstats(clock_server)
+    assert (stats["rl.fixedwindow"], stats["rl.all"]) == (4, 2)
+    assert str(clock_server.connect().get("k")).split(" ")[:2] == ["fw", "5"]
+
+    async def async_grants() -> list[int]:
+        ac = AsyncClient.from_url(clock_server.url, SLACK)
+        try:
+            got = [(await ac.check_upto("j", a, 3)).granted, (await ac.check_upto("j", a, 3)).granted]
+            got.append((await ac.check_upto("j", a, 3)).granted)
+            got.append((await ac.check_all_upto([("{v}a", a), ("{v}b", a)], 7)).granted)
+            return got
+        finally:
+            await ac.aclose()
+
+    assert asyncio.run(async_grants()) == [3, 2, 0, 5]
+
+    closed = "redis://127.0.0.1:1"
+    fail_open = Client.from_url(closed).check_upto("k", a, 7)
+    assert (fail_open.degraded, fail_open.granted, fail_open.decision.allowed) == (Degraded.FAIL_OPEN, 7, True)
+    fail_closed = Client.from_url(closed, Options(policy=FailClosed())).check_all_upto([("{u}a", a), ("{u}b", a)], 7)
+    assert (fail_closed.degraded, fail_closed.granted, fail_closed.allowed) == (Degraded.FAIL_CLOSED, 0, False)

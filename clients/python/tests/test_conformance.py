@@ -39,6 +39,7 @@ from apps import (
 from ratelimit_client import (
     LIBRARY,
     AsyncClient,
+    Batching,
     BreakerConfig,
     Client,
     Concurrency,
@@ -70,7 +71,7 @@ HTTP_FLAVORS = ("starlette", "flask") + (("fastapi", "django") if os.environ.get
 
 # The features a case may require ("requires" in the table) that this package implements; a case
 # that requires another is skipped.
-SUPPORTED: frozenset[str] = frozenset()
+SUPPORTED: frozenset[str] = frozenset({"partial_grants", "deny_cache", "batches"})
 
 
 def _params() -> list[Any]:
@@ -192,6 +193,28 @@ def options(case: dict[str, Any], mode: str) -> Options:
     )
 
 
+def with_features(case: dict[str, Any], client: Any) -> Any:
+    """The client of a case with its batches (``options.batching``) and deny cache
+    (``options.deny_cache``) when it has them."""
+    o = case.get("options", {})
+    if "batching" in o:
+        b = o["batching"]
+        d = Batching()
+        client = client.with_batching(
+            Batching(
+                hot_keys=tuple(b.get("hot_keys", ())),
+                detect_per_sec=b.get("detect_per_sec", d.detect_per_sec),
+                lease=b["lease_ms"] / 1000 if "lease_ms" in b else d.lease,
+                initial=b.get("initial", d.initial),
+                max_batch=b.get("max_batch", d.max_batch),
+                remaining_share=b.get("remaining_share", d.remaining_share),
+            )
+        )
+    if "deny_cache" in o:
+        client = client.with_deny_cache(o["deny_cache"]["entries"])
+    return client
+
+
 def middleware_options(case: dict[str, Any], metrics: Metrics) -> dict[str, Any]:
     layer = case["layer"]
     limits = case["limits"]
@@ -199,6 +222,9 @@ def middleware_options(case: dict[str, Any], metrics: Metrics) -> dict[str, Any]
         "metrics": metrics,
         "legacy_headers": layer.get("legacy_headers", False),
         "header_format": layer.get("header_format", "draft-11"),
+        # Off unless the case turns it on: it counts down on the process's clock, which the test
+        # clock does not move.
+        "deny_cache": layer.get("deny_cache", False),
     }
     key = layer.get("key")
     if key and "header" in key:
@@ -283,9 +309,10 @@ def expectation(step: dict[str, Any], mode: str) -> Any:
 
 
 OPS = (
-    "check", "peek", "check_all", "acquire", "acquire_all", "renew", "release", "release_id", "reserve",
+    "check", "peek", "check_all", "check_upto", "check_all_upto", "acquire", "acquire_all", "renew", "release",
+    "release_id", "reserve",
     "reserve_all", "settle", "settle_delta", "top", "reset_top", "redis", "request", "finish", "wait_leases",
-    "metrics", "keys", "calls", "stop_redis", "advance_only", "note",
+    "metrics", "keys", "calls", "flush", "close", "stop_redis", "advance_only", "note",
 )  # fmt: skip
 
 
@@ -319,15 +346,15 @@ class Run:
         CURRENT["gates"] = self.gates = Gates()
         if flavor in ("sync", "async"):
             cls = AsyncClient if flavor == "async" else Client
-            self.client = cls.from_url(self.url, self.opts)
+            self.client = with_features(case, cls.from_url(self.url, self.opts))
         else:
             self.web = web(flavor)
             mw = middleware_options(case, self.metrics)
             if flavor in ASGI_FLAVORS:
-                self.client = AsyncClient.from_url(self.url, self.opts)
+                self.client = with_features(case, AsyncClient.from_url(self.url, self.opts))
                 self.web.dispatch.current = asgi_app(flavor, self.client, mw)
             else:
-                self.client = Client.from_url(self.url, self.opts)
+                self.client = with_features(case, Client.from_url(self.url, self.opts))
                 self.web.dispatch.current = wsgi_app(flavor, self.client, mw)
 
     def close(self) -> None:
@@ -354,12 +381,24 @@ class Run:
             self.problems.append(f"answered by {mode} in {self.mode} mode")
         return obs
 
-    def outcome(self, o: Any) -> dict[str, Any]:
-        return self.provenance({"decision": decision(o.decision)}, o.degraded, o.mode)
+    def outcome(self, o: Any, granted: bool = False) -> dict[str, Any]:
+        obs: dict[str, Any] = {"decision": decision(o.decision)}
+        if granted:
+            obs["granted"] = o.granted
+        return self.local(self.provenance(obs, o.degraded, o.mode), o)
 
-    def multi(self, o: Any) -> dict[str, Any]:
+    def multi(self, o: Any, granted: bool = False) -> dict[str, Any]:
         obs = {"allowed": o.allowed, "denied_by": o.denied_by, "decisions": [decision(d) for d in o.decisions]}
-        return self.provenance(obs, o.degraded, o.mode)
+        if granted:
+            obs["granted"] = o.granted
+        return self.local(self.provenance(obs, o.degraded, o.mode), o)
+
+    @staticmethod
+    def local(obs: dict[str, Any], o: Any) -> dict[str, Any]:
+        """``answered_locally`` when the client answered without calling Redis."""
+        if o.answered_locally is not None:
+            obs["answered_locally"] = o.answered_locally.value
+        return obs
 
     def hold_lease(self, arg: dict[str, Any], admitted: bool, lease: Any, obs: dict[str, Any]) -> None:
         if (lease is not None) != admitted:
@@ -389,6 +428,11 @@ class Run:
                 return self.outcome(got)
             if op == "check_all":
                 return self.multi(await maybe(c.check_all(self.limits(arg["limits"]), arg.get("cost", 1))))
+            if op == "check_upto":
+                a = self.algorithm(arg["limit"])
+                return self.outcome(await maybe(c.check_upto(arg["key"], a, arg["upto"])), granted=True)
+            if op == "check_all_upto":
+                return self.multi(await maybe(c.check_all_upto(self.limits(arg["limits"]), arg["upto"])), granted=True)
             if op == "acquire":
                 conc = self.algorithm(arg["limit"])
                 lo = await maybe(c.acquire(arg["key"], conc, arg.get("id")))
@@ -446,6 +490,10 @@ class Run:
             if op == "reset_top":
                 await maybe(c.reset_top())
                 return {}
+            if op == "flush":
+                return {"returned": await maybe(c.flush())}
+            if op == "close":
+                return {"returned": await (c.aclose() if isinstance(c, AsyncClient) else asyncio.to_thread(c.close))}
         except (Rejected, Unsupported, Unavailable) as e:
             return error(e)
         if op == "redis":

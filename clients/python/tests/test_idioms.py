@@ -227,23 +227,25 @@ def test_results_print_as_what_they_hold(clock: Server) -> None:
     r = client.reserve("r", bucket, estimate=4)
     assert repr(r) == (
         "ReservationOutcome(outcome=Outcome(decision=Decision(allowed=True, remaining=6, retry_after_ms=0, "
-        "reset_after_ms=4000, limit=10), degraded=None, mode=<Mode.MODULE: 'module'>), "
-        "reservation=Reservation(limits=[('r', TokenBucket(capacity=10, refill_per_sec=1))], estimate=4, "
-        "degraded=None))"
+        "reset_after_ms=4000, limit=10), degraded=None, mode=<Mode.MODULE: 'module'>, granted=4, "
+        "answered_locally=None), reservation=Reservation(limits=[('r', TokenBucket(capacity=10, "
+        "refill_per_sec=1))], estimate=4, degraded=None))"
     )
     held = client.acquire("slots", Concurrency(1, 30), lease_id="L1")
     assert repr(held) == (
         "LeaseOutcome(outcome=Outcome(decision=Decision(allowed=True, remaining=0, retry_after_ms=0, "
-        "reset_after_ms=30000, limit=1), degraded=None, mode=<Mode.MODULE: 'module'>), "
-        "lease=Lease(id='L1', limits=[('slots', Concurrency(limit=1, lease_sec=30))], holds_slot=True))"
+        "reset_after_ms=30000, limit=1), degraded=None, mode=<Mode.MODULE: 'module'>, granted=1, "
+        "answered_locally=None), lease=Lease(id='L1', limits=[('slots', Concurrency(limit=1, lease_sec=30))], "
+        "holds_slot=True))"
     )
     both = client.reserve_all([("{a}:1", bucket), ("{a}:2", FixedWindow(3, 60))], estimate=2)
     assert repr(both) == (
         "MultiReservationOutcome(outcome=MultiOutcome(allowed=True, denied_by=0, decisions=("
         "Decision(allowed=True, remaining=8, retry_after_ms=0, reset_after_ms=2000, limit=10), "
         "Decision(allowed=True, remaining=1, retry_after_ms=0, reset_after_ms=60000, limit=3)), degraded=None, "
-        "mode=<Mode.MODULE: 'module'>), reservation=Reservation(limits=[('{a}:1', TokenBucket(capacity=10, "
-        "refill_per_sec=1)), ('{a}:2', FixedWindow(limit=3, window_sec=60))], estimate=2, degraded=None))"
+        "mode=<Mode.MODULE: 'module'>, granted=2, answered_locally=None), reservation=Reservation(limits=[('{a}:1', "
+        "TokenBucket(capacity=10, refill_per_sec=1)), ('{a}:2', FixedWindow(limit=3, window_sec=60))], estimate=2, "
+        "degraded=None))"
     )
     refused = client.acquire_all([("{b}:c", Concurrency(1, 30)), ("{b}:w", FixedWindow(1, 60))])
     again = client.acquire_all([("{b}:c", Concurrency(1, 30)), ("{b}:w", FixedWindow(1, 60))])
@@ -251,7 +253,7 @@ def test_results_print_as_what_they_hold(clock: Server) -> None:
         "MultiLeaseOutcome(outcome=MultiOutcome(allowed=False, denied_by=1, decisions=(Decision(allowed=False, "
         "remaining=0, retry_after_ms=30000, reset_after_ms=30000, limit=1), Decision(allowed=False, remaining=0, "
         "retry_after_ms=60000, reset_after_ms=60000, limit=1)), degraded=None, "
-        "mode=<Mode.MODULE: 'module'>), lease=None)"
+        "mode=<Mode.MODULE: 'module'>, granted=0, answered_locally=None), lease=None)"
     )
     assert refused.allowed
     host = f"redis://127.0.0.1:{clock.port}/0"
@@ -277,13 +279,15 @@ def test_results_print_as_what_they_hold(clock: Server) -> None:
     ar, aheld, aclient = asyncio.run(run())
     assert ar == (
         "AsyncReservationOutcome(outcome=Outcome(decision=Decision(allowed=True, remaining=7, retry_after_ms=0, "
-        "reset_after_ms=3000, limit=10), degraded=None, mode=<Mode.MODULE: 'module'>), "
+        "reset_after_ms=3000, limit=10), degraded=None, mode=<Mode.MODULE: 'module'>, granted=3, "
+        "answered_locally=None), "
         "reservation=AsyncReservation(limits=[('ar', TokenBucket(capacity=10, refill_per_sec=1))], estimate=3, "
         "degraded=None))"
     )
     assert aheld == (
         "AsyncLeaseOutcome(outcome=Outcome(decision=Decision(allowed=True, remaining=1, retry_after_ms=0, "
-        "reset_after_ms=30000, limit=2), degraded=None, mode=<Mode.MODULE: 'module'>), "
+        "reset_after_ms=30000, limit=2), degraded=None, mode=<Mode.MODULE: 'module'>, granted=1, "
+        "answered_locally=None), "
         "lease=AsyncLease(id='L2', limits=[('aslots', Concurrency(limit=2, lease_sec=30))], holds_slot=True))"
     )
     assert aclient == f"AsyncClient({host!r}, mode=<Mode.MODULE: 'module'>, options={options})"

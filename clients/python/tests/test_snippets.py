@@ -53,7 +53,7 @@ def snippets() -> list[Snippet]:
 
 def test_the_docs_have_their_blocks() -> None:
     found = {s.name for s in snippets()}
-    assert len(found) == 7, sorted(found)
+    assert len(found) == 8, sorted(found)
     assert sum(1 for s in snippets() if s.file == "README.md") == 1
 
 

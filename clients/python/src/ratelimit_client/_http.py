@@ -465,6 +465,9 @@ FIELDS = frozenset(
 
 Headers = list[tuple[str, str]]
 
+#: Entries of the middleware's deny cache unless ``deny_cache_entries`` says otherwise.
+DENY_CACHE_ENTRIES = 10_000
+
 
 def _ceil_secs(ms: int) -> int:
     return -(-ms // 1000)
@@ -693,7 +696,8 @@ def admit(config: Rules, metrics: Metrics, info: RequestInfo, mark: str | None =
     for n, i in enumerate(enforced):
         denied_here = not outcome.allowed and outcome.denied_by == n + 1
         if outcome.allowed or denied_here:
-            metrics.record(policies[i].name, outcome.allowed, outcome.degraded is not None)
+            local = None if outcome.answered_locally is None else outcome.answered_locally.value
+            metrics.record(policies[i].name, outcome.allowed, outcome.degraded is not None, local)
     if outcome.allowed:
         for i in shadows:
             try:
@@ -701,6 +705,8 @@ def admit(config: Rules, metrics: Metrics, info: RequestInfo, mark: str | None =
             except RateLimitError:
                 continue  # a shadow policy that Redis refuses is left out; it never fails a request
             metrics.record_shadow(policies[i].name, o.allowed, o.degraded is not None)
+            if o.answered_locally is not None:
+                metrics.record_local(policies[i].name, o.answered_locally.value)
             if not o.allowed:
                 adm.denials.append(policies[i].name)
             if lease is not None:

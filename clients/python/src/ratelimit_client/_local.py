@@ -66,6 +66,14 @@ class LocalLimiter:
             limit=capacity,
         )
 
+    def grant(self, key: str, algo: Algorithm, instances: int, n: int) -> tuple[Decision, int]:
+        """A partial grant from the in-process bucket: what it has left (whole units), at most
+        ``n``; nothing left is the denial of one unit."""
+        left = self.check(key, algo, instances, 0).remaining
+        g = max(1, min(left, n))
+        d = self.check(key, algo, instances, g)
+        return d, g if d.allowed else 0
+
     def adjust(self, key: str, algo: Algorithm, instances: int, delta: int) -> Decision:
         """Gives back ``-delta`` tokens (never above the capacity) or takes ``delta`` more, below
         zero if need be, down to minus the capacity (as the module's token bucket)."""

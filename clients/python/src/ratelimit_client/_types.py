@@ -4,6 +4,7 @@ failure policies, and the errors."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -73,6 +74,16 @@ class Local:
 FailurePolicy = FailOpen | FailClosed | Local
 
 
+class LocalAnswer(enum.Enum):
+    """Set on an outcome the client made without calling Redis. The value is the metrics'
+    outcome label."""
+
+    #: Admitted from units a partial grant took earlier for this key (a leased batch).
+    BATCH = "batch"
+    #: Denied again, within the ``retry_after_ms`` of an earlier denial of this key.
+    DENY_CACHE = "deny_cache"
+
+
 class Degraded(enum.Enum):
     """Set on an outcome that did not come from Redis: which failure policy made it. The value
     is the ``RateLimit-Degraded`` response field."""
@@ -109,14 +120,117 @@ class Options:
 
 
 @dataclass(frozen=True, slots=True)
+class Batching:
+    """When and how a client takes batches (:meth:`Client.with_batching`).
+
+    A key (or a plan of several limits checked together) is batched when one of its keys is
+    declared hot (``hot_keys``, ``hot_keys_where``), or when this process checks it at least
+    ``detect_per_sec`` times in a second."""
+
+    #: Keys batched from their first call (a plan of several limits when any of its keys is).
+    hot_keys: Sequence[str] = ()
+    #: Keys for which this is true are batched from their first call.
+    hot_keys_where: Callable[[str], bool] | None = None
+    #: Calls within one second (counted in whole seconds from a key's first call, the previous
+    #: second's count included) that make a key hot; 0: only declared keys.
+    detect_per_sec: int = 100
+    #: How long a batch lives, in seconds: what it has not used by then goes back. A fixed
+    #: window's batch ends with the window it was granted in, if that comes first.
+    lease: float = 0.2
+    #: The first batch size.
+    initial: int = 8
+    #: The largest batch.
+    max_batch: int = 1024
+    #: A batch asks for at most ``1/remaining_share`` of what Redis last said remains, so a
+    #: nearly exhausted key is decided one call per request.
+    remaining_share: int = 8
+    #: Keys (or plans) tracked at once, the least recently used forgotten first, its batch
+    #: given back.
+    max_keys: int = 1024
+
+    def declared(self, keys: Sequence[str]) -> bool:
+        """Whether any of ``keys`` is declared hot."""
+        hot = set(self.hot_keys)
+        return any(k in hot or (self.hot_keys_where is not None and self.hot_keys_where(k)) for k in keys)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What the batches of a client did since it was made (units, and requests answered)."""
+
+    #: Partial grants sent to take a batch.
+    refills: int = 0
+    #: Units those grants took.
+    granted: int = 0
+    #: Units spent by admitted requests: the requests that took a batch and those answered from
+    #: one.
+    used: int = 0
+    #: Requests admitted from a batch without a call to Redis.
+    answered: int = 0
+    #: Units given back to Redis (``RL.SETTLE ... DELTA -n``).
+    returned: int = 0
+    #: Units neither used nor given back: a sliding window's or log's, a window's that ended, a
+    #: bucket's that refilled meanwhile, or a return Redis did not answer.
+    lapsed: int = 0
+    #: Units held in batches now.
+    held: int = 0
+
+
+class ShortAck(enum.Enum):
+    """What a durable client does with an admission fewer replicas acknowledged than it asked."""
+
+    #: Deny it (the units stay spent on the master: under-admission, never over).
+    DENY = "deny"
+    #: Admit it, and count it in :attr:`DurabilityStats.short`.
+    ADMIT = "admit"
+    #: Answer it with the failure policy, as if Redis had not answered.
+    FAILURE_POLICY = "failure-policy"
+
+
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """Admissions that replicas must acknowledge (:meth:`Client.with_durability`)."""
+
+    #: Replicas that must acknowledge the write.
+    replicas: int
+    #: How long ``WAIT`` waits for them, in seconds (below the client's own timeout, which
+    #: bounds the call and the ``WAIT`` together).
+    timeout: float
+    #: What an admission that fewer replicas acknowledged becomes.
+    short: ShortAck = ShortAck.DENY
+    #: Whether the replicas must have the write in their append-only file too (``WAITAOF 0
+    #: replicas timeout``: fsynced, so a replica that restarts keeps it), not only in memory.
+    #: Replicas without ``appendonly yes`` never acknowledge it. A server without ``WAITAOF``
+    #: (before Redis 7.2) gets ``WAIT``.
+    aof: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DurabilityStats:
+    """What a durable client's admissions met so far."""
+
+    #: Admissions acknowledged by enough replicas.
+    acknowledged: int = 0
+    #: Admissions fewer replicas acknowledged in time (then answered as :class:`ShortAck` says).
+    short: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """The answer for one limit."""
 
     decision: Decision
     #: Set when Redis was not asked or did not answer in time.
     degraded: Degraded | None
-    #: The mode that answered (``None`` when degraded).
+    #: The mode that answered (``None`` when degraded; for a local answer, the mode of the call
+    #: it comes from).
     mode: Mode | None
+    #: The units taken: the cost when admitted and 0 when denied; for a partial grant
+    #: (:meth:`Client.check_upto`) the units granted, 1 to ``n``. An answer of ``FailOpen``
+    #: grants what was asked (nothing is taken anywhere).
+    granted: int = 0
+    #: Set when the client answered from a batch or its deny cache, without calling Redis.
+    answered_locally: LocalAnswer | None = None
 
     @property
     def allowed(self) -> bool:
@@ -133,6 +247,10 @@ class MultiOutcome:
     decisions: tuple[Decision, ...]
     degraded: Degraded | None
     mode: Mode | None
+    #: The units taken from every limit (see :attr:`Outcome.granted`).
+    granted: int = 0
+    #: Set when the client answered from a batch or its deny cache, without calling Redis.
+    answered_locally: LocalAnswer | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 import time
 import weakref
@@ -17,20 +18,30 @@ from typing import Any, Generic, Protocol, TypeVar
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.cluster as redis_cluster
+import redis.asyncio.sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from ._core import (
+    ANSWER,
     ANY_NODE,
     ON_A_CLUSTER,
+    PLAIN,
+    Batch,
     Core,
+    DenyCache,
     Detect,
+    Durable,
     Exchange,
+    Granted,
     Limits,
     LoadScript,
+    Return,
+    Table,
     UnexpectedReply,
     check_count,
+    check_upto_args,
     classify,
     error_code,
     has_concurrency,
@@ -38,11 +49,19 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    return_plan,
+    signature,
+    single_of,
+    writes,
 )
 from ._flight import Deadline, Failure, Gate
 from ._scripts import LIBRARY
 from ._types import (
+    Batching,
+    BatchStats,
     Degraded,
+    Durability,
+    DurabilityStats,
     Local,
     Mode,
     MultiOutcome,
@@ -55,7 +74,7 @@ from ._types import (
     Unsupported,
 )
 from .algorithms import Algorithm, Concurrency
-from .client import address_of, gate_of, stall_of
+from .client import address_of, demoted, gate_of, host_port, pool_of_one, stall_of
 
 T = TypeVar("T")
 
@@ -93,10 +112,15 @@ class AsyncClient:
         self._redis = redis
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
+        self._denies: DenyCache | None = None
+        self._batches: AsyncBatches | None = None
+        self._lane: AsyncLane | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
         # ``redis`` serves the first loop that makes a call; every other loop has a copy.
         self._copy = None if isinstance(redis, redis_cluster.RedisCluster) else _copy_of(redis)
-        self._home: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        # The loop ``redis`` serves, in a list that the copies of this client share
+        # (with_deny_cache, with_batching...), as they share the pools.
+        self._home: list[weakref.ref[asyncio.AbstractEventLoop] | None] = [None]
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Single, Gate | None]] = (
             weakref.WeakKeyDictionary()
         )
@@ -105,12 +129,13 @@ class AsyncClient:
     def _conn(self) -> tuple[Redis, Gate | None]:
         """The redis-py client of the running loop, and the gate of its pool."""
         loop = asyncio.get_running_loop()
-        home = self._home() if self._home is not None else None
+        home_ref = self._home[0]
+        home = home_ref() if home_ref is not None else None
         if home is loop or self._copy is None:
             return self._redis, self._gate
         with self._loops_lock:
-            if self._home is None:
-                self._home = weakref.ref(loop)
+            if self._home[0] is None:
+                self._home[0] = weakref.ref(loop)
                 return self._redis, self._gate
             got = self._loops.get(loop)
             if got is None:
@@ -144,6 +169,20 @@ class AsyncClient:
         return cls(conn, options)
 
     @classmethod
+    def sentinel(
+        cls, sentinels: Sequence[str], master: str, options: Options | None = None, **kwargs: Any
+    ) -> AsyncClient:
+        """A client of the master the Sentinels name, as :meth:`Client.sentinel`."""
+        options = options or Options()
+        kwargs.setdefault("socket_timeout", stall_of(options))
+        kwargs.setdefault("socket_connect_timeout", stall_of(options))
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        asked = {"socket_timeout": options.timeout, "socket_connect_timeout": options.timeout}
+        make: Callable[..., Any] = redis.asyncio.sentinel.Sentinel  # no annotations
+        manager = make([host_port(u) for u in sentinels], sentinel_kwargs=asked)
+        return cls(manager.master_for(master, **kwargs), options)
+
+    @classmethod
     async def open(cls, url: str, options: Options | None = None, **kwargs: Any) -> AsyncClient:
         """:meth:`from_url`, then detects the mode at once. A cluster client first learns the
         cluster's slots (outside any call's deadline; the synchronous cluster client does this
@@ -169,14 +208,90 @@ class AsyncClient:
     def mode(self) -> Mode | None:
         return self._core.mode
 
+    def with_deny_cache(self, entries: int) -> AsyncClient:
+        """This client (the same connection, mode, breaker and policy) with a deny cache of
+        ``entries`` entries, the least recently used evicted first: a check of a cost above 0
+        that Redis denied with ``retry_after_ms`` R is denied again in the process, without a
+        call, until R has passed on the process's monotonic clock (:attr:`Outcome.answered_locally`
+        ``DENY_CACHE``). It never admits. Peeks, partial grants, leases, reservations and
+        settlements never use it. The client it was made from is unchanged."""
+        c = copy.copy(self)
+        c._denies = DenyCache(entries, self._core.options.timeout)
+        return c
+
+    def without_deny_cache(self) -> AsyncClient:
+        """This client without a deny cache (the client it was made from is unchanged)."""
+        c = copy.copy(self)
+        c._denies = None
+        return c
+
+    def with_durability(self, durability: Durability) -> AsyncClient:
+        """Durable admissions, as :meth:`Client.with_durability` (the lane's connections belong
+        to the loop that opened them)."""
+        if self._copy is None:
+            raise Unsupported("durable admissions need a client of one server")
+        if durability.replicas < 1:
+            raise Unsupported("durable admissions need at least 1 replica")
+        if durability.timeout >= self._core.options.timeout:
+            raise Unsupported("the WAIT timeout must be below the client's timeout")
+        c = copy.copy(self)
+        c._lane = AsyncLane(self._redis, Durable(durability))  # type: ignore[arg-type]
+        return c
+
+    def durability_stats(self) -> DurabilityStats:
+        return DurabilityStats() if self._lane is None else self._lane.durable.stats()
+
+    def with_batching(self, batching: Batching | None = None) -> AsyncClient:
+        """This client taking leased batches for hot keys, as :meth:`Client.with_batching`
+        (the batches' timers and returns run on the loop of the calls that took them)."""
+        c = copy.copy(self)
+        plain = copy.copy(self)
+        plain._batches, plain._denies = None, None
+        c._batches = AsyncBatches(plain, batching or Batching())
+        return c
+
+    def without_batching(self) -> AsyncClient:
+        c = copy.copy(self)
+        c._batches = None
+        return c
+
+    def batch_stats(self) -> BatchStats:
+        return BatchStats() if self._batches is None else self._batches.table.stats()
+
+    def batch_size(self, limits: Limits) -> int | None:
+        return None if self._batches is None else self._batches.table.size(signature(list(limits)))
+
+    async def flush(self) -> int:
+        """Gives back at once what every batch holds, and waits for the answers: the units given
+        back."""
+        return 0 if self._batches is None else await self._batches.flush()
+
+    def denied_until(self, limits: Limits, cost: int) -> float | None:
+        return None if self._denies is None else self._denies.until(signature(list(limits)), cost)
+
+    def deny_cache_capacity(self) -> int | None:
+        """The deny cache's number of entries at most, ``None`` without one."""
+        return None if self._denies is None else self._denies.capacity
+
+    def deny_cache_len(self) -> int:
+        """Entries in the deny cache now."""
+        return 0 if self._denies is None else len(self._denies)
+
     def breaker_open(self) -> bool:
         return self._core.breaker.is_open()
 
-    async def aclose(self) -> None:
-        """Closes the connections of the running loop (those of a loop that is gone went with
-        it)."""
+    async def aclose(self) -> int:
+        """Stops the batches of this client and of every copy sharing them, gives back what they
+        hold (the units given back, 0 without batches), then closes the connections of the
+        running loop (those of a loop that is gone went with it; a later call opens new ones)."""
+        returned = 0 if self._batches is None else await self._batches.close()
+        await self._close_connections()
+        return returned
+
+    async def _close_connections(self) -> None:
         loop = asyncio.get_running_loop()
-        home = self._home() if self._home is not None else None
+        home_ref = self._home[0]
+        home = home_ref() if home_ref is not None else None
         with self._loops_lock:
             got = self._loops.pop(loop, None)
             if home is None or home is loop or home.is_closed():
@@ -269,12 +384,12 @@ class AsyncClient:
             value: T = stop.value
             return value
 
-    async def _guarded(self, exchange: Exchange[T]) -> T:
+    async def _guarded(self, exchange: Exchange[T], pinned: Single | None = None) -> T:
         core = self._core
         if not core.breaker.permit():
             exchange.close()
             raise Failure
-        conn, gate = self._conn()
+        conn, gate = (pinned, None) if pinned is not None else self._conn()
         opens = False
         if gate is not None:
             try:
@@ -295,6 +410,8 @@ class AsyncClient:
                 core.failed(began)
                 if gate is not None:
                     gate.failed()
+                if demoted(e):
+                    await self._reconnect()
                 raise Failure from e
             core.breaker.success()
             if error_code(e) == "READONLY":
@@ -304,6 +421,21 @@ class AsyncClient:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
+        return value
+
+    async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
+        """Runs a call's exchange; one that may write, on a durable client, on a connection of
+        the lane of its own (of the running loop), its admission followed by ``WAIT``."""
+        lane = self._lane if writes else None
+        if lane is None:
+            return await self._guarded(exchange(None))
+        conn = lane.take()
+        try:
+            value = await self._guarded(exchange(lane.durable), conn)
+        except BaseException:
+            await lane.drop(conn)
+            raise
+        await lane.put(conn)
         return value
 
     async def _open_one(self, conn: Redis) -> None:
@@ -330,29 +462,36 @@ class AsyncClient:
 
     # Limits ------------------------------------------------------------------------------------
 
-    async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
+    async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
+        core = self._core
         try:
-            decision, mode = await self._guarded(self._core.call_one(key, algo, cost, lease))
+            decision, granted, mode = await self._durably(
+                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)
+            )
         except Failure:
-            return self._core.degraded_outcome(key, algo, cost, lease)
-        return Outcome(decision, None, mode)
+            return self._core.degraded_outcome(key, algo, cost, lease, upto)
+        return Outcome(decision, None, mode, granted)
 
-    async def _decide_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+    async def _decide_all(self, limits: Limits, cost: int, lease: str | None, upto: bool = False) -> MultiOutcome:
         if one_alone(limits, cost):
             key, algo = limits[0]
-            return multi_of(await self._decide_one(key, algo, cost, lease))
+            return multi_of(await self._decide_one(key, algo, cost, lease, upto))
         check_count(limits)
         try:
-            (allowed, denied_by, decisions), mode = await self._guarded(self._core.call_all(limits, cost, lease))
+            core = self._core
+            (allowed, denied_by, decisions, granted), mode = await self._durably(
+                lambda durable: core.call_all(limits, cost, lease, upto, durable), writes(cost, upto, lease)
+            )
         except Failure:
-            return self._core.degraded_all(limits, cost, lease)
-        return MultiOutcome(allowed, denied_by, decisions, None, mode)
+            return self._core.degraded_all(limits, cost, lease, upto)
+        return MultiOutcome(allowed, denied_by, decisions, None, mode, granted)
 
     async def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
         if not isinstance(algo, Concurrency):
+            if cost > 0 and self._hot():
+                return single_of(await self._decide_hot([(key, algo)], cost))
             return await self._decide_one(key, algo, cost, None)
-        o = await self.check_all([(key, algo)], cost)
-        return Outcome(o.decisions[0], o.degraded, o.mode)
+        return single_of(await self.check_all([(key, algo)], cost))
 
     async def peek(self, key: str, algo: Algorithm) -> Outcome:
         return await self.check(key, algo, 0)
@@ -360,10 +499,90 @@ class AsyncClient:
     async def check_all(self, limits: Limits, cost: int = 1) -> MultiOutcome:
         limits = list(limits)
         if not has_concurrency(limits):
+            if cost > 0 and 1 <= len(limits) <= 16 and self._hot():
+                return await self._decide_hot(limits, cost)
             return await self._decide_all(limits, cost, None)
         if cost > 0:
             raise Unsupported("concurrency limits take a lease: AsyncClient.acquire_all")
         return await self._decide_all(limits, 0, new_lease_id())
+
+    def _hot(self) -> bool:
+        return self._batches is not None or self._denies is not None
+
+    async def _decide_hot(self, limits: Limits, cost: int) -> MultiOutcome:
+        """A check of a cost above 0 through the batches and the deny cache, as
+        :meth:`Client._decide_hot`."""
+        sig = signature(limits)
+        batches, denies = self._batches, self._denies
+        refill = False
+        if batches is not None:
+            step, local = batches.try_local(sig, limits, cost)
+            if local is not None:
+                return local
+            refill = step != PLAIN
+        if denies is not None:
+            cached = denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        if refill and batches is not None:
+            o = await batches.refill(sig, limits, cost, denies)
+            if o is not None:
+                return o
+            cached = None if denies is None else denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        sent = time.monotonic()
+        o = await self._decide_all(limits, cost, None)
+        if denies is not None:
+            denies.record(sig, cost, o, sent)
+        if batches is not None:
+            batches.table.observe(sig, o)
+        return o
+
+    async def _try_grant(self, limits: Limits, n: int) -> MultiOutcome | None:
+        """A partial grant of at most ``n`` units for a batch: ``None`` when Redis cannot answer
+        (no failure policy applied)."""
+        core = self._core
+        try:
+            if len(limits) == 1:
+                key, algo = limits[0]
+                d, granted, mode = await self._durably(
+                    lambda durable: core.call_one(key, algo, n, None, True, durable), True
+                )
+                return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
+            (allowed, denied_by, ds, granted), mode = await self._durably(
+                lambda durable: core.call_all(limits, n, None, True, durable), True
+            )
+            return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
+        except Failure:
+            return None
+
+    def _degraded_for(self, limits: Limits, cost: int) -> MultiOutcome:
+        if len(limits) == 1:
+            key, algo = limits[0]
+            return multi_of(self._core.degraded_outcome(key, algo, cost, None))
+        return self._core.degraded_all(limits, cost, None)
+
+    async def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
+        """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,
+        at least 1 and at most ``n``, taken in one call; :attr:`Outcome.granted` says how many
+        (0 when denied: nothing was left, and the decision is the denial of one unit). Give
+        back what goes unused with :meth:`settle` (a negative delta). ``n`` from 1 to 10^15
+        (1,000 for a sliding log); not for a concurrency limit (:class:`Unsupported`). Batches
+        and the deny cache are not used. When Redis cannot answer: ``FailOpen`` grants ``n``
+        (nothing taken), ``FailClosed`` denies, ``Local`` grants what its in-process bucket
+        has, at most ``n``."""
+        check_upto_args([(key, algo)], n)
+        return await self._decide_one(key, algo, n, None, upto=True)
+
+    async def check_all_upto(self, limits: Limits, n: int) -> MultiOutcome:
+        """A partial grant of several limits at once (``RL.ALL ... UPTO n``): every limit is
+        granted the same units, the fewest any of them has left, at most ``n``
+        (:attr:`MultiOutcome.granted`; 0 when denied, as a cost of 1 would be). One limit alone
+        uses its own command. Concurrency limits are refused (:class:`Unsupported`)."""
+        limits = list(limits)
+        check_upto_args(limits, n)
+        return await self._decide_all(limits, n, None, upto=True)
 
     # Leases ------------------------------------------------------------------------------------
 
@@ -457,6 +676,168 @@ class AsyncClient:
     async def load_library(self) -> str:
         name = await self._conn()[0].execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
         return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class AsyncLane:
+    """The asyncio client's durable lane: clients of one connection each (kept per event loop,
+    whose connections they are), as :class:`ratelimit_client.client.Lane`."""
+
+    IDLE_KEPT = 64
+
+    def __init__(self, conn: Single, durable: Durable) -> None:
+        self.durable = durable
+        self._pool = conn.connection_pool
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Single]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def take(self) -> Single:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            idle = self._idle.get(loop)
+            if idle:
+                return idle.pop()
+        return redis.asyncio.Redis.from_pool(pool_of_one(self._pool))
+
+    async def put(self, conn: Single) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            idle = self._idle.setdefault(loop, [])
+            if len(idle) < self.IDLE_KEPT:
+                idle.append(conn)
+                return
+        await conn.aclose()
+
+    async def drop(self, conn: Single) -> None:
+        with contextlib.suppress(Exception):
+            await conn.aclose()
+
+
+class AsyncBatches:
+    """The asyncio client's batches: the table (``_batch.py``), each entry's turn an
+    ``asyncio.Lock``, the lease timers and returns tasks of the running loop. A grant runs in a
+    task of its own holding the turn: a caller that goes away meanwhile (a cancelled request)
+    neither loses the units nor lets a second refill start; the units it would have used go
+    back."""
+
+    def __init__(self, client: AsyncClient, cfg: Batching) -> None:
+        self.client = client
+        self.table = Table(cfg, asyncio.Lock)
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, returns: list[Return]) -> None:
+        if returns:
+            self._spawn(self._give_back_all(returns))
+
+    async def _give_back_all(self, returns: list[Return]) -> None:
+        for r in returns:
+            await self.give_back(r)
+
+    def try_local(self, sig: str, limits: Limits, cost: int) -> tuple[str, MultiOutcome | None]:
+        step, o, returns = self.table.try_local(sig, limits, cost)
+        self._send(returns)
+        return step, o if step == ANSWER else None
+
+    async def refill(self, sig: str, limits: Limits, cost: int, denies: DenyCache | None) -> MultiOutcome | None:
+        table = self.table
+        w = table.wait(sig, cost)
+        if w is None:
+            return None
+        gate, seen = w
+        try:
+            await gate.acquire()
+        finally:
+            table.waited(sig, cost)
+        handed = False
+        try:
+            step, v, returns = table.turn(sig, limits, cost, seen)
+            self._send(returns)
+            if step == ANSWER:
+                assert isinstance(v, MultiOutcome)
+                return v
+            if step == PLAIN or not isinstance(v, int):
+                return None
+            cached = None if denies is None else denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+            task = asyncio.get_running_loop().create_task(self._grant(sig, limits, cost, v, denies, gate))
+            handed = True
+        finally:
+            if not handed:
+                gate.release()
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            got = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._unused(t, limits, cost))
+            raise
+        return got.answer
+
+    def _unused(self, t: asyncio.Task[Granted], limits: Limits, cost: int) -> None:
+        """The caller of a grant went away: the units it was admitted with go back."""
+        if t.cancelled() or t.exception() is not None:
+            return
+        own: Batch | None = t.result().own
+        if own is not None:
+            self.table.gone(cost)
+            self._send([Return(list(limits), own)])
+
+    async def _grant(
+        self, sig: str, limits: Limits, cost: int, ask: int, denies: DenyCache | None, gate: asyncio.Lock
+    ) -> Granted:
+        table = self.table
+        try:
+            sent = time.monotonic()
+            try:
+                reply = await self.client._try_grant(limits, ask)
+            except RateLimitError:
+                table.unanswered(sig)
+                raise
+            if reply is None:
+                table.unanswered(sig)
+                return Granted(self.client._degraded_for(limits, cost), None, [])
+            got = table.granted(sig, limits, cost, ask, sent, reply)
+        finally:
+            gate.release()
+        self._send(got.returns)
+        if got.timer is not None:
+            at, generation = got.timer
+            loop = asyncio.get_running_loop()
+            loop.call_later(max(0.0, at - time.monotonic()), lambda: self._send(table.expired(sig, generation)))
+        if got.deny is not None and denies is not None:
+            denies.record(sig, cost, got.deny, sent)
+        return got
+
+    async def give_back(self, r: Return) -> int:
+        client = self.client
+        back = dict.fromkeys(range(len(r.limits)), 0)
+        for subset, n in return_plan(r, time.monotonic(), client._core.options.timeout):
+            try:
+                s = await client.settle(subset, -n)
+            except RateLimitError:
+                continue
+            if s.degraded is None:
+                for i, lim in enumerate(r.limits):
+                    if lim in subset:
+                        back[i] = n
+        returned = min(back.values(), default=0)
+        self.table.account(r, returned)
+        return returned
+
+    async def flush(self) -> int:
+        n = 0
+        for r in self.table.drain():
+            n += await self.give_back(r)
+        return n
+
+    async def close(self) -> int:
+        self.table.closed = True
+        return await self.flush()
 
 
 class _AsyncReleasable(Protocol):

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any
 
 from ._http import (
+    DENY_CACHE_ENTRIES,
     FIELDS,
     STATE_KEY,
     Admission,
@@ -44,7 +45,7 @@ from ._http import (
     starlette_view,
 )
 from .aio import AsyncClient
-from .metrics import Metrics
+from .metrics import Metrics, breaker_text
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,8 +72,11 @@ class RateLimitMiddleware:
     ``default_limits`` (for the routes with none of their own), ``exempt`` (paths never
     limited), ``estimates``, ``legacy_headers``, ``prefix``, ``lease_keep_alive``,
     ``header_format`` (``"draft-11"``, the default, or ``"draft-12"``); and ``metrics`` to share
-    counters. A limit or an option that cannot be read is refused here, not at the first
-    request."""
+    counters. ``deny_cache`` (on by default) denies again in the process, without calling
+    Redis, a request whose limits Redis denied with ``retry_after_ms`` R, until R has passed on
+    the process's clock (counted ``outcome="deny_cache"``); ``deny_cache_entries`` (10,000) bounds
+    it, the least recently used evicted first. Turn it off where a test moves the server's clock.
+    A limit or an option that cannot be read is refused here, not at the first request."""
 
     def __init__(
         self,
@@ -92,9 +96,13 @@ class RateLimitMiddleware:
         lease_keep_alive: float | None = None,
         metrics: Metrics | None = None,
         header_format: HeaderFormat = "draft-11",
+        deny_cache: bool = True,
+        deny_cache_entries: int = DENY_CACHE_ENTRIES,
     ) -> None:
         self.app = app
-        self.client = client
+        #: The client the middleware decides with (its deny cache and batches included): close
+        #: it on shutdown to give back what the batches hold.
+        self.client = client.with_deny_cache(deny_cache_entries) if deny_cache else client.without_deny_cache()
         self.rules = make_rules(
             key=key,
             plan=plan,
@@ -110,6 +118,18 @@ class RateLimitMiddleware:
             header_format=header_format,
         )
         self.metrics = metrics if metrics is not None else Metrics()
+
+    def render_prometheus(self) -> str:
+        """What to serve on ``/metrics``: the middleware's counters
+        (:meth:`Metrics.render_prometheus`), then ``ratelimit_breaker_open``, 1 while the
+        client's circuit breaker is open (Redis failed repeatedly and the failure policy answers
+        without asking it), else 0 (``docs/monitoring/client_alerts.yml`` alerts on it)."""
+        return self.metrics.render_prometheus() + breaker_text(self.client.breaker_open())
+
+    def register(self, registry: Any = None) -> Any:
+        """The same through ``prometheus_client``: :meth:`Metrics.register` with the breaker's
+        gauge."""
+        return self.metrics.register(registry, self.client.breaker_open)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

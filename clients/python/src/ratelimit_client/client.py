@@ -4,30 +4,42 @@ most-denied keys; module detection, the Lua fallback, the failure policy and the
 
 from __future__ import annotations
 
+import copy
+import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import redis
 import redis.asyncio.cluster
 import redis.cluster
 import redis.cluster as redis_cluster
+import redis.sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
 from ._core import (
+    ANSWER,
     ANY_NODE,
     ON_A_CLUSTER,
+    PLAIN,
     Core,
+    DenyCache,
     Detect,
+    Durable,
     Exchange,
     Limits,
     LoadScript,
+    Return,
+    Table,
     UnexpectedReply,
     check_count,
+    check_upto_args,
     classify,
     error_code,
     has_concurrency,
@@ -35,11 +47,19 @@ from ._core import (
     new_lease_id,
     one_alone,
     renewal_answer,
+    return_plan,
+    signature,
+    single_of,
+    writes,
 )
 from ._flight import Failure, Gate, connected_in
 from ._scripts import LIBRARY
 from ._types import (
+    Batching,
+    BatchStats,
     Degraded,
+    Durability,
+    DurabilityStats,
     Local,
     Mode,
     MultiOutcome,
@@ -54,6 +74,9 @@ from ._types import (
 from .algorithms import Algorithm, Concurrency
 
 T = TypeVar("T")
+
+#: A client of one server (a name the class's ``redis`` property does not hide).
+Single = redis.Redis
 
 
 class Client:
@@ -72,6 +95,9 @@ class Client:
         self._execute: Callable[..., Any] = redis.execute_command
         self._cluster = isinstance(redis, redis_cluster.RedisCluster)
         self._core = Core(options or Options())
+        self._denies: DenyCache | None = None
+        self._batches: Batches | None = None
+        self._lane: Lane | None = None
         self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
 
     @classmethod
@@ -91,6 +117,27 @@ class Client:
         else:
             conn = redis.Redis.from_url(url, **kwargs)
         return cls(conn, options)
+
+    @classmethod
+    def sentinel(cls, sentinels: Sequence[str], master: str, options: Options | None = None, **kwargs: Any) -> Client:
+        """A client of the master that the Sentinels at ``sentinels`` (``redis://host:port``)
+        name ``master``, on redis-py's Sentinel support: every new connection asks the
+        Sentinels (``SENTINEL GET-MASTER-ADDR-BY-NAME``, each in turn) where the master is now.
+        A connection that fails (the master died, or a Sentinel closed it when it reconfigured
+        the old master) or meets ``READONLY`` (the master became a replica) is dropped, with the
+        pool's other connections after ``READONLY``, and the next call connects to the master the
+        Sentinels name then. The call that met the failure is answered by the failure policy;
+        none is sent twice. Round trips bounded and never retried as :meth:`from_url`'s."""
+        options = options or Options()
+        kwargs.setdefault("socket_timeout", options.timeout)
+        kwargs.setdefault("socket_connect_timeout", options.timeout)
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        asked = {"socket_timeout": options.timeout, "socket_connect_timeout": options.timeout}
+        # redis-py's Sentinel carries no annotations.
+        make: Callable[..., Any] = redis.sentinel.Sentinel
+        manager = make([host_port(u) for u in sentinels], sentinel_kwargs=asked)
+        master_for: Callable[..., redis.Redis] = manager.master_for
+        return cls(master_for(master, **kwargs), options)
 
     @classmethod
     def open(cls, url: str, options: Options | None = None, **kwargs: Any) -> Client:
@@ -117,12 +164,100 @@ class Client:
         """The mode in use, once known."""
         return self._core.mode
 
+    def with_deny_cache(self, entries: int) -> Client:
+        """This client (the same connection, mode, breaker and policy) with a deny cache of
+        ``entries`` entries, the least recently used evicted first: a check of a cost above 0
+        that Redis denied with ``retry_after_ms`` R is denied again in the process, without a
+        call, until R has passed on the process's monotonic clock (:attr:`Outcome.answered_locally`
+        ``DENY_CACHE``). It never admits. Peeks, partial grants, leases, reservations and
+        settlements never use it. The client it was made from is unchanged."""
+        c = copy.copy(self)
+        c._denies = DenyCache(entries, self._core.options.timeout)
+        return c
+
+    def without_deny_cache(self) -> Client:
+        """This client without a deny cache (the client it was made from is unchanged)."""
+        c = copy.copy(self)
+        c._denies = None
+        return c
+
+    def with_durability(self, durability: Durability) -> Client:
+        """This client (and the copies made from it afterwards) admitting only what
+        ``durability``'s replicas acknowledged: every call that may write (a cost above 0, a
+        partial grant, a lease) runs on a connection of its own followed by ``WAIT replicas
+        timeout`` (``WAITAOF 0 replicas timeout`` with ``aof``, ``WAIT`` on a server without
+        it), and an admission fewer replicas acknowledged in time becomes what
+        :class:`ShortAck` says. Denials are answered at once. ``durability.timeout`` must be
+        below the client's timeout. Not for a cluster client (:class:`Unsupported`)."""
+        if self._cluster:
+            raise Unsupported("durable admissions need a client of one server")
+        if durability.replicas < 1:
+            raise Unsupported("durable admissions need at least 1 replica")
+        if durability.timeout >= self._core.options.timeout:
+            raise Unsupported("the WAIT timeout must be below the client's timeout")
+        c = copy.copy(self)
+        c._lane = Lane(self._redis, Durable(durability))  # type: ignore[arg-type]
+        return c
+
+    def durability_stats(self) -> DurabilityStats:
+        """What the durable admissions met so far (all zero without durability)."""
+        return DurabilityStats() if self._lane is None else self._lane.durable.stats()
+
+    def with_batching(self, batching: Batching | None = None) -> Client:
+        """This client (and the copies made from it afterwards) taking leased batches for hot
+        keys, as ``batching`` says (default :class:`Batching`): a hot key's checks take several
+        units with one partial grant (``UPTO n``) and admit from them without calling Redis
+        (:attr:`Outcome.answered_locally` ``BATCH``), giving back what they did not use when the
+        batch's lease ends (see docs/clients.md). The client it was made from is unchanged."""
+        c = copy.copy(self)
+        plain = copy.copy(self)
+        plain._batches, plain._denies = None, None
+        c._batches = Batches(plain, batching or Batching())
+        return c
+
+    def without_batching(self) -> Client:
+        """This client without batches (those of other copies carry on)."""
+        c = copy.copy(self)
+        c._batches = None
+        return c
+
+    def batch_stats(self) -> BatchStats:
+        """What the batches did so far (all zero without batches)."""
+        return BatchStats() if self._batches is None else self._batches.table.stats()
+
+    def batch_size(self, limits: Limits) -> int | None:
+        """The size the next batch of these limits starts from (B), while they are tracked."""
+        return None if self._batches is None else self._batches.table.size(signature(list(limits)))
+
+    def flush(self) -> int:
+        """Gives back at once what every batch holds (``RL.SETTLE ... DELTA -n``), and waits for
+        the answers: the units given back. The keys are batched again on their next calls."""
+        return 0 if self._batches is None else self._batches.flush()
+
+    def denied_until(self, limits: Limits, cost: int) -> float | None:
+        """When the deny cache's entry for these limits at this cost expires
+        (``time.monotonic()``), if it has one."""
+        return None if self._denies is None else self._denies.until(signature(list(limits)), cost)
+
+    def deny_cache_capacity(self) -> int | None:
+        """The deny cache's number of entries at most, ``None`` without one."""
+        return None if self._denies is None else self._denies.capacity
+
+    def deny_cache_len(self) -> int:
+        """Entries in the deny cache now."""
+        return 0 if self._denies is None else len(self._denies)
+
     def breaker_open(self) -> bool:
         """Whether the circuit breaker is open (or half open)."""
         return self._core.breaker.is_open()
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Stops the batches of this client and of every copy sharing them (their checks go to
+        Redis one by one from then on), gives back what they hold (the units given back, 0
+        without batches), then closes the connections (a later call opens new ones)."""
+        returned = 0 if self._batches is None else self._batches.close()
         self._redis.close()
+        return returned
 
     def __enter__(self) -> Client:
         return self
@@ -139,9 +274,9 @@ class Client:
             return {"target_nodes": self._redis.get_random_node()}  # type: ignore[union-attr]
         return {}
 
-    def _send(self, call: tuple[Any, ...]) -> Any:
+    def _send(self, call: tuple[Any, ...], execute: Callable[..., Any] | None = None) -> Any:
         try:
-            reply = self._execute(*call, **self._routing(call))
+            reply = (execute or self._execute)(*call, **self._routing(call))
         except ResponseError:
             self._answered(self._gate)  # an error reply is an answer too (NOSCRIPT, ERR ...)
             raise
@@ -169,13 +304,13 @@ class Client:
 
             step.flight.run_sync(step.seen, load)
 
-    def _drive(self, exchange: Exchange[T]) -> T:
+    def _drive(self, exchange: Exchange[T], execute: Callable[..., Any] | None = None) -> T:
         try:
             call = next(exchange)
             while True:
                 try:
                     if isinstance(call, tuple):
-                        reply = self._send(call)
+                        reply = self._send(call, execute)
                     else:
                         self._step(call)
                         reply = None
@@ -192,11 +327,12 @@ class Client:
             value: T = stop.value
             return value
 
-    def _guarded(self, exchange: Exchange[T]) -> T:
+    def _guarded(self, exchange: Exchange[T], pinned: Single | None = None) -> T:
         """Runs an exchange under the breaker; :class:`Rejected` for an answer about the call,
-        :class:`Failure` when Redis did not decide."""
+        :class:`Failure` when Redis did not decide. ``pinned``: a connection of the durable
+        lane, which sends every command of the exchange (outside the gate)."""
         core = self._core
-        gate = self._gate
+        gate = None if pinned is not None else self._gate
         if not core.breaker.permit():
             exchange.close()
             raise Failure
@@ -208,13 +344,15 @@ class Client:
                 raise
         began = time.monotonic()
         try:
-            value = self._drive(exchange)
+            value = self._drive(exchange, None if pinned is None else pinned.execute_command)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
             rejected = classify(e)
             if rejected is None:
                 core.failed(began)
                 if gate is not None:
                     gate.failed()
+                if demoted(e):
+                    self._reconnect()
                 raise Failure from e
             core.breaker.success()
             if error_code(e) == "READONLY":
@@ -224,6 +362,21 @@ class Client:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
+        return value
+
+    def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
+        """Runs a call's exchange; one that may write, on a durable client, on a connection of
+        the lane of its own, its admission followed by ``WAIT``."""
+        lane = self._lane if writes else None
+        if lane is None:
+            return self._guarded(exchange(None))
+        conn = lane.take()
+        try:
+            value = self._guarded(exchange(lane.durable), conn)
+        except BaseException:
+            lane.drop(conn)
+            raise
+        lane.put(conn)
         return value
 
     def _reconnect(self) -> None:
@@ -243,32 +396,39 @@ class Client:
 
     # Limits ------------------------------------------------------------------------------------
 
-    def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None) -> Outcome:
+    def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
+        core = self._core
         try:
-            decision, mode = self._guarded(self._core.call_one(key, algo, cost, lease))
+            decision, granted, mode = self._durably(
+                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)
+            )
         except Failure:
-            return self._core.degraded_outcome(key, algo, cost, lease)
-        return Outcome(decision, None, mode)
+            return self._core.degraded_outcome(key, algo, cost, lease, upto)
+        return Outcome(decision, None, mode, granted)
 
-    def _decide_all(self, limits: Limits, cost: int, lease: str | None) -> MultiOutcome:
+    def _decide_all(self, limits: Limits, cost: int, lease: str | None, upto: bool = False) -> MultiOutcome:
         if one_alone(limits, cost):
             key, algo = limits[0]
-            return multi_of(self._decide_one(key, algo, cost, lease))
+            return multi_of(self._decide_one(key, algo, cost, lease, upto))
         check_count(limits)
         try:
-            (allowed, denied_by, decisions), mode = self._guarded(self._core.call_all(limits, cost, lease))
+            core = self._core
+            (allowed, denied_by, decisions, granted), mode = self._durably(
+                lambda durable: core.call_all(limits, cost, lease, upto, durable), writes(cost, upto, lease)
+            )
         except Failure:
-            return self._core.degraded_all(limits, cost, lease)
-        return MultiOutcome(allowed, denied_by, decisions, None, mode)
+            return self._core.degraded_all(limits, cost, lease, upto)
+        return MultiOutcome(allowed, denied_by, decisions, None, mode, granted)
 
     def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
         """Checks (and on admission consumes) ``cost`` units of ``algo`` on ``key``. A
         concurrency limit is only peeked at here (cost 0, through ``RL.ALL``); its slots are
         taken with :meth:`acquire` (:class:`Unsupported` for a cost above 0)."""
         if not isinstance(algo, Concurrency):
+            if cost > 0 and self._hot():
+                return single_of(self._decide_hot([(key, algo)], cost))
             return self._decide_one(key, algo, cost, None)
-        o = self.check_all([(key, algo)], cost)
-        return Outcome(o.decisions[0], o.degraded, o.mode)
+        return single_of(self.check_all([(key, algo)], cost))
 
     def peek(self, key: str, algo: Algorithm) -> Outcome:
         """The current state, consuming nothing (cost 0)."""
@@ -280,10 +440,91 @@ class Client:
         Concurrency limits are only peeked at here (cost 0)."""
         limits = list(limits)
         if not has_concurrency(limits):
+            if cost > 0 and 1 <= len(limits) <= 16 and self._hot():
+                return self._decide_hot(limits, cost)
             return self._decide_all(limits, cost, None)
         if cost > 0:
             raise Unsupported("concurrency limits take a lease: Client.acquire_all")
         return self._decide_all(limits, 0, new_lease_id())
+
+    def _hot(self) -> bool:
+        return self._batches is not None or self._denies is not None
+
+    def _decide_hot(self, limits: Limits, cost: int) -> MultiOutcome:
+        """A check of a cost above 0 through the batches and the deny cache: a batch holding the
+        units admits first (they are granted), then a standing denial denies, then Redis
+        decides (a refill for a hot key), and a denial is remembered."""
+        sig = signature(limits)
+        batches, denies = self._batches, self._denies
+        refill = False
+        if batches is not None:
+            step, local = batches.try_local(sig, limits, cost)
+            if local is not None:
+                return local
+            refill = step != PLAIN
+        if denies is not None:
+            cached = denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        if refill and batches is not None:
+            o = batches.refill(sig, limits, cost, denies)
+            if o is not None:
+                return o
+            # The refill that came first may have been denied meanwhile.
+            cached = None if denies is None else denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+        sent = time.monotonic()
+        o = self._decide_all(limits, cost, None)
+        if denies is not None:
+            denies.record(sig, cost, o, sent)
+        if batches is not None:
+            batches.table.observe(sig, o)
+        return o
+
+    def _try_grant(self, limits: Limits, n: int) -> MultiOutcome | None:
+        """A partial grant of at most ``n`` units for a batch: ``None`` when Redis cannot answer
+        (no failure policy applied)."""
+        core = self._core
+        try:
+            if len(limits) == 1:
+                key, algo = limits[0]
+                d, granted, mode = self._durably(lambda durable: core.call_one(key, algo, n, None, True, durable), True)
+                return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
+            (allowed, denied_by, ds, granted), mode = self._durably(
+                lambda durable: core.call_all(limits, n, None, True, durable), True
+            )
+            return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
+        except Failure:
+            return None
+
+    def _degraded_for(self, limits: Limits, cost: int) -> MultiOutcome:
+        """The failure policy's answer for a cost, as a call to Redis that failed would get it."""
+        if len(limits) == 1:
+            key, algo = limits[0]
+            return multi_of(self._core.degraded_outcome(key, algo, cost, None))
+        return self._core.degraded_all(limits, cost, None)
+
+    def check_upto(self, key: str, algo: Algorithm, n: int) -> Outcome:
+        """A partial grant (``UPTO n``): as many units of ``algo`` on ``key`` as are left now,
+        at least 1 and at most ``n``, taken in one call; :attr:`Outcome.granted` says how many
+        (0 when denied: nothing was left, and the decision is the denial of one unit). Give
+        back what goes unused with :meth:`settle` (a negative delta). ``n`` from 1 to 10^15
+        (1,000 for a sliding log); not for a concurrency limit (:class:`Unsupported`). Batches
+        and the deny cache are not used. When Redis cannot answer: ``FailOpen`` grants ``n``
+        (nothing taken), ``FailClosed`` denies, ``Local`` grants what its in-process bucket
+        has, at most ``n``."""
+        check_upto_args([(key, algo)], n)
+        return self._decide_one(key, algo, n, None, upto=True)
+
+    def check_all_upto(self, limits: Limits, n: int) -> MultiOutcome:
+        """A partial grant of several limits at once (``RL.ALL ... UPTO n``): every limit is
+        granted the same units, the fewest any of them has left, at most ``n``
+        (:attr:`MultiOutcome.granted`; 0 when denied, as a cost of 1 would be). One limit alone
+        uses its own command. Concurrency limits are refused (:class:`Unsupported`)."""
+        limits = list(limits)
+        check_upto_args(limits, n)
+        return self._decide_all(limits, n, None, upto=True)
 
     # Leases ------------------------------------------------------------------------------------
 
@@ -674,6 +915,190 @@ class Limiter:
 
     def __repr__(self) -> str:
         return f"Limiter(client={self.client!r}, algorithm={self.algorithm!r})"
+
+
+class Lane:
+    """The durable lane: clients of one connection each, to the client's server, for calls that
+    wait for replicas (``WAIT`` holds the connection it is sent on until they answer, so the
+    client's shared pool never waits). Idle ones are kept for the next calls, up to 64."""
+
+    IDLE_KEPT = 64
+
+    def __init__(self, conn: redis.Redis, durable: Durable) -> None:
+        self.durable = durable
+        self._pool = conn.connection_pool
+        self._idle: list[redis.Redis] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> redis.Redis:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return redis.Redis(connection_pool=pool_of_one(self._pool))
+
+    def put(self, conn: redis.Redis) -> None:
+        with self._lock:
+            if len(self._idle) < self.IDLE_KEPT:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def drop(self, conn: redis.Redis) -> None:
+        """A connection whose call did not end well is closed."""
+        conn.connection_pool.disconnect()
+
+
+class Batches:
+    """The synchronous client's batches: the table (``_batch.py``), each entry's turn a lock,
+    and a thread of their own that gives batches back when their lease ends (and the units of
+    batches evicted or replaced) without holding up a request."""
+
+    def __init__(self, client: Client, cfg: Batching) -> None:
+        #: The client without batches nor deny cache, for the grants and returns.
+        self.client = client
+        self.table = Table(cfg, threading.Lock)
+        self._cond = threading.Condition()
+        self._timers: list[tuple[float, int, str, int]] = []
+        self._pending: list[Return] = []
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def try_local(self, sig: str, limits: Limits, cost: int) -> tuple[str, MultiOutcome | None]:
+        step, o, returns = self.table.try_local(sig, limits, cost)
+        self._send(returns)
+        return step, o if step == ANSWER else None
+
+    def refill(self, sig: str, limits: Limits, cost: int, denies: DenyCache | None) -> MultiOutcome | None:
+        """Takes a new batch for ``sig``, one refill at a time: callers that come while one is
+        in flight wait for it and are served from it when it covers them. ``None``: decide this
+        request with a call of its own."""
+        table = self.table
+        w = table.wait(sig, cost)
+        if w is None:
+            return None
+        gate, seen = w
+        try:
+            gate.acquire()
+        finally:
+            table.waited(sig, cost)
+        try:
+            step, v, returns = table.turn(sig, limits, cost, seen)
+            self._send(returns)
+            if step == ANSWER:
+                assert isinstance(v, MultiOutcome)
+                return v
+            if step == PLAIN or not isinstance(v, int):
+                return None
+            cached = None if denies is None else denies.lookup(sig, cost)
+            if cached is not None:
+                return cached
+            sent = time.monotonic()
+            try:
+                reply = self.client._try_grant(limits, v)
+            except RateLimitError:
+                table.unanswered(sig)
+                raise
+            if reply is None:
+                table.unanswered(sig)
+                # Redis could not answer: the failure policy answers this request.
+                return self.client._degraded_for(limits, cost)
+            got = table.granted(sig, limits, cost, v, sent, reply)
+        finally:
+            gate.release()
+        self._send(got.returns)
+        if got.timer is not None:
+            self._schedule(sig, *got.timer)
+        if got.deny is not None and denies is not None:
+            denies.record(sig, cost, got.deny, sent)
+        return got.answer
+
+    def give_back(self, r: Return) -> int:
+        """Sends what ``r`` can give back: the units given back to every limit (the fewest, for
+        a plan)."""
+        client = self.client
+        plan = return_plan(r, time.monotonic(), client._core.options.timeout)
+        back = dict.fromkeys(range(len(r.limits)), 0)
+        for subset, n in plan:
+            try:
+                s = client.settle(subset, -n)
+            except RateLimitError:
+                continue
+            if s.degraded is None:
+                for i, lim in enumerate(r.limits):
+                    if lim in subset:
+                        back[i] = n
+        returned = min(back.values(), default=0)
+        self.table.account(r, returned)
+        return returned
+
+    def flush(self) -> int:
+        return sum(self.give_back(r) for r in self.table.drain())
+
+    def close(self) -> int:
+        self.table.closed = True
+        return self.flush()
+
+    # The thread of the returns ----------------------------------------------------------------
+
+    def _send(self, returns: list[Return]) -> None:
+        if returns:
+            with self._cond:
+                self._pending += returns
+                self._start()
+                self._cond.notify()
+
+    def _schedule(self, sig: str, at: float, generation: int) -> None:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._timers, (at, self._seq, sig, generation))
+            self._start()
+            self._cond.notify()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ratelimit-batches", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    due: list[Return] = []
+                    while self._timers and self._timers[0][0] <= now:
+                        _, _, sig, generation = heapq.heappop(self._timers)
+                        due += self.table.expired(sig, generation)
+                    due += self._pending
+                    self._pending = []
+                    if due:
+                        break
+                    self._cond.wait(None if not self._timers else max(0.0, self._timers[0][0] - now))
+            for r in due:
+                try:
+                    self.give_back(r)
+                except Exception:
+                    self.table.account(r, 0)
+
+
+def pool_of_one(pool: Any) -> Any:
+    """A pool of one connection with the settings of ``pool`` (of the same kind, to the master
+    the Sentinels name for a Sentinel pool)."""
+    kwargs = dict(pool.connection_kwargs)
+    if hasattr(pool, "sentinel_manager"):
+        kwargs.pop("connection_pool", None)
+        return type(pool)(pool.service_name, pool.sentinel_manager, max_connections=1, **kwargs)
+    return type(pool)(connection_class=pool.connection_class, max_connections=1, **kwargs)
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """``redis://host:port`` (or ``host:port``) as redis-py's Sentinel takes an address."""
+    parsed = urlparse(url if "://" in url else f"redis://{url}")
+    return parsed.hostname or "localhost", parsed.port or 26379
+
+
+def demoted(e: BaseException) -> bool:
+    """redis-py's Sentinel connection met ``READONLY``: the master it knew is a replica now."""
+    return isinstance(e, RedisConnectionError) and "previous master is now a slave" in str(e)
 
 
 def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | None:

@@ -21,6 +21,7 @@ from http import HTTPStatus
 from typing import Any
 
 from ._http import (
+    DENY_CACHE_ENTRIES,
     FIELDS,
     STATE_KEY,
     Admission,
@@ -44,7 +45,7 @@ from ._http import (
     run_sync,
 )
 from .client import Client
-from .metrics import Metrics
+from .metrics import Metrics, breaker_text
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Callable[[bytes], object]]
@@ -134,9 +135,13 @@ class RateLimitMiddleware:
         lease_keep_alive: float | None = None,
         metrics: Metrics | None = None,
         header_format: HeaderFormat = "draft-11",
+        deny_cache: bool = True,
+        deny_cache_entries: int = DENY_CACHE_ENTRIES,
     ) -> None:
         self.app = app
-        self.client = client
+        #: The client the middleware decides with (its deny cache and batches included): close
+        #: it on shutdown to give back what the batches hold.
+        self.client = client.with_deny_cache(deny_cache_entries) if deny_cache else client.without_deny_cache()
         self.rules = make_rules(
             key=key,
             plan=plan,
@@ -154,6 +159,18 @@ class RateLimitMiddleware:
         self.metrics = metrics if metrics is not None else Metrics()
         #: The Flask application of init_app, where a request's view is found (exempt, @limit).
         self._flask: Any = None
+
+    def render_prometheus(self) -> str:
+        """What to serve on ``/metrics``: the middleware's counters
+        (:meth:`Metrics.render_prometheus`), then ``ratelimit_breaker_open``, 1 while the
+        client's circuit breaker is open (Redis failed repeatedly and the failure policy answers
+        without asking it), else 0 (``docs/monitoring/client_alerts.yml`` alerts on it)."""
+        return self.metrics.render_prometheus() + breaker_text(self.client.breaker_open())
+
+    def register(self, registry: Any = None) -> Any:
+        """The same through ``prometheus_client``: :meth:`Metrics.register` with the breaker's
+        gauge."""
+        return self.metrics.register(registry, self.client.breaker_open)
 
     def init_app(self, app: Any) -> None:
         """Installs the middleware in front of a Flask application's ``wsgi_app`` (and as its
