@@ -5,31 +5,15 @@
 mod harness;
 
 use std::path::Path;
-use std::process::Command;
 
-use harness::{Options, Server, cmd, ints, module_path};
-
-fn run(program: &str, args: &[&str], dir: &Path) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use harness::{Options, Server, cmd, ints, module_path, run_ok};
 
 #[test]
 fn the_tarball_holds_a_module_that_loads_and_its_twins() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let work = tempfile::tempdir().unwrap();
     let module = module_path();
-    let packed = run(
+    let packed = run_ok(
         "bash",
         &[
             root.join("dist/pack.sh").to_str().unwrap(),
@@ -49,12 +33,12 @@ fn the_tarball_holds_a_module_that_loads_and_its_twins() {
     );
 
     let unpacked = tempfile::tempdir().unwrap();
-    run("tar", &["-xzf", &tarball], unpacked.path());
+    run_ok("tar", &["-xzf", &tarball], unpacked.path());
     let dir = unpacked.path().join(format!(
         "redis-rate-limiter-{version}-{}-linux",
         std::env::consts::ARCH
     ));
-    let mut files: Vec<String> = run("find", &[".", "-type", "f"], &dir)
+    let mut files: Vec<String> = run_ok("find", &[".", "-type", "f"], &dir)
         .lines()
         .map(|l| l.trim_start_matches("./").to_string())
         .collect();
@@ -76,7 +60,7 @@ fn the_tarball_holds_a_module_that_loads_and_its_twins() {
     expected.sort();
     assert_eq!(files, expected);
     // Every packed file but the checksums themselves is checked, and each matches.
-    let checked = run("sha256sum", &["-c", "SHA256SUMS"], &dir);
+    let checked = run_ok("sha256sum", &["-c", "SHA256SUMS"], &dir);
     assert_eq!(checked.lines().count(), expected.len() - 4, "{checked}");
     assert!(checked.lines().all(|l| l.ends_with(": OK")), "{checked}");
     let conf = std::fs::read_to_string(dir.join("redis.conf")).unwrap();

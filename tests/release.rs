@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use harness::{cmd, ints};
+use harness::{cmd, ints, run_ok};
 
 /// The servers of the test matrix, as `make servers` lays them out in `RL_SERVERS_DIR`.
 const MATRIX: [&str; 4] = ["redis-7.0", "redis-8.2", "valkey-8.1", "valkey-9.1"];
@@ -26,24 +26,9 @@ const MATRIX: [&str; 4] = ["redis-7.0", "redis-8.2", "valkey-8.1", "valkey-9.1"]
 /// The highest glibc a release may need.
 const GLIBC_FLOOR: (u32, u32) = (2, 17);
 
-fn output(program: &str, args: &[&str], dir: &Path) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Every `GLIBC_x.y[.z]` version the binary needs, from its `.gnu.version_r` section.
 fn glibc_versions(binary: &Path) -> Vec<(u32, u32, u32)> {
-    let text = output(
+    let text = run_ok(
         "readelf",
         &["-V", "--wide", binary.to_str().unwrap()],
         Path::new("."),
@@ -148,7 +133,7 @@ fn the_portable_release_needs_glibc_2_17_and_loads_on_every_server() {
         std::env::var("RL_SERVERS_DIR").expect("RL_SERVERS_DIR: make test-release sets it"),
     );
     let unpacked = tempfile::tempdir().unwrap();
-    output("tar", &["-xzf", tarball.to_str().unwrap()], unpacked.path());
+    run_ok("tar", &["-xzf", tarball.to_str().unwrap()], unpacked.path());
     let name = tarball
         .file_name()
         .and_then(|n| n.to_str())
@@ -160,7 +145,7 @@ fn the_portable_release_needs_glibc_2_17_and_loads_on_every_server() {
     let service = dir.join("ratelimit-rls");
 
     // Both binaries checked against their checksums, then read.
-    let sums = output("sha256sum", &["-c", "SHA256SUMS"], &dir);
+    let sums = run_ok("sha256sum", &["-c", "SHA256SUMS"], &dir);
     for binary in ["libredis_rate_limiter.so", "ratelimit-rls"] {
         assert!(sums.contains(&format!("{binary}: OK")), "{sums}");
     }

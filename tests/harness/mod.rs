@@ -424,6 +424,23 @@ pub fn call(c: &mut Connection, args: &[&[u8]]) -> Reply {
     cmd.query::<Value>(c).map_err(|e| error_text(&e))
 }
 
+/// Runs a program in `dir` and returns its standard output; panics with both outputs when it
+/// fails (the release tarball's tests: `tar`, `sha256sum`, `readelf`, `dist/pack.sh`).
+pub fn run_ok(program: &str, args: &[&str], dir: &Path) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `call` with string arguments.
 pub fn cmd(c: &mut Connection, args: &[&str]) -> Reply {
     let raw: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
