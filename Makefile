@@ -433,6 +433,29 @@ dist-python: $(PY_BUILD_READY)
 	$(PY_BUILD_VENV)/bin/python $(PY_DIR)/tools/sync_lua.py --check
 	$(PY_BUILD_VENV)/bin/python $(PY_DIR)/tools/build_dist.py $(TARGET_DIR)/dist/python
 
+# `make bench-clients`: what each client costs over its Redis library, in one run: the client's
+# check of one token bucket next to the bare RL.TOKENBUCKET sent through the same library and
+# connection (Rust: redis-rs, clients/rust/examples/client_cost.rs; Go: redigo, Python: redis-py's
+# asyncio client, Node.js: node-redis, benches/clients/), one call at a time (p50, p99) and with 64
+# concurrent callers (calls per second), with the client process's CPU per call; each bench starts
+# its own Redis 7.0 with the release module, pinned to one core and the bench to the other.
+# BENCH_CLIENT_CALLS calls per measurement, in interleaved blocks of 1,000. docs/benchmarks.md
+# has the figures.
+BENCH_CLIENT_CALLS ?= 40000
+BENCH_CLIENT_ENV = RL_BENCH_CALLS=$(BENCH_CLIENT_CALLS) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
+	RL_MODULE=$(CURDIR)/$(MODULE)
+
+.PHONY: bench-clients
+
+bench-clients: build go-deps node-deps $(PY_READY)
+	$(CARGO) build --release -p ratelimit-client --example client_cost
+	$(TARGET_DIR)/release/examples/client_cost --server $(SERVERS_DIR)/redis-7.0/server \
+		--module $(CURDIR)/$(MODULE) --calls $(BENCH_CLIENT_CALLS)
+	cd clients/go/tests && $(BENCH_CLIENT_ENV) $(GO_ENV) $(GO) run ../../../benches/clients/go.go
+	$(BENCH_CLIENT_ENV) $(PY_VENV)/bin/python benches/clients/python.py
+	cd $(NODE_DIR) && node scripts/build.mjs
+	$(BENCH_CLIENT_ENV) node benches/clients/node.mjs
+
 # The Node.js package (clients/node): `npm ci` of its pinned dependencies (package-lock.json),
 # the build (Lua twins bundled from lua-reference/, ES module and CommonJS with declarations),
 # `tsc` strict over the package and its tests, then `node --test` with Node 20 (/usr/bin/node;
