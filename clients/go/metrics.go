@@ -51,20 +51,10 @@ func (m *Metrics) entry(limit string) *Counts {
 
 // Record counts an enforced limit's answer.
 func (m *Metrics) Record(limit string, allowed, degraded bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.entry(limit)
-	if allowed {
-		c.Allowed++
-	} else {
-		c.Denied++
-	}
-	if degraded {
-		c.Degraded++
-	}
+	m.RecordAnswer(limit, allowed, degraded, NotLocal)
 }
 
-// RecordAnswer is Record and RecordLocal at once.
+// RecordAnswer is Record and RecordLocal at once, under one lock.
 func (m *Metrics) RecordAnswer(limit string, allowed, degraded bool, local LocalAnswer) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
