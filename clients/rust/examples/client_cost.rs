@@ -1,10 +1,12 @@
 //! The Rust client's cost per call: the client's check of one token bucket (`Client::check`) next
-//! to the bare `RL.TOKENBUCKET` sent through the same redis-rs `ConnectionManager`, one call at a
-//! time and with 64 concurrent callers, in blocks of each in turn. One line per measurement, as
-//! the Go, Python and Node.js benches of `benches/clients/` print them:
+//! to the bare `RL.TOKENBUCKET` sent through the same redis-rs `ConnectionManager`, and next to
+//! the floor (the bare command within `tokio::time::timeout` of the client's timeout: what a
+//! deadline costs with the runtime's own timer), one call at a time and with 64 concurrent
+//! callers, in blocks of each in turn. One line per measurement, as the Go, Python and Node.js
+//! benches of `benches/clients/` print them:
 //!
 //! ```text
-//! client-cost lang=rust mode=<sequential|concurrent64> what=<raw|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
+//! client-cost lang=rust mode=<sequential|concurrent64> what=<raw|floor|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
 //! ```
 //!
 //! `make bench-clients` runs it with the others:
@@ -111,6 +113,13 @@ async fn raw(conn: &mut redis::aio::ConnectionManager, key: &str) {
         .expect("RL.TOKENBUCKET");
 }
 
+/// The bare command within the runtime's own deadline: the floor of a call with a timeout.
+async fn floor(conn: &mut redis::aio::ConnectionManager, key: &str, timeout: Duration) {
+    tokio::time::timeout(timeout, raw(conn, key))
+        .await
+        .expect("RL.TOKENBUCKET within the timeout");
+}
+
 async fn checked(client: &Client<redis::aio::ConnectionManager>, key: &str) {
     let out = client.check(key, &BUCKET, 1).await.expect("check");
     assert!(out.degraded.is_none(), "answered by the failure policy");
@@ -128,10 +137,10 @@ async fn sequential(
     let (w0, c0) = (Instant::now(), cpu());
     for _ in 0..n {
         let t = Instant::now();
-        if what == "raw" {
-            raw(&mut conn, "bench:seq").await;
-        } else {
-            checked(client, "bench:seq").await;
+        match what {
+            "raw" => raw(&mut conn, "bench:seq").await,
+            "floor" => floor(&mut conn, "bench:seq", client.options().timeout).await,
+            _ => checked(client, "bench:seq").await,
         }
         tally.latencies.push(t.elapsed());
     }
@@ -158,10 +167,10 @@ async fn concurrent(
             let mut took = Vec::with_capacity(per);
             for _ in 0..per {
                 let t = Instant::now();
-                if what == "raw" {
-                    raw(&mut conn, &key).await;
-                } else {
-                    checked(&client, &key).await;
+                match what {
+                    "raw" => raw(&mut conn, &key).await,
+                    "floor" => floor(&mut conn, &key, client.options().timeout).await,
+                    _ => checked(&client, &key).await,
                 }
                 took.push(t.elapsed());
             }
@@ -219,24 +228,30 @@ fn main() {
         let client = Client::new(conn.clone(), options);
         // Warm both paths up.
         let mut warm = Tally::default();
-        sequential("raw", block, &conn, &client, &mut warm).await;
-        sequential("client", block, &conn, &client, &mut warm).await;
+        for what in ["raw", "floor", "client"] {
+            sequential(what, block, &conn, &client, &mut warm).await;
+        }
         for (mode, n) in [("sequential", calls / 4), ("concurrent64", calls)] {
-            let (mut r, mut c) = (Tally::default(), Tally::default());
+            let mut tallies = [
+                ("raw", Tally::default()),
+                ("floor", Tally::default()),
+                ("client", Tally::default()),
+            ];
             let mut done = 0;
             while done < n {
                 let b = block.max(CALLERS).min(n - done);
-                if mode == "sequential" {
-                    sequential("raw", b, &conn, &client, &mut r).await;
-                    sequential("client", b, &conn, &client, &mut c).await;
-                } else {
-                    concurrent("raw", b, &conn, &client, &mut r).await;
-                    concurrent("client", b, &conn, &client, &mut c).await;
+                for (what, tally) in &mut tallies {
+                    if mode == "sequential" {
+                        sequential(what, b, &conn, &client, tally).await;
+                    } else {
+                        concurrent(what, b, &conn, &client, tally).await;
+                    }
                 }
                 done += b;
             }
-            println!("{}", r.line(mode, "raw"));
-            println!("{}", c.line(mode, "client"));
+            for (what, tally) in &mut tallies {
+                println!("{}", tally.line(mode, what));
+            }
         }
     });
 }
