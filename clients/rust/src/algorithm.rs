@@ -51,6 +51,40 @@ fn num(v: f64) -> String {
     format!("{v}")
 }
 
+/// `v` as the next argument of `cmd`, the bytes [`num`] writes: a whole number below 2^53 as
+/// an integer (what `Display` writes for it), anything else through the formatter into a
+/// buffer on the stack (a `String` only for a decimal longer than 64 bytes).
+fn arg_f64(cmd: &mut redis::Cmd, v: f64) {
+    if v.fract() == 0.0 && v.abs() < 9_007_199_254_740_992.0 && !(v == 0.0 && v.is_sign_negative())
+    {
+        cmd.arg(v as i64);
+        return;
+    }
+    struct Buf {
+        bytes: [u8; 64],
+        len: usize,
+    }
+    impl std::fmt::Write for Buf {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let end = self.len + s.len();
+            self.bytes
+                .get_mut(self.len..end)
+                .ok_or(std::fmt::Error)?
+                .copy_from_slice(s.as_bytes());
+            self.len = end;
+            Ok(())
+        }
+    }
+    let mut buf = Buf {
+        bytes: [0; 64],
+        len: 0,
+    };
+    match std::fmt::write(&mut buf, format_args!("{v}")) {
+        Ok(()) => cmd.arg(&buf.bytes[..buf.len]),
+        Err(_) => cmd.arg(num(v)),
+    };
+}
+
 impl Algorithm {
     /// The command name (`RL.TOKENBUCKET`).
     pub fn command(&self) -> &'static str {
@@ -131,10 +165,50 @@ impl Algorithm {
         }
     }
 
-    /// The parameters after the key, each after a space, appended to `out` (as [`params`]
-    /// writes them, without allocating each).
+    /// The parameters after the key appended to `cmd`, the bytes of [`params`] without a
+    /// string made for each.
     ///
     /// [`params`]: Algorithm::params
+    pub(crate) fn write_params(&self, cmd: &mut redis::Cmd) {
+        match *self {
+            Algorithm::TokenBucket {
+                capacity: n,
+                refill_per_sec: f,
+            }
+            | Algorithm::LeakyBucket {
+                capacity: n,
+                leak_per_sec: f,
+            }
+            | Algorithm::FixedWindow {
+                limit: n,
+                window_sec: f,
+            }
+            | Algorithm::SlidingWindow {
+                limit: n,
+                window_sec: f,
+            }
+            | Algorithm::SlidingLog {
+                limit: n,
+                window_sec: f,
+            }
+            | Algorithm::Concurrency(Concurrency {
+                limit: n,
+                lease_sec: f,
+            }) => {
+                cmd.arg(n);
+                arg_f64(cmd, f);
+            }
+            Algorithm::Gcra {
+                max_burst,
+                count_per_period,
+                period_sec,
+            } => {
+                cmd.arg(max_burst).arg(count_per_period);
+                arg_f64(cmd, period_sec);
+            }
+        }
+    }
+
     /// The parameters as they identify the limit in the client's tables (a batch's, a
     /// denial's): integers in decimal, each `f64` by its bits in hex (exact as the decimal
     /// form, without formatting a float on every call).
@@ -280,6 +354,66 @@ mod tests {
         }
     }
 
+    /// What [`Algorithm::write_params`] appends to a command, as strings.
+    fn written_params(a: &Algorithm) -> Vec<String> {
+        let mut cmd = redis::cmd("X");
+        a.write_params(&mut cmd);
+        cmd.args_iter()
+            .skip(1)
+            .map(|arg| match arg {
+                redis::Arg::Simple(b) => String::from_utf8(b.to_vec()).expect("utf-8"),
+                _ => panic!("not a simple argument"),
+            })
+            .collect()
+    }
+
+    /// The bytes written into a command are those of `params`, for floats of every kind.
+    #[test]
+    fn written_params_are_the_params() {
+        let floats = [
+            0.0,
+            -0.0,
+            1.0,
+            2.5,
+            0.1,
+            0.0000001,
+            1e-300,
+            1e6,
+            1e15,
+            9_007_199_254_740_991.0,
+            9_007_199_254_740_992.0,
+            1e21,
+            1e300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            1.0 / 3.0,
+            -7.0,
+        ];
+        for f in floats {
+            for a in [
+                Algorithm::TokenBucket {
+                    capacity: u64::MAX,
+                    refill_per_sec: f,
+                },
+                Algorithm::SlidingLog {
+                    limit: 0,
+                    window_sec: f,
+                },
+                Algorithm::Gcra {
+                    max_burst: 4,
+                    count_per_period: 7,
+                    period_sec: f,
+                },
+                Algorithm::from(Concurrency {
+                    limit: 3,
+                    lease_sec: f,
+                }),
+            ] {
+                assert_eq!(written_params(&a), a.params(), "{a:?}");
+            }
+        }
+    }
+
     #[test]
     fn params_are_plain_decimals() {
         let a = Algorithm::TokenBucket {
@@ -291,6 +425,7 @@ mod tests {
         a.write_identity(&mut written);
         assert_eq!(written, format!(" 10 {:x}", 0.0000001f64.to_bits()));
         assert_eq!(a.keyword(), "TOKENBUCKET");
+        assert_eq!(a.params(), written_params(&a));
         let g = Algorithm::Gcra {
             max_burst: 4,
             count_per_period: 1,

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::Poll;
@@ -30,9 +31,56 @@ use crate::types::{
 /// The Functions library's name (`#!lua name=ratelimit`).
 const LIBRARY: &str = "ratelimit";
 
+/// The commands of the module, and their functions in the library (`RL.TOKENBUCKET` is
+/// `rl_tokenbucket`).
+const FUNCTIONS: [(&str, &str); 10] = [
+    ("RL.TOKENBUCKET", "rl_tokenbucket"),
+    ("RL.LEAKYBUCKET", "rl_leakybucket"),
+    ("RL.FIXEDWINDOW", "rl_fixedwindow"),
+    ("RL.SLIDINGWINDOW", "rl_slidingwindow"),
+    ("RL.SLIDINGLOG", "rl_slidinglog"),
+    ("RL.GCRA", "rl_gcra"),
+    ("RL.ACQUIRE", "rl_acquire"),
+    ("RL.RELEASE", "rl_release"),
+    ("RL.ALL", "rl_all"),
+    ("RL.SETTLE", "rl_settle"),
+];
+
 /// A command's function in the library: `RL.TOKENBUCKET` is `rl_tokenbucket`.
-fn function_name(command: &str) -> String {
-    command.to_ascii_lowercase().replace('.', "_")
+fn function_name(command: &str) -> &'static str {
+    FUNCTIONS
+        .iter()
+        .find(|(c, _)| *c == command)
+        .map_or("", |(_, f)| f)
+}
+
+/// A command of the mode in use on `keys`, before its other arguments: the module's `command`
+/// (with the number of keys first when `numkeys`: `RL.ALL`, `RL.SETTLE`), or `EVALSHA` of its
+/// twin `script`, or `FCALL` of its function. Sized once for a limiter's usual arguments.
+fn command_for(
+    mode: Mode,
+    command: &'static str,
+    script: impl FnOnce() -> &'static Script,
+    keys: &[&str],
+    numkeys: bool,
+) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(8 + keys.len() * 4, 128);
+    match mode {
+        Mode::Module => {
+            cmd.arg(command);
+            if numkeys {
+                cmd.arg(keys.len());
+            }
+        }
+        Mode::Script => {
+            cmd.arg("EVALSHA").arg(script().get_hash()).arg(keys.len());
+        }
+        Mode::Function => {
+            cmd.arg("FCALL").arg(function_name(command)).arg(keys.len());
+        }
+    }
+    cmd.arg(keys);
+    cmd
 }
 
 const MODE_UNKNOWN: u8 = 0;
@@ -84,12 +132,17 @@ static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
 });
 
 fn script_for(algo: &Algorithm) -> &'static Script {
-    let name = algo.command();
-    &SCRIPTS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .expect("a script per algorithm")
-        .1
+    // In the order of `SCRIPTS`.
+    let i = match algo {
+        Algorithm::TokenBucket { .. } => 0,
+        Algorithm::LeakyBucket { .. } => 1,
+        Algorithm::FixedWindow { .. } => 2,
+        Algorithm::SlidingWindow { .. } => 3,
+        Algorithm::SlidingLog { .. } => 4,
+        Algorithm::Gcra { .. } => 5,
+        Algorithm::Concurrency(_) => 6,
+    };
+    &SCRIPTS[i].1
 }
 
 struct Inner {
@@ -268,12 +321,12 @@ pub(crate) enum Take {
 }
 
 impl Take {
-    /// The words that end the call: the cost, or `UPTO n`.
-    fn args(self) -> Vec<String> {
+    /// The words that end a limiter's command: the cost, or `UPTO n`.
+    fn write(self, cmd: &mut redis::Cmd) {
         match self {
-            Take::Cost(n) => vec![n.to_string()],
-            Take::Upto(n) => vec!["UPTO".into(), n.to_string()],
-        }
+            Take::Cost(n) => cmd.arg(n),
+            Take::Upto(n) => cmd.arg("UPTO").arg(n),
+        };
     }
 
     /// The units at most taken.
@@ -660,24 +713,18 @@ where
     /// every call waiting for it with it; a server that answers is never a failure, however long
     /// the start-up took in all (a burst of first calls on a loaded machine).
     async fn start_up(&self) -> Result<Mode, RedisError> {
-        let mut conn = self.conn.clone();
-        let started = || {
-            if self.inner.started.load(Ordering::Acquire) {
-                self.mode()
-            } else {
-                None
-            }
-        };
+        let started = || self.started();
         if let Some(m) = started() {
             return Ok(m);
         }
+        let mut conn = self.conn.clone();
         self.inner
             .start_up
             .run(started, async {
                 let mode = match self.mode() {
                     Some(m) => {
                         let ping = redis::cmd("PING");
-                        let _: Value = self.bounded(ping.query_async(&mut conn)).await?;
+                        let _: Value = self.bounded(pin!(ping.query_async(&mut conn))).await?;
                         m
                     }
                     None => self.resolve_mode(&mut conn).await?,
@@ -686,6 +733,15 @@ where
                 Ok(mode)
             })
             .await
+    }
+
+    /// The mode, once the client's start-up is done.
+    fn started(&self) -> Option<Mode> {
+        if self.inner.started.load(Ordering::Acquire) {
+            self.mode()
+        } else {
+            None
+        }
     }
 
     /// `call()` after the client's start-up, within the timeout. In script mode a `NOSCRIPT`
@@ -699,7 +755,12 @@ where
     where
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let mode = self.start_up().await?;
+        // The start-up and a script's load are boxed: a call's future stays as small as the
+        // command's own (every await of an async fn makes its future as large as the largest).
+        let mode = match self.started() {
+            Some(m) => m,
+            None => Box::pin(self.start_up()).await?,
+        };
         let script = script
             .filter(|_| mode == Mode::Script)
             .map(|s| (s, self.script_load(s)));
@@ -708,7 +769,7 @@ where
             let seen = script
                 .as_ref()
                 .map_or(0, |(_, l)| l.loads.load(Ordering::Acquire));
-            match self.bounded(call()).await {
+            match self.bounded(pin!(call())).await {
                 Err(e)
                     if reloads < 2
                         && e.kind()
@@ -716,8 +777,7 @@ where
                         && let Some((s, load)) = &script =>
                 {
                     reloads += 1;
-                    self.load_script(&mut self.conn.clone(), s, load, seen)
-                        .await?;
+                    Box::pin(self.load_script(&mut self.conn.clone(), s, load, seen)).await?;
                 }
                 got => return got,
             }
@@ -732,15 +792,15 @@ where
     /// answered none of them for a whole timeout, at most [`WAIT_FACTOR`] timeouts after it was
     /// sent. A server that is down or frozen answers none, and the request fails at its
     /// timeout.
-    async fn bounded<T>(
-        &self,
-        fut: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, RedisError> {
+    /// The request comes pinned by the caller, so that its future is stored once.
+    async fn bounded<T, F>(&self, mut fut: Pin<&mut F>) -> Result<T, RedisError>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
         let budget = self.inner.options.timeout;
         let sent = tokio::time::Instant::now();
         let latest = sent + budget * WAIT_FACTOR;
         let mut until = sent + budget;
-        let mut fut = std::pin::pin!(fut);
         loop {
             if let Ok(got) = tokio::time::timeout_at(until, fut.as_mut()).await {
                 return self.answered(got);
@@ -818,27 +878,11 @@ where
         let loaded = || (load.loads.load(Ordering::Acquire) > seen).then_some(());
         load.flight
             .run(loaded, async {
-                self.bounded(script.load_async(conn)).await?;
+                self.bounded(pin!(script.load_async(conn))).await?;
                 load.loads.fetch_add(1, Ordering::AcqRel);
                 Ok(())
             })
             .await
-    }
-
-    /// `EVALSHA` of `script` (a `NOSCRIPT` is [`Client::attempt`]'s to answer).
-    async fn eval<K: ConnectionLike + Send>(
-        &self,
-        conn: &mut K,
-        script: &'static Script,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Value, RedisError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        cmd.query_async(conn).await
     }
 
     async fn resolve_mode<K: ConnectionLike + Send>(
@@ -849,12 +893,12 @@ where
             return Ok(m);
         }
         let info: Value = self
-            .bounded(
+            .bounded(pin!(
                 redis::cmd("COMMAND")
                     .arg("INFO")
                     .arg("rl.all")
-                    .query_async(conn),
-            )
+                    .query_async(conn)
+            ))
             .await?;
         let loaded = match &info {
             Value::Array(items) => matches!(items.first(), Some(v) if *v != Value::Nil),
@@ -879,13 +923,13 @@ where
         conn: &mut K,
     ) -> Result<bool, RedisError> {
         let listed: Result<Value, RedisError> = self
-            .bounded(
+            .bounded(pin!(
                 redis::cmd("FUNCTION")
                     .arg("LIST")
                     .arg("LIBRARYNAME")
                     .arg(LIBRARY)
-                    .query_async(conn),
-            )
+                    .query_async(conn)
+            ))
             .await;
         match listed {
             Ok(Value::Array(libraries)) => Ok(!libraries.is_empty()),
@@ -905,21 +949,29 @@ where
         lease: Option<&str>,
     ) -> Result<(Decision, u64, Mode), RedisError> {
         if let Some(lane) = self.lane_for(take, lease) {
-            let mut conn = lane.take().await?;
-            let (mut d, mut granted, mode) =
-                self.send_one(&mut conn, key, algo, take, lease).await?;
-            if d.allowed
-                && !lane.acknowledged(&mut conn, key).await?
-                && Self::short_ack_denies(lane)?
-            {
-                self.refuse(&mut d);
-                granted = 0;
-            }
-            lane.put(conn);
-            return Ok((d, granted, mode));
+            return Box::pin(self.call_one_durable(lane, key, algo, take, lease)).await;
         }
         let mut conn = self.conn.clone();
         self.send_one(&mut conn, key, algo, take, lease).await
+    }
+
+    /// [`Client::call_one`] on a connection of the durable lane, followed by `WAIT`.
+    async fn call_one_durable(
+        &self,
+        lane: &Lane,
+        key: &str,
+        algo: &Algorithm,
+        take: Take,
+        lease: Option<&str>,
+    ) -> Result<(Decision, u64, Mode), RedisError> {
+        let mut conn = lane.take().await?;
+        let (mut d, mut granted, mode) = self.send_one(&mut conn, key, algo, take, lease).await?;
+        if d.allowed && !lane.acknowledged(&mut conn, key).await? && Self::short_ack_denies(lane)? {
+            self.refuse(&mut d);
+            granted = 0;
+        }
+        lane.put(conn);
+        Ok((d, granted, mode))
     }
 
     /// One limit's command on `conn`.
@@ -931,37 +983,24 @@ where
         take: Take,
         lease: Option<&str>,
     ) -> Result<(Decision, u64, Mode), RedisError> {
-        let mode = self.resolve_mode(conn).await?;
-        let mut args = algo.params();
+        let mode = match self.mode() {
+            Some(m) => m,
+            None => Box::pin(self.resolve_mode(conn)).await?,
+        };
+        // The parameters are written into the command as it is built: no string per argument.
+        let mut cmd = command_for(mode, algo.command(), || script_for(algo), &[key], false);
+        algo.write_params(&mut cmd);
         let take = match (algo, lease) {
             (Algorithm::Concurrency(_), Some(id)) => {
-                args.push(id.to_string());
+                cmd.arg(id);
                 Take::Cost(1)
             }
             _ => {
-                args.extend(take.args());
+                take.write(&mut cmd);
                 take
             }
         };
-        let reply: Value = match mode {
-            Mode::Module => {
-                redis::cmd(algo.command())
-                    .arg(key)
-                    .arg(&args)
-                    .query_async(conn)
-                    .await?
-            }
-            Mode::Script => self.eval(conn, script_for(algo), &[key], &args).await?,
-            Mode::Function => {
-                redis::cmd("FCALL")
-                    .arg(function_name(algo.command()))
-                    .arg(1)
-                    .arg(key)
-                    .arg(&args)
-                    .query_async(conn)
-                    .await?
-            }
-        };
+        let reply: Value = cmd.query_async(conn).await?;
         let (d, granted) = decision(&reply, take).ok_or_else(|| unexpected(&reply))?;
         Ok((d, granted, mode))
     }
@@ -970,28 +1009,9 @@ where
     async fn call_release(&self, key: &str, id: &str) -> Result<i64, RedisError> {
         let mut conn = self.conn.clone();
         let mode = self.resolve_mode(&mut conn).await?;
-        let reply: Value = match mode {
-            Mode::Module => {
-                redis::cmd("RL.RELEASE")
-                    .arg(key)
-                    .arg(id)
-                    .query_async(&mut conn)
-                    .await?
-            }
-            Mode::Script => {
-                self.eval(&mut conn, &RELEASE_SCRIPT, &[key], &[id.to_string()])
-                    .await?
-            }
-            Mode::Function => {
-                redis::cmd("FCALL")
-                    .arg(function_name("RL.RELEASE"))
-                    .arg(1)
-                    .arg(key)
-                    .arg(id)
-                    .query_async(&mut conn)
-                    .await?
-            }
-        };
+        let mut cmd = command_for(mode, "RL.RELEASE", || &RELEASE_SCRIPT, &[key], false);
+        cmd.arg(id);
+        let reply: Value = cmd.query_async(&mut conn).await?;
         int(&reply).ok_or_else(|| unexpected(&reply))
     }
 
@@ -1017,6 +1037,23 @@ where
         self.send_all(&mut conn, limits, take, lease).await
     }
 
+    /// `command` (`RL.ALL`, `RL.SETTLE`) or its twin on the keys of `limits`, then each limit's
+    /// keyword and parameters.
+    fn limits_command(
+        mode: Mode,
+        command: &'static str,
+        script: impl FnOnce() -> &'static Script,
+        limits: &[(String, Algorithm)],
+    ) -> redis::Cmd {
+        let keys: Vec<&str> = limits.iter().map(|(k, _)| k.as_str()).collect();
+        let mut cmd = command_for(mode, command, script, &keys, true);
+        for (_, algo) in limits {
+            cmd.arg(algo.keyword());
+            algo.write_params(&mut cmd);
+        }
+        cmd
+    }
+
     /// `RL.ALL` (or its twins) on `conn`.
     async fn send_all<K: ConnectionLike + Send>(
         &self,
@@ -1025,41 +1062,19 @@ where
         take: Take,
         lease: Option<&str>,
     ) -> Result<(Multi, Mode), RedisError> {
-        let mode = self.resolve_mode(conn).await?;
-        let mut args: Vec<String> = Vec::new();
-        for (_, algo) in limits {
-            args.push(algo.keyword().to_string());
-            args.extend(algo.params());
-        }
+        let mode = match self.mode() {
+            Some(m) => m,
+            None => Box::pin(self.resolve_mode(conn)).await?,
+        };
+        let mut cmd = Self::limits_command(mode, "RL.ALL", || &ALL_SCRIPT, limits);
         if let Some(id) = lease {
-            args.push("LEASE".into());
-            args.push(id.to_string());
+            cmd.arg("LEASE").arg(id);
         }
         match take {
-            Take::Cost(n) => args.extend(["COST".to_string(), n.to_string()]),
-            Take::Upto(n) => args.extend(["UPTO".to_string(), n.to_string()]),
-        }
-        let keys: Vec<&str> = limits.iter().map(|(k, _)| k.as_str()).collect();
-        let reply: Value = match mode {
-            Mode::Module => {
-                redis::cmd("RL.ALL")
-                    .arg(keys.len())
-                    .arg(&keys)
-                    .arg(&args)
-                    .query_async(conn)
-                    .await?
-            }
-            Mode::Script => self.eval(conn, &ALL_SCRIPT, &keys, &args).await?,
-            Mode::Function => {
-                redis::cmd("FCALL")
-                    .arg(function_name("RL.ALL"))
-                    .arg(keys.len())
-                    .arg(&keys)
-                    .arg(&args)
-                    .query_async(conn)
-                    .await?
-            }
+            Take::Cost(n) => cmd.arg("COST").arg(n),
+            Take::Upto(n) => cmd.arg("UPTO").arg(n),
         };
+        let reply: Value = cmd.query_async(conn).await?;
         Ok((
             multi(&reply, limits.len(), take).ok_or_else(|| unexpected(&reply))?,
             mode,
@@ -1074,34 +1089,9 @@ where
     ) -> Result<(Vec<Decision>, Mode), RedisError> {
         let mut conn = self.conn.clone();
         let mode = self.resolve_mode(&mut conn).await?;
-        let mut args: Vec<String> = Vec::new();
-        for (_, algo) in limits {
-            args.push(algo.keyword().to_string());
-            args.extend(algo.params());
-        }
-        args.push("DELTA".into());
-        args.push(delta.to_string());
-        let keys: Vec<&str> = limits.iter().map(|(k, _)| k.as_str()).collect();
-        let reply: Value = match mode {
-            Mode::Module => {
-                redis::cmd("RL.SETTLE")
-                    .arg(keys.len())
-                    .arg(&keys)
-                    .arg(&args)
-                    .query_async(&mut conn)
-                    .await?
-            }
-            Mode::Script => self.eval(&mut conn, &SETTLE_SCRIPT, &keys, &args).await?,
-            Mode::Function => {
-                redis::cmd("FCALL")
-                    .arg(function_name("RL.SETTLE"))
-                    .arg(keys.len())
-                    .arg(&keys)
-                    .arg(&args)
-                    .query_async(&mut conn)
-                    .await?
-            }
-        };
+        let mut cmd = Self::limits_command(mode, "RL.SETTLE", || &SETTLE_SCRIPT, limits);
+        cmd.arg("DELTA").arg(delta);
+        let reply: Value = cmd.query_async(&mut conn).await?;
         Ok((
             decisions(&reply, limits.len()).ok_or_else(|| unexpected(&reply))?,
             mode,
@@ -1135,7 +1125,7 @@ where
             Err(e) if !is_unavailable(&e) => {
                 breaker.success();
                 if e.code() == Some("READONLY") {
-                    self.reconnect().await;
+                    Box::pin(self.reconnect()).await;
                 }
                 Err(Failure::Rejected(match (e.code(), e.detail()) {
                     (Some(code), Some(detail)) => format!("{code} {detail}"),
@@ -1241,8 +1231,7 @@ where
         if algo.concurrency().is_none() {
             if cost > 0 && (self.batches.is_some() || self.denies.is_some()) {
                 let limits = [(key.to_string(), algo.clone())];
-                return self
-                    .decide_hot(&limits, cost)
+                return Box::pin(self.decide_hot(&limits, cost))
                     .await
                     .map(MultiOutcome::single);
             }
@@ -1814,5 +1803,61 @@ where
     /// The current state, consuming nothing (cost 0).
     pub async fn peek(&self, key: &str) -> Result<Outcome, Error> {
         self.client.check(key, &self.algorithm, 0).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command's function is its name in lowercase with `_` for `.`, and every algorithm
+    /// finds its own twin.
+    #[test]
+    fn functions_and_scripts_of_the_commands() {
+        for (command, function) in FUNCTIONS {
+            assert_eq!(
+                function,
+                command.to_ascii_lowercase().replace('.', "_"),
+                "{command}"
+            );
+            assert_eq!(function_name(command), function);
+        }
+        for (command, script) in SCRIPTS.iter() {
+            let algo = [
+                Algorithm::TokenBucket {
+                    capacity: 1,
+                    refill_per_sec: 1.0,
+                },
+                Algorithm::LeakyBucket {
+                    capacity: 1,
+                    leak_per_sec: 1.0,
+                },
+                Algorithm::FixedWindow {
+                    limit: 1,
+                    window_sec: 1.0,
+                },
+                Algorithm::SlidingWindow {
+                    limit: 1,
+                    window_sec: 1.0,
+                },
+                Algorithm::SlidingLog {
+                    limit: 1,
+                    window_sec: 1.0,
+                },
+                Algorithm::Gcra {
+                    max_burst: 1,
+                    count_per_period: 1,
+                    period_sec: 1.0,
+                },
+                Algorithm::Concurrency(Concurrency {
+                    limit: 1,
+                    lease_sec: 1.0,
+                }),
+            ]
+            .into_iter()
+            .find(|a| a.command() == *command)
+            .expect("an algorithm per script");
+            assert_eq!(script_for(&algo).get_hash(), script.get_hash(), "{command}");
+        }
     }
 }
