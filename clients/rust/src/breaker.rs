@@ -5,9 +5,14 @@
 //! A failure counts only when Redis answered none of the client's calls since the failed call
 //! began: a call that outlasts its deadline while Redis answers others (a burst on a busy
 //! machine) was late, on a server that is there. A server that is down, frozen or too slow
-//! answers no one, and `failures` calls open the breaker as ever. The rule costs one atomic
-//! count of answers: a call notes it when it begins ([`Breaker::answered`]), and its failure
-//! counts only if no answer came since ([`Breaker::failure_since`]).
+//! answers no one, and `failures` calls open the breaker as ever.
+//!
+//! The breaker keeps when Redis last answered ([`Breaker::answer`]), the one note an answer
+//! makes, which the deadlines read too ([`Breaker::last_answer`]): a call takes it when it
+//! begins ([`Breaker::answered`]), and its failure counts only if it moved since
+//! ([`Breaker::failure_since`]). The note moves only when it is a grain behind (1/128 of the
+//! client's timeout, 1 ms at most), so that the calls of a busy client do not all write the one
+//! shared word: it is never later than the last answer, and never more than a grain earlier.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,21 +50,31 @@ pub(crate) struct Breaker {
     /// The state is `Closed { failures: 0 }`: a call is permitted, and an answer changes
     /// nothing, without the lock. Written under the lock only.
     clean: AtomicBool,
-    /// Calls Redis answered so far.
-    answers: AtomicU64,
+    /// When Redis last answered: nanoseconds after `epoch`, plus one (0: never), to within
+    /// `grain` nanoseconds (never later).
+    answered_at: AtomicU64,
+    epoch: Instant,
+    grain: u64,
 }
 
 /// A call on its way under the breaker, from [`Breaker::answered`]: the point it began at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Since(u64);
 
+/// The longest a note of an answer lags behind it.
+const MAX_GRAIN: Duration = Duration::from_millis(1);
+
 impl Breaker {
-    pub(crate) fn new(config: BreakerConfig) -> Breaker {
+    /// A breaker for calls with `timeout` (the grain of its note of answers is 1/128 of it).
+    pub(crate) fn new(config: BreakerConfig, timeout: Duration) -> Breaker {
+        let grain = (timeout / 128).min(MAX_GRAIN);
         Breaker {
             config,
             state: Mutex::new(State::Closed { failures: 0 }),
             clean: AtomicBool::new(true),
-            answers: AtomicU64::new(0),
+            answered_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+            grain: u64::try_from(grain.as_nanos()).unwrap_or(u64::MAX),
         }
     }
 
@@ -91,21 +106,37 @@ impl Breaker {
         }
     }
 
-    /// The answers so far, for a call that begins now.
+    /// The last answer so far, for a call that begins now.
     pub(crate) fn answered(&self) -> Since {
-        Since(self.answers.load(Ordering::Acquire))
+        Since(self.answered_at.load(Ordering::Acquire))
     }
 
-    /// Redis answered a call (a rejection included).
-    pub(crate) fn success(&self) {
-        // Sequentially consistent with `failure_since`: either that failure sees this answer,
-        // or this answer sees the breaker unclean and takes the lock after it.
-        self.answers.fetch_add(1, Ordering::SeqCst);
+    /// Redis answered a request at `at` (a decision, or a rejection: an error about the call
+    /// itself; not an error saying it cannot serve now).
+    pub(crate) fn answer(&self, at: Instant) {
+        let n = u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX - 1)
+            + 1;
+        // Written only a grain after the last note: a load of the shared word, most answers.
+        let noted = self.answered_at.load(Ordering::Relaxed);
+        if noted == 0 || n >= noted.saturating_add(self.grain) {
+            // Sequentially consistent with `failure_since`: either that failure sees this
+            // answer, or this answer sees the breaker unclean and takes the lock after it.
+            self.answered_at.fetch_max(n, Ordering::SeqCst);
+        }
         if self.clean.load(Ordering::SeqCst) {
             return;
         }
         let mut s = self.lock();
         self.set(&mut s, State::Closed { failures: 0 });
+    }
+
+    /// When Redis last answered (never later than the answer, at most a grain earlier).
+    pub(crate) fn last_answer(&self) -> Option<Instant> {
+        match self.answered_at.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(self.epoch + Duration::from_nanos(n - 1)),
+        }
     }
 
     /// Redis did not answer a call begun at `since`. While the breaker is closed, counted only
@@ -114,7 +145,7 @@ impl Breaker {
         let mut s = self.lock();
         if let State::Closed { failures } = *s {
             self.clean.store(false, Ordering::SeqCst);
-            if self.answers.load(Ordering::SeqCst) != since.0 {
+            if self.answered_at.load(Ordering::SeqCst) != since.0 {
                 self.clean.store(failures == 0, Ordering::Release);
                 return;
             }
@@ -151,12 +182,17 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    const TIMEOUT: Duration = Duration::from_millis(100);
+
     #[test]
     fn opens_after_failures_and_half_opens_after_cooldown() {
-        let b = Breaker::new(BreakerConfig {
-            failures: 2,
-            cooldown: Duration::from_millis(50),
-        });
+        let b = Breaker::new(
+            BreakerConfig {
+                failures: 2,
+                cooldown: Duration::from_millis(50),
+            },
+            TIMEOUT,
+        );
         assert!(b.permit());
         b.failure_since(b.answered());
         assert!(!b.is_open());
@@ -171,7 +207,7 @@ mod tests {
         assert!(!b.permit());
         std::thread::sleep(Duration::from_millis(60));
         assert!(b.permit());
-        b.success();
+        b.answer(Instant::now());
         assert!(!b.is_open());
         assert!(b.permit());
     }
@@ -179,13 +215,16 @@ mod tests {
     /// Failures count only with no answer since the failed call began.
     #[test]
     fn counts_failures_with_no_answer_since() {
-        let b = Breaker::new(BreakerConfig {
-            failures: 2,
-            cooldown: Duration::from_secs(3600),
-        });
+        let b = Breaker::new(
+            BreakerConfig {
+                failures: 2,
+                cooldown: Duration::from_secs(3600),
+            },
+            TIMEOUT,
+        );
         // Begun before an answer: not counted, however many.
         let before = b.answered();
-        b.success();
+        b.answer(Instant::now());
         for _ in 0..5 {
             b.failure_since(before);
         }
@@ -206,10 +245,13 @@ mod tests {
     /// A trial call that its caller dropped lets the next call be the trial.
     #[test]
     fn a_neutral_trial_lets_the_next_call_try() {
-        let b = Breaker::new(BreakerConfig {
-            failures: 1,
-            cooldown: Duration::from_millis(20),
-        });
+        let b = Breaker::new(
+            BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_millis(20),
+            },
+            TIMEOUT,
+        );
         b.failure_since(b.answered());
         assert!(b.is_open());
         std::thread::sleep(Duration::from_millis(30));
@@ -218,11 +260,57 @@ mod tests {
         b.neutral();
         assert!(b.permit(), "the next call is the trial");
         assert!(!b.permit());
-        b.success();
+        b.answer(Instant::now());
         assert!(!b.is_open());
         // Closed: neutral changes nothing.
         b.neutral();
         assert!(!b.is_open());
         assert!(b.permit());
+    }
+
+    /// The note of answers moves once a grain behind, never later than an answer, and a
+    /// failure counts only while it has not moved since the call began.
+    #[test]
+    fn answers_are_noted_to_within_a_grain() {
+        let b = Breaker::new(
+            BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_secs(3600),
+            },
+            Duration::from_millis(1280),
+        );
+        assert_eq!(b.grain, 1_000_000, "1 ms at most");
+        assert_eq!(
+            Breaker::new(BreakerConfig::default(), TIMEOUT).grain,
+            781_250
+        );
+        assert_eq!(b.last_answer(), None);
+        // The first answer is noted, however soon.
+        let first = b.answered();
+        b.answer(b.epoch);
+        assert_eq!(b.last_answer(), Some(b.epoch));
+        assert_ne!(b.answered(), first);
+        let t0 = b.epoch + Duration::from_millis(10);
+        b.answer(t0);
+        assert_eq!(b.last_answer(), Some(t0));
+        let since = b.answered();
+        // Within the grain: not written.
+        b.answer(t0 + Duration::from_micros(999));
+        assert_eq!(b.last_answer(), Some(t0));
+        assert_eq!(b.answered(), since);
+        // A grain later: written.
+        let t1 = t0 + Duration::from_millis(1);
+        b.answer(t1);
+        assert_eq!(b.last_answer(), Some(t1));
+        // Never moved back by an answer noted late.
+        b.answer(t0 + Duration::from_millis(5));
+        b.answer(t0 + Duration::from_millis(2));
+        assert_eq!(b.last_answer(), Some(t0 + Duration::from_millis(5)));
+        // A failure of the call begun at `since`: answers came since, not counted.
+        b.failure_since(since);
+        assert!(!b.is_open());
+        // One begun now with no answer after: counted (1 failure opens this breaker).
+        b.failure_since(b.answered());
+        assert!(b.is_open());
     }
 }

@@ -8,7 +8,7 @@ use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::Poll;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
@@ -155,11 +155,8 @@ struct Inner {
     start_up: Flight,
     /// The scripts this client loaded, by SHA1.
     scripts: Mutex<HashMap<&'static str, Arc<ScriptLoad>>>,
+    /// The breaker, and when Redis last answered a request of this client.
     breaker: Breaker,
-    /// When Redis last answered a request of this client: nanoseconds after `epoch`, plus one
-    /// (0: never).
-    answered_at: AtomicU64,
-    epoch: Instant,
     local: LocalLimiter,
     leases: LocalLeases,
     /// Where the durable lane opens its connections ([`Client::connect`]'s URL, or
@@ -225,9 +222,12 @@ impl Client<redis::aio::ConnectionManager> {
     /// server that is down at start is handled by the failure policy, and reconnects by itself.
     pub fn connect(url: &str, options: Options) -> Result<Self, Error> {
         let client = redis::Client::open(url).map_err(Error::Config)?;
+        // No response timeout of the connection's own: every request of the client has its
+        // deadline ([`Client::bounded`]: time without an answer, up to 10 timeouts while Redis
+        // answers others), which a second timer per request would cut short at one timeout.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(0);
         let conn = client
             .get_connection_manager_lazy(config)
@@ -503,9 +503,7 @@ where
                 started: AtomicBool::new(false),
                 start_up: Flight::default(),
                 scripts: Mutex::new(HashMap::new()),
-                breaker: Breaker::new(options.breaker),
-                answered_at: AtomicU64::new(0),
-                epoch: Instant::now(),
+                breaker: Breaker::new(options.breaker, options.timeout),
                 local: LocalLimiter::default(),
                 leases: LocalLeases::default(),
                 origin,
@@ -827,32 +825,28 @@ where
         }
     }
 
-    /// `got`, noted as an answer of Redis if it is one (a reply, an error reply included).
+    /// `got`, noted as an answer of Redis if it is one: a reply, or an error about the call
+    /// itself (not one saying Redis cannot serve now: `LOADING`, `TRYAGAIN`...). The one note
+    /// of an answer, for the deadlines and the breaker alike ([`Breaker::answer`]): it closes a
+    /// breaker that is not closed.
     fn answered<T>(&self, got: Result<T, RedisError>) -> Result<T, RedisError> {
         let reply = match &got {
             Ok(_) => true,
-            Err(e) => matches!(
-                e.kind(),
-                redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
-            ),
+            Err(e) => !is_unavailable(e),
         };
         if reply {
-            let i = &self.inner;
-            let nanos = u64::try_from(i.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
-            i.answered_at.fetch_max(nanos + 1, Ordering::Relaxed);
+            self.inner.breaker.answer(Instant::now());
         }
         got
     }
 
-    /// When Redis last answered a request of this client.
+    /// When Redis last answered a request of this client (at most a grain earlier: see
+    /// [`Breaker::answer`]).
     fn last_answer(&self) -> Option<tokio::time::Instant> {
-        let i = &self.inner;
-        match i.answered_at.load(Ordering::Relaxed) {
-            0 => None,
-            n => Some(tokio::time::Instant::from_std(
-                i.epoch + Duration::from_nanos(n - 1),
-            )),
-        }
+        self.inner
+            .breaker
+            .last_answer()
+            .map(tokio::time::Instant::from_std)
     }
 
     /// This client's loads of `script`.
@@ -1117,13 +1111,10 @@ where
         let pending = Pending(Some(breaker));
         let got = self.attempt(script, call).await;
         pending.ended();
+        // An answer (a rejection included) was noted by `bounded` as it came: a success.
         match got {
-            Ok(v) => {
-                breaker.success();
-                Ok(v)
-            }
+            Ok(v) => Ok(v),
             Err(e) if !is_unavailable(&e) => {
-                breaker.success();
                 if e.code() == Some("READONLY") {
                     Box::pin(self.reconnect()).await;
                 }

@@ -210,6 +210,45 @@ async fn a_burst_on_a_frozen_server_opens_the_breaker_at_its_deadline() {
     signal(&server, "-CONT");
 }
 
+/// The client notes when Redis last answered to within a grain (1/128 of the timeout, 1 ms at
+/// most), never later than the answer: on a server that froze right after an answer, each call
+/// sent at once ends at its own timeout, not after it (an answer is never taken for later than
+/// it came), and the failures open the breaker, `failures` of them.
+#[tokio::test]
+async fn calls_right_after_an_answer_on_a_frozen_server_end_at_their_timeout() {
+    let server = Server::with_module();
+    let timeout = Duration::from_millis(200);
+    let l = Limiter::connect(
+        &server.url(),
+        bucket(),
+        Options {
+            policy: FailurePolicy::FailOpen,
+            timeout,
+            breaker: BreakerConfig {
+                failures: 3,
+                cooldown: Duration::from_secs(3600),
+            },
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(l.check("k").await.unwrap().degraded, None);
+    signal(&server, "-STOP");
+    for i in 0..3 {
+        assert!(!l.client().breaker_open(), "call {i}");
+        let t = Instant::now();
+        let o = l.check("k").await.unwrap();
+        let took = t.elapsed();
+        assert_eq!(o.degraded, Some(Degraded::FailOpen), "call {i}");
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(150),
+            "call {i} took {took:?}"
+        );
+    }
+    assert!(l.client().breaker_open());
+    signal(&server, "-CONT");
+}
+
 /// A connection whose commands on keys that start with `late:` reach the server `delay_ms`
 /// after they were sent (bytes on a slow link: a task of their own carries them), while every
 /// other command goes at once: calls that outlast their deadline while Redis answers others.
