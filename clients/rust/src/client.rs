@@ -790,6 +790,7 @@ where
     /// answered none of them for a whole timeout, at most [`WAIT_FACTOR`] timeouts after it was
     /// sent. A server that is down or frozen answers none, and the request fails at its
     /// timeout.
+    ///
     /// The request comes pinned by the caller, so that its future is stored once.
     async fn bounded<T, F>(&self, mut fut: Pin<&mut F>) -> Result<T, RedisError>
     where
