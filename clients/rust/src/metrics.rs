@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::types::LocalAnswer;
 
@@ -25,9 +26,45 @@ pub struct Counts {
     pub deny_cache: u64,
 }
 
-#[derive(Debug, Default)]
+impl Counts {
+    /// `other`'s counts added to these.
+    fn add(&mut self, other: &Counts) {
+        self.allowed += other.allowed;
+        self.denied += other.denied;
+        self.degraded += other.degraded;
+        self.shadow_denied += other.shadow_denied;
+        self.shadow |= other.shadow;
+        self.refunded = self.refunded.saturating_add(other.refunded);
+        self.charged = self.charged.saturating_add(other.charged);
+        self.batch += other.batch;
+        self.deny_cache += other.deny_cache;
+    }
+}
+
+/// Shards of the counts: each thread counts in its own (threads take them in turn), so that the
+/// decisions of a multi-threaded server do not all wait on one lock; reading adds them up.
+const SHARDS: usize = 16;
+
+/// The shard of the calling thread.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
+}
+
+#[derive(Debug)]
 pub struct Metrics {
-    by_limit: Mutex<BTreeMap<String, Counts>>,
+    shards: [Mutex<BTreeMap<String, Counts>>; SHARDS],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            shards: std::array::from_fn(|_| Mutex::default()),
+        }
+    }
 }
 
 fn escape(s: &str) -> String {
@@ -37,9 +74,29 @@ fn escape(s: &str) -> String {
 }
 
 impl Metrics {
-    /// Applies `f` to the counts of `limit`, made on first use (its name copied only then).
+    /// Every limit's counts, the shards added up.
+    fn merged(&self) -> BTreeMap<String, Counts> {
+        let mut all: BTreeMap<String, Counts> = BTreeMap::new();
+        for shard in &self.shards {
+            let m = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (name, c) in m.iter() {
+                match all.get_mut(name) {
+                    Some(sum) => sum.add(c),
+                    None => {
+                        all.insert(name.clone(), *c);
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// Applies `f` to the counts of `limit` in this thread's shard, made on first use (its name
+    /// copied only then).
     fn update(&self, limit: &str, f: impl FnOnce(&mut Counts)) {
-        let mut m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.shards[shard_index()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(c) = m.get_mut(limit) {
             f(c);
         } else {
@@ -114,8 +171,14 @@ impl Metrics {
     }
 
     pub fn counts(&self, limit: &str) -> Counts {
-        let m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(limit).copied().unwrap_or_default()
+        let mut sum = Counts::default();
+        for shard in &self.shards {
+            let m = shard.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = m.get(limit) {
+                sum.add(c);
+            }
+        }
+        sum
     }
 
     /// `ratelimit_decisions_total{limit="...",outcome="allowed|denied|degraded"}`, and for a
@@ -126,7 +189,7 @@ impl Metrics {
     /// a settlement changed something, `ratelimit_settled_units_total{limit="...",
     /// direction="refunded|charged"}` for the limits that settled.
     pub fn render_prometheus(&self) -> String {
-        let m = self.by_limit.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.merged();
         let mut out = String::from(
             "# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n# TYPE ratelimit_decisions_total counter\n",
         );
@@ -228,5 +291,41 @@ mod tests {
              ratelimit_decisions_total{limit=\"new\",outcome=\"degraded\"} 1\n\
              ratelimit_decisions_total{limit=\"new\",outcome=\"shadow_denied\"} 2\n"
         ));
+    }
+
+    /// Counted from many threads (each in its shard), the counts and the text add them up.
+    #[test]
+    fn threads_count_apart_and_are_read_together() {
+        let m = std::sync::Arc::new(Metrics::default());
+        let threads: Vec<_> = (0..40)
+            .map(|t| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        m.record("api", t % 2 == 0, false);
+                    }
+                    m.record_shadow("new", false, t == 0);
+                    m.record_settled("api", -1);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let c = m.counts("api");
+        assert_eq!((c.allowed, c.denied, c.refunded), (2000, 2000, 40));
+        let n = m.counts("new");
+        assert_eq!((n.shadow_denied, n.degraded, n.shadow), (40, 1, true));
+        assert!(m.render_prometheus().contains(
+            "ratelimit_decisions_total{limit=\"api\",outcome=\"allowed\"} 2000\n\
+             ratelimit_decisions_total{limit=\"api\",outcome=\"denied\"} 2000\n\
+             ratelimit_decisions_total{limit=\"api\",outcome=\"degraded\"} 0\n\
+             ratelimit_decisions_total{limit=\"new\",outcome=\"allowed\"} 0\n"
+        ));
+        assert!(
+            m.render_prometheus().ends_with(
+                "ratelimit_settled_units_total{limit=\"api\",direction=\"charged\"} 0\n"
+            )
+        );
     }
 }
