@@ -22,6 +22,7 @@
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ratelimit_client::{Algorithm, Client, ModeChoice, Options};
@@ -113,16 +114,22 @@ async fn raw(conn: &mut redis::aio::ConnectionManager, key: &str) {
         .expect("RL.TOKENBUCKET");
 }
 
+/// Calls that ended past their deadline (the floor's timeout, or the client's failure policy):
+/// on a machine too busy for the figures, reported at the end.
+static LATE: AtomicU64 = AtomicU64::new(0);
+
 /// The bare command within the runtime's own deadline: the floor of a call with a timeout.
 async fn floor(conn: &mut redis::aio::ConnectionManager, key: &str, timeout: Duration) {
-    tokio::time::timeout(timeout, raw(conn, key))
-        .await
-        .expect("RL.TOKENBUCKET within the timeout");
+    if tokio::time::timeout(timeout, raw(conn, key)).await.is_err() {
+        LATE.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 async fn checked(client: &Client<redis::aio::ConnectionManager>, key: &str) {
     let out = client.check(key, &BUCKET, 1).await.expect("check");
-    assert!(out.degraded.is_none(), "answered by the failure policy");
+    if out.degraded.is_some() {
+        LATE.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// `n` calls of `what` one at a time, each timed.
@@ -252,6 +259,14 @@ fn main() {
             for (what, tally) in &mut tallies {
                 println!("{}", tally.line(mode, what));
             }
+        }
+        let late = LATE.load(Ordering::Relaxed);
+        if late > 0 {
+            eprintln!(
+                "client-cost lang=rust: {late} floor or client calls ended past their deadline \
+                 (the floor's timeout, the client's failure policy); the machine is too busy for \
+                 these figures"
+            );
         }
     });
 }
