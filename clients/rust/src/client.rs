@@ -742,46 +742,6 @@ where
         }
     }
 
-    /// `call()` after the client's start-up, within the timeout. In script mode a `NOSCRIPT`
-    /// (the script never loaded, a flush, a restart, a failover) loads `script` (once however
-    /// many calls met it), outside the deadline as the start-up is, and sends the call again.
-    async fn attempt<T, Fut>(
-        &self,
-        script: Option<&'static Script>,
-        call: impl Fn() -> Fut,
-    ) -> Result<T, RedisError>
-    where
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        // The start-up and a script's load are boxed: a call's future stays as small as the
-        // command's own (every await of an async fn makes its future as large as the largest).
-        let mode = match self.started() {
-            Some(m) => m,
-            None => Box::pin(self.start_up()).await?,
-        };
-        let script = script
-            .filter(|_| mode == Mode::Script)
-            .map(|s| (s, self.script_load(s)));
-        let mut reloads = 0;
-        loop {
-            let seen = script
-                .as_ref()
-                .map_or(0, |(_, l)| l.loads.load(Ordering::Acquire));
-            match self.bounded(pin!(call())).await {
-                Err(e)
-                    if reloads < 2
-                        && e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                        && let Some((s, load)) = &script =>
-                {
-                    reloads += 1;
-                    Box::pin(self.load_script(&mut self.conn.clone(), s, load, seen)).await?;
-                }
-                got => return got,
-            }
-        }
-    }
-
     /// `fut`, one request, within the client's timeout. At the deadline the runtime polls its
     /// sockets once more before the request fails (a yield lets it): a reply that has arrived
     /// but is not read yet (the timer and the socket became ready in the same turn of a busy
@@ -1093,8 +1053,12 @@ where
         ))
     }
 
-    /// Runs `call()` under the breaker and the timeout, after the client's start-up (see
-    /// [`Client::attempt`]; `script` is the one the call runs in script mode).
+    /// Runs `call()` under the breaker and the timeout ([`Client::bounded`]), after the client's
+    /// start-up. In script mode (`script` is the one the call runs then) a `NOSCRIPT` (the
+    /// script never loaded, a flush, a restart, a failover) loads `script` (once however many
+    /// calls met it), outside the deadline as the start-up is, and sends the call again. One
+    /// async function from the breaker to the request: each level would copy the call's
+    /// future once more.
     async fn guarded<T, Fut>(
         &self,
         script: Option<&'static Script>,
@@ -1110,7 +1074,43 @@ where
         let since = breaker.answered();
         // Dropped before it ends (its caller gave up), the call tells nothing about Redis.
         let pending = Pending(Some(breaker));
-        let got = self.attempt(script, call).await;
+        let got: Result<T, RedisError> = 'call: {
+            // The start-up and a script's load are boxed: a call's future stays as small as the
+            // command's own (every await of an async fn makes its future as large as the
+            // largest).
+            let mode = match self.started() {
+                Some(m) => m,
+                None => match Box::pin(self.start_up()).await {
+                    Ok(m) => m,
+                    Err(e) => break 'call Err(e),
+                },
+            };
+            let script = script
+                .filter(|_| mode == Mode::Script)
+                .map(|s| (s, self.script_load(s)));
+            let mut reloads = 0;
+            loop {
+                let seen = script
+                    .as_ref()
+                    .map_or(0, |(_, l)| l.loads.load(Ordering::Acquire));
+                match self.bounded(pin!(call())).await {
+                    Err(e)
+                        if reloads < 2
+                            && e.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                            && let Some((s, load)) = &script =>
+                    {
+                        reloads += 1;
+                        let mut conn = self.conn.clone();
+                        let loaded = self.load_script(&mut conn, s, load, seen);
+                        if let Err(e) = Box::pin(loaded).await {
+                            break 'call Err(e);
+                        }
+                    }
+                    got => break 'call got,
+                }
+            }
+        };
         pending.ended();
         // An answer (a rejection included) was noted by `bounded` as it came: a success.
         match got {
