@@ -309,7 +309,9 @@ type Client struct {
 
 // core is what the clients made from one New share.
 type core struct {
-	conn    Conn
+	conn Conn
+	// conn when it is a DeadlineConn (else nil).
+	bounded DeadlineConn
 	opts    Options
 	mode    atomic.Int32
 	breaker *breaker
@@ -352,6 +354,7 @@ func New(conn Conn, opts Options) *Client {
 	for s := range shas {
 		c.scripts[s] = &scriptLoad{}
 	}
+	c.bounded, _ = conn.(DeadlineConn)
 	switch opts.Mode {
 	case ChooseModule:
 		c.mode.Store(int32(ModeModule))
@@ -603,14 +606,24 @@ func (c *Client) send(ctx context.Context, args ...interface{}) (interface{}, er
 	return c.request(ctx, args...)
 }
 
-// request is one request to Redis within the timeout (and ctx), its slot taken.
+// request is one request to Redis within the timeout (and ctx), its slot taken: on the
+// caller's goroutine through a DeadlineConn, else watched by do.
 func (c *Client) request(ctx context.Context, args ...interface{}) (interface{}, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
 	if pinned, ok := ctx.Value(pinnedKey{}).(Conn); ok {
 		// A durable call: on the connection its WAIT goes on.
+		ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+		defer cancel()
 		return do(ctx, pinned, args...)
 	}
+	if c.bounded != nil {
+		deadline := time.Now().Add(c.opts.Timeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		return doBy(ctx, c.bounded, deadline, args...)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
 	return do(ctx, c.conn, args...)
 }
 
