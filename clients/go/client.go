@@ -325,6 +325,9 @@ type core struct {
 	scripts map[string]*scriptLoad
 	// One element per request in flight (MaxInFlight).
 	slots chan struct{}
+	// The words of the algorithm values checked so far (wordsOf), and how many.
+	words     sync.Map
+	wordCount atomic.Int32
 }
 
 // detection is one mode detection: done is closed once mode or err is set.
@@ -868,14 +871,6 @@ type take struct {
 
 func cost(n int64) take { return take{n: n} }
 
-// args are the words that end the call: the cost, or UPTO n.
-func (t take) args() []string {
-	if t.upto {
-		return []string{"UPTO", integer(t.n)}
-	}
-	return []string{integer(t.n)}
-}
-
 // fields is the length of a limiter's reply: five integers, a sixth (granted) for UPTO.
 func (t take) fields() int {
 	if t.upto {
@@ -927,17 +922,39 @@ func (c *Client) refuse(d *Decision) {
 	d.RetryAfterMs = c.opts.FailClosedRetryMs
 }
 
-// sendOne is one limit's command.
+// sendOne is one limit's command: key, the parameters, then the cost (UPTO n, or the lease).
 func (c *Client) sendOne(ctx context.Context, key string, a Algorithm, t take,
 	lease string) (Decision, int64, Mode, error) {
-	args := a.Params()
-	if _, ok := concurrencyOf(a); ok {
-		args = append(args, lease)
-		t = cost(1)
-	} else {
-		args = append(args, t.args()...)
+	w := c.wordsOf(a)
+	mode, err := c.resolveMode(ctx)
+	if err != nil {
+		return Decision{}, 0, 0, err
 	}
-	reply, mode, err := c.call(ctx, a.Command(), a.script(), false, []string{key}, args)
+	out := make([]interface{}, 0, 3+1+len(w.params)+2)
+	switch mode {
+	case ModeModule:
+		out = append(out, w.command)
+	case ModeFunction:
+		out = append(out, "FCALL", w.function, smallWords[1])
+	default:
+		out = append(out, "EVALSHA", w.sha, smallWords[1])
+	}
+	out = append(out, key)
+	out = append(out, w.params...)
+	if _, ok := concurrencyOf(a); ok {
+		out = append(out, lease)
+		t = cost(1)
+	} else if t.upto {
+		out = append(out, "UPTO", intWord(t.n))
+	} else {
+		out = append(out, intWord(t.n))
+	}
+	var reply interface{}
+	if mode == ModeScript {
+		reply, err = c.evalsha(ctx, a.script(), out)
+	} else {
+		reply, err = c.send(ctx, out...)
+	}
 	if err != nil {
 		return Decision{}, 0, 0, err
 	}

@@ -200,6 +200,13 @@ func normalize(v interface{}) interface{} {
 	case int32:
 		return int64(x)
 	case []interface{}:
+		// As it is when every element is already normal (a limiter's integers): no copy.
+		i := 0
+		for ; i < len(x) && isNormal(x[i]); i++ {
+		}
+		if i == len(x) {
+			return x
+		}
 		out := make([]interface{}, len(x))
 		for i, e := range x {
 			out[i] = normalize(e)
@@ -219,6 +226,15 @@ func normalize(v interface{}) interface{} {
 		return out
 	}
 	return v
+}
+
+// isNormal says whether normalize leaves v as it is (and what it holds).
+func isNormal(v interface{}) bool {
+	switch v.(type) {
+	case int64, string, nil:
+		return true
+	}
+	return false
 }
 
 // errUnexpected is a reply of the wrong shape: Redis is not answering as the module would.
