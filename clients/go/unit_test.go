@@ -331,3 +331,26 @@ func TestLimiterWordsAreMadeOncePerValue(t *testing.T) {
 		t.Fatal("intWord")
 	}
 }
+
+// Counted from many goroutines at once, without a lock: every answer counted, exactly.
+func TestMetricsCountConcurrentAnswersExactly(t *testing.T) {
+	m := NewMetrics()
+	done := make(chan struct{})
+	for g := 0; g < 8; g++ {
+		go func(g int) {
+			defer func() { done <- struct{}{} }()
+			for i := 0; i < 1000; i++ {
+				m.RecordAnswer("api", i%4 != 0, i%10 == 0, LocalAnswer(i%3))
+				m.RecordSettled("api", int64(g%2*2-1))
+			}
+		}(g)
+	}
+	for g := 0; g < 8; g++ {
+		<-done
+	}
+	want := Counts{Allowed: 6000, Denied: 2000, Degraded: 800, Batch: 2664, DenyCache: 2664,
+		Refunded: 4000, Charged: 4000}
+	if got := m.Counts("api"); got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
