@@ -1,8 +1,11 @@
-// The Go client's cost per call: the client's check of one token bucket (Client.Check) next to
-// the bare RL.TOKENBUCKET sent through the same redigo pool and adapter, one call at a time and
-// with 64 concurrent callers, in blocks of each in turn. One line per measurement:
+// The Go client's cost per call: the client's check of one token bucket (Client.Check, through
+// the package's redigo adapter, redigoadapter.Pool) next to the bare RL.TOKENBUCKET sent through
+// the same redigo pool, one call at a time and with 64 concurrent callers, in blocks of each in
+// turn. The floor is the bare command with only the deadline Go's own primitive gives, a
+// context.WithTimeout of the client's timeout (100 ms) around it, the reply awaited until that
+// context's deadline (redis.DoWithTimeout, as the adapter does). One line per measurement:
 //
-//	client-cost lang=go mode=<sequential|concurrent64> what=<raw|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
+//	client-cost lang=go mode=<sequential|concurrent64> what=<raw|floor|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
 //
 // Run from clients/go/tests (the module that has redigo), after `make go-deps`:
 //
@@ -31,9 +34,11 @@ import (
 	"github.com/gomodule/redigo/redis"
 
 	"redis-rate-limiter/ratelimit"
+	"redis-rate-limiter/ratelimit/redigoadapter"
 )
 
-// Redigo is the adapter of docs/go.md.
+// Redigo is the bare command through the pool: a connection taken with the call's context, the
+// reply awaited until its deadline (none for the raw row).
 type Redigo struct{ *redis.Pool }
 
 func (p Redigo) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
@@ -179,7 +184,8 @@ func run() error {
 		Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
 	defer pool.Close()
 	conn := Redigo{pool}
-	client := ratelimit.New(conn, ratelimit.Options{})
+	client := ratelimit.New(redigoadapter.New(pool), ratelimit.Options{})
+	timeout := client.Options().Timeout
 	// Never empty: 10^15 tokens refilled at 10^15 per second.
 	bucket := ratelimit.TokenBucket{Capacity: 1e15, RefillPerSec: 1e15}
 	params := bucket.Params()
@@ -196,7 +202,21 @@ func run() error {
 		return err
 	}
 	var degradedMu sync.Mutex
-	degraded := 0
+	degraded, late := 0, 0
+	floor := func(c int) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		_, err := conn.Do(ctx, "RL.TOKENBUCKET", keys[c], params[0], params[1], "1")
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			// Past the deadline: counted, reported below.
+			degradedMu.Lock()
+			late++
+			degradedMu.Unlock()
+			return nil
+		}
+		return err
+	}
 	checked := func(c int) error {
 		o, err := client.Check(ctx, keys[c], bucket, 1)
 		if err == nil && o.Degraded != ratelimit.NotDegraded {
@@ -214,7 +234,7 @@ func run() error {
 		name    string
 		callers int
 	}{{"sequential", 1}, {"concurrent64", 64}} {
-		var r, c tally
+		var r, f, c tally
 		per := calls / blocks
 		// Warm the pool's connections for this many callers.
 		if err := block(&tally{}, m.callers, m.callers*10, raw); err != nil {
@@ -224,12 +244,20 @@ func run() error {
 			if err := block(&r, m.callers, per, raw); err != nil {
 				return err
 			}
+			if err := block(&f, m.callers, per, floor); err != nil {
+				return err
+			}
 			if err := block(&c, m.callers, per, checked); err != nil {
 				return err
 			}
 		}
 		fmt.Println(r.line(m.name, "raw"))
+		fmt.Println(f.line(m.name, "floor"))
 		fmt.Println(c.line(m.name, "client"))
+	}
+	if late > 0 {
+		fmt.Fprintf(os.Stderr, "client-cost (go): %d bare commands of the floor outlasted the "+
+			"deadline; the machine is too busy for these figures\n", late)
 	}
 	if degraded > 0 {
 		fmt.Fprintf(os.Stderr, "client-cost (go): %d checks were answered by the failure policy "+

@@ -176,3 +176,62 @@ func concurrencyOf(a Algorithm) (Concurrency, bool) {
 	}
 	return Concurrency{}, false
 }
+
+// limiterWords are a limiter's words as the package sends them, made once per client and
+// algorithm value: its command's name, its function's (FCALL), its script's SHA-1 (EVALSHA) and
+// its parameters.
+type limiterWords struct {
+	command, function, sha interface{}
+	params                 []interface{}
+}
+
+// maxWords is how many algorithm values a client keeps the words of; past it, the words of a
+// new one are made on each call.
+const maxWords = 1024
+
+func makeWords(a Algorithm) *limiterWords {
+	params := a.Params()
+	w := &limiterWords{command: a.Command(), function: functionName(a.Command()),
+		sha: shas[a.script()], params: make([]interface{}, len(params))}
+	for i, p := range params {
+		w.params[i] = p
+	}
+	return w
+}
+
+// wordsOf are a's words: kept for the package's own algorithm values (comparable, and copies:
+// a pointer's value could change), made anew for anything else.
+func (c *core) wordsOf(a Algorithm) *limiterWords {
+	switch a.(type) {
+	case TokenBucket, LeakyBucket, FixedWindow, SlidingWindow, SlidingLog, GCRA, Concurrency:
+	default:
+		return makeWords(a)
+	}
+	if w, ok := c.words.Load(a); ok {
+		return w.(*limiterWords)
+	}
+	w := makeWords(a)
+	// (A NaN parameter never finds its entry again: the count bounds those too.)
+	if c.wordCount.Load() < maxWords {
+		if _, loaded := c.words.LoadOrStore(a, w); !loaded {
+			c.wordCount.Add(1)
+		}
+	}
+	return w
+}
+
+// smallWords are the integers 0 to 255 as words, the costs most calls send.
+var smallWords = func() (w [256]interface{}) {
+	for i := range w {
+		w[i] = integer(int64(i))
+	}
+	return w
+}()
+
+// intWord is v as a word.
+func intWord(v int64) interface{} {
+	if v >= 0 && v < int64(len(smallWords)) {
+		return smallWords[v]
+	}
+	return integer(v)
+}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,7 +18,7 @@ type BreakerConfig struct {
 	Cooldown time.Duration
 }
 
-type breakerState int
+type breakerState = int32
 
 const (
 	breakerClosed breakerState = iota
@@ -25,16 +26,20 @@ const (
 	breakerHalfOpen
 )
 
+// breaker is read without its lock on the way of every call: a closed breaker with no failure
+// counted is two atomic loads (permit, answered) and one addition (success). Its state and
+// failures change under mu only.
 type breaker struct {
-	config   BreakerConfig
-	mu       sync.Mutex
-	state    breakerState
-	failures int
+	config BreakerConfig
+	mu     sync.Mutex
+	// Written under mu.
+	state    atomic.Int32
+	failures atomic.Int32
 	until    time.Time
 	// Closed when the breaker opens; a new one when it closes again.
 	opened chan struct{}
 	// Calls Redis answered so far.
-	answers uint64
+	answers atomic.Uint64
 }
 
 func newBreaker(c BreakerConfig) *breaker {
@@ -53,14 +58,17 @@ func (b *breaker) openedChan() <-chan struct{} {
 
 // permit says whether this call may go to Redis.
 func (b *breaker) permit() bool {
+	if b.state.Load() == breakerClosed {
+		return true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.state {
+	switch b.state.Load() {
 	case breakerClosed:
 		return true
 	case breakerOpen:
 		if !time.Now().Before(b.until) {
-			b.state = breakerHalfOpen
+			b.state.Store(breakerHalfOpen)
 			return true
 		}
 	}
@@ -69,18 +77,20 @@ func (b *breaker) permit() bool {
 
 // answered is the number of calls Redis has answered so far (for failureSince).
 func (b *breaker) answered() uint64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.answers
+	return b.answers.Load()
 }
 
 func (b *breaker) success() {
+	b.answers.Add(1)
+	if b.state.Load() == breakerClosed && b.failures.Load() == 0 {
+		return
+	}
 	b.mu.Lock()
-	b.answers++
-	if b.state != breakerClosed {
+	if b.state.Load() != breakerClosed {
 		b.opened = make(chan struct{})
 	}
-	b.state, b.failures = breakerClosed, 0
+	b.state.Store(breakerClosed)
+	b.failures.Store(0)
 	b.mu.Unlock()
 }
 
@@ -89,7 +99,7 @@ func (b *breaker) success() {
 func (b *breaker) failureSince(seen uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.state == breakerClosed && b.answers != seen {
+	if b.state.Load() == breakerClosed && b.answers.Load() != seen {
 		return
 	}
 	b.failLocked()
@@ -102,28 +112,30 @@ func (b *breaker) failure() {
 }
 
 func (b *breaker) failLocked() {
-	if b.state == breakerClosed && b.failures+1 < b.config.Failures {
-		b.failures++
+	state := b.state.Load()
+	if state == breakerClosed && int(b.failures.Load())+1 < b.config.Failures {
+		b.failures.Add(1)
 		return
 	}
-	if b.state == breakerClosed {
+	if state == breakerClosed {
 		close(b.opened)
 	}
-	b.state, b.failures, b.until = breakerOpen, 0, time.Now().Add(b.config.Cooldown)
+	b.until = time.Now().Add(b.config.Cooldown)
+	b.failures.Store(0)
+	b.state.Store(breakerOpen)
 }
 
 // neutral ends a trial call that told nothing about Redis (the caller gave up first): the next
 // call may try again.
 func (b *breaker) neutral() {
 	b.mu.Lock()
-	if b.state == breakerHalfOpen {
-		b.state, b.until = breakerOpen, time.Time{}
+	if b.state.Load() == breakerHalfOpen {
+		b.state.Store(breakerOpen)
+		b.until = time.Time{}
 	}
 	b.mu.Unlock()
 }
 
 func (b *breaker) isOpen() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.state != breakerClosed
+	return b.state.Load() != breakerClosed
 }

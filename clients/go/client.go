@@ -309,7 +309,9 @@ type Client struct {
 
 // core is what the clients made from one New share.
 type core struct {
-	conn    Conn
+	conn Conn
+	// conn when it is a DeadlineConn (else nil).
+	bounded DeadlineConn
 	opts    Options
 	mode    atomic.Int32
 	breaker *breaker
@@ -323,6 +325,9 @@ type core struct {
 	scripts map[string]*scriptLoad
 	// One element per request in flight (MaxInFlight).
 	slots chan struct{}
+	// The words of the algorithm values checked so far (wordsOf), and how many.
+	words     sync.Map
+	wordCount atomic.Int32
 }
 
 // detection is one mode detection: done is closed once mode or err is set.
@@ -352,6 +357,7 @@ func New(conn Conn, opts Options) *Client {
 	for s := range shas {
 		c.scripts[s] = &scriptLoad{}
 	}
+	c.bounded, _ = conn.(DeadlineConn)
 	switch opts.Mode {
 	case ChooseModule:
 		c.mode.Store(int32(ModeModule))
@@ -603,14 +609,24 @@ func (c *Client) send(ctx context.Context, args ...interface{}) (interface{}, er
 	return c.request(ctx, args...)
 }
 
-// request is one request to Redis within the timeout (and ctx), its slot taken.
+// request is one request to Redis within the timeout (and ctx), its slot taken: on the
+// caller's goroutine through a DeadlineConn, else watched by do.
 func (c *Client) request(ctx context.Context, args ...interface{}) (interface{}, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
 	if pinned, ok := ctx.Value(pinnedKey{}).(Conn); ok {
 		// A durable call: on the connection its WAIT goes on.
+		ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+		defer cancel()
 		return do(ctx, pinned, args...)
 	}
+	if c.bounded != nil {
+		deadline := time.Now().Add(c.opts.Timeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		return doBy(ctx, c.bounded, deadline, args...)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
 	return do(ctx, c.conn, args...)
 }
 
@@ -855,14 +871,6 @@ type take struct {
 
 func cost(n int64) take { return take{n: n} }
 
-// args are the words that end the call: the cost, or UPTO n.
-func (t take) args() []string {
-	if t.upto {
-		return []string{"UPTO", integer(t.n)}
-	}
-	return []string{integer(t.n)}
-}
-
 // fields is the length of a limiter's reply: five integers, a sixth (granted) for UPTO.
 func (t take) fields() int {
 	if t.upto {
@@ -914,17 +922,39 @@ func (c *Client) refuse(d *Decision) {
 	d.RetryAfterMs = c.opts.FailClosedRetryMs
 }
 
-// sendOne is one limit's command.
+// sendOne is one limit's command: key, the parameters, then the cost (UPTO n, or the lease).
 func (c *Client) sendOne(ctx context.Context, key string, a Algorithm, t take,
 	lease string) (Decision, int64, Mode, error) {
-	args := a.Params()
-	if _, ok := concurrencyOf(a); ok {
-		args = append(args, lease)
-		t = cost(1)
-	} else {
-		args = append(args, t.args()...)
+	w := c.wordsOf(a)
+	mode, err := c.resolveMode(ctx)
+	if err != nil {
+		return Decision{}, 0, 0, err
 	}
-	reply, mode, err := c.call(ctx, a.Command(), a.script(), false, []string{key}, args)
+	out := make([]interface{}, 0, 3+1+len(w.params)+2)
+	switch mode {
+	case ModeModule:
+		out = append(out, w.command)
+	case ModeFunction:
+		out = append(out, "FCALL", w.function, smallWords[1])
+	default:
+		out = append(out, "EVALSHA", w.sha, smallWords[1])
+	}
+	out = append(out, key)
+	out = append(out, w.params...)
+	if _, ok := concurrencyOf(a); ok {
+		out = append(out, lease)
+		t = cost(1)
+	} else if t.upto {
+		out = append(out, "UPTO", intWord(t.n))
+	} else {
+		out = append(out, intWord(t.n))
+	}
+	var reply interface{}
+	if mode == ModeScript {
+		reply, err = c.evalsha(ctx, a.script(), out)
+	} else {
+		reply, err = c.send(ctx, out...)
+	}
 	if err != nil {
 		return Decision{}, 0, 0, err
 	}

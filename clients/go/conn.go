@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 )
 
 // Conn is how the package talks to Redis: one command, its name first, and its reply. The
-// package passes every argument as a string and honours ctx itself (it stops waiting when ctx
-// is done), but an implementation that gives ctx to its client also frees the connection then.
+// package passes every argument as a string and honours ctx itself (it sends each request from a
+// goroutine of its own and stops waiting when ctx is done), but an implementation that gives ctx
+// to its client also frees the connection then. A Conn that is also a DeadlineConn ends each
+// command by its deadline itself, and the package sends on the caller's goroutine.
 //
 // A redigo pool (github.com/gomodule/redigo/redis) is one through the module
 // redis-rate-limiter/ratelimit/redigoadapter (clients/go/redigoadapter, kept apart so that this
@@ -69,6 +72,18 @@ func serverMessage(err error) (string, bool) {
 // goRedisNil is go-redis's nil reply, which it returns as an error.
 const goRedisNil = "redis: nil"
 
+// DeadlineConn is a Conn that bounds each command by a deadline itself (redigoadapter.Pool is
+// one: a redigo connection's read deadline). The package then sends on the caller's goroutine,
+// with no goroutine, channel or timer of its own per request.
+type DeadlineConn interface {
+	Conn
+	// DoBy is Do ending by deadline at the latest: the wait for a connection, its dial, the
+	// command and its reply all end by then, a reply not read by then failing with an error
+	// that is not a ServerError. A ctx already done sends nothing; its cancellation may end the
+	// wait sooner, and need not.
+	DoBy(ctx context.Context, deadline time.Time, args ...interface{}) (interface{}, error)
+}
+
 // do sends one command through conn and waits for its reply or for ctx, whichever comes
 // first. A server error comes back as a ServerError; any other error means Redis did not
 // answer. A caller whose ctx is already done sends nothing: the command would still run, and
@@ -110,16 +125,55 @@ func do(ctx context.Context, conn Conn, args ...interface{}) (interface{}, error
 			return nil, ctx.Err()
 		}
 	}
-	if r.err != nil {
-		if msg, ok := serverMessage(r.err); ok {
+	return reply(r.v, r.err)
+}
+
+// doBy sends one command through conn on the caller's goroutine, conn ending it by deadline.
+// A ctx done by the time conn fails is the caller's giving up (ctx.Err()), as with do.
+func doBy(ctx context.Context, conn DeadlineConn, deadline time.Time,
+	args ...interface{}) (interface{}, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if tracker, _ := ctx.Value(trackerKey{}).(requestTracker); tracker != nil {
+		tracker.begin()
+		defer tracker.end()
+	}
+	v, err := callBy(ctx, conn, deadline, args)
+	if err != nil {
+		if _, server := serverMessage(err); !server {
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, cerr
+			}
+		}
+	}
+	return reply(v, err)
+}
+
+// callBy is conn.DoBy, a panic in it an error.
+func callBy(ctx context.Context, conn DeadlineConn, deadline time.Time,
+	args []interface{}) (v interface{}, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			v, err = nil, fmt.Errorf("ratelimit: the connection panicked: %v", p)
+		}
+	}()
+	return conn.DoBy(ctx, deadline, args...)
+}
+
+// reply is a connection's answer normalised: a server error as a ServerError (go-redis's nil
+// reply as nil), any other error as it is.
+func reply(v interface{}, err error) (interface{}, error) {
+	if err != nil {
+		if msg, ok := serverMessage(err); ok {
 			if msg == goRedisNil {
 				return nil, nil
 			}
 			return nil, ServerError(msg)
 		}
-		return nil, r.err
+		return nil, err
 	}
-	return normalize(r.v), nil
+	return normalize(v), nil
 }
 
 // requestTracker hears of every request sent with a ctx that carries it (trackRequests): when
@@ -146,6 +200,13 @@ func normalize(v interface{}) interface{} {
 	case int32:
 		return int64(x)
 	case []interface{}:
+		// As it is when every element is already normal (a limiter's integers): no copy.
+		i := 0
+		for ; i < len(x) && isNormal(x[i]); i++ {
+		}
+		if i == len(x) {
+			return x
+		}
 		out := make([]interface{}, len(x))
 		for i, e := range x {
 			out[i] = normalize(e)
@@ -165,6 +226,15 @@ func normalize(v interface{}) interface{} {
 		return out
 	}
 	return v
+}
+
+// isNormal says whether normalize leaves v as it is (and what it holds).
+func isNormal(v interface{}) bool {
+	switch v.(type) {
+	case int64, string, nil:
+		return true
+	}
+	return false
 }
 
 // errUnexpected is a reply of the wrong shape: Redis is not answering as the module would.

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Counts are one limit's counters.
@@ -29,24 +30,31 @@ type Counts struct {
 }
 
 // Metrics counts the middleware's decisions per limit, for Prometheus's text format. Safe for
-// concurrent use; it is also an http.Handler serving that text (for /metrics).
+// concurrent use, and without a lock on the way of a request: a limit's counters are found
+// without one and counted with atomic additions (a reader may see one of an answer's counts
+// before another). It is also an http.Handler serving that text (for /metrics).
 type Metrics struct {
-	mu      sync.Mutex
-	byLimit map[string]*Counts
+	// Limit name to *counters.
+	byLimit sync.Map
+}
+
+// counters are one limit's Counts, each counted atomically.
+type counters struct {
+	allowed, denied, degraded, shadowDenied, refunded, charged, batch, denyCache atomic.Uint64
+	shadow                                                                       atomic.Bool
 }
 
 // NewMetrics is an empty set of counters.
 func NewMetrics() *Metrics {
-	return &Metrics{byLimit: map[string]*Counts{}}
+	return &Metrics{}
 }
 
-func (m *Metrics) entry(limit string) *Counts {
-	c := m.byLimit[limit]
-	if c == nil {
-		c = &Counts{}
-		m.byLimit[limit] = c
+func (m *Metrics) entry(limit string) *counters {
+	if c, ok := m.byLimit.Load(limit); ok {
+		return c.(*counters)
 	}
-	return c
+	c, _ := m.byLimit.LoadOrStore(limit, &counters{})
+	return c.(*counters)
 }
 
 // Record counts an enforced limit's answer.
@@ -54,18 +62,16 @@ func (m *Metrics) Record(limit string, allowed, degraded bool) {
 	m.RecordAnswer(limit, allowed, degraded, NotLocal)
 }
 
-// RecordAnswer is Record and RecordLocal at once, under one lock.
+// RecordAnswer is Record and RecordLocal at once.
 func (m *Metrics) RecordAnswer(limit string, allowed, degraded bool, local LocalAnswer) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	c := m.entry(limit)
 	if allowed {
-		c.Allowed++
+		c.allowed.Add(1)
 	} else {
-		c.Denied++
+		c.denied.Add(1)
 	}
 	if degraded {
-		c.Degraded++
+		c.degraded.Add(1)
 	}
 	c.countLocal(local)
 }
@@ -73,55 +79,54 @@ func (m *Metrics) RecordAnswer(limit string, allowed, degraded bool, local Local
 // RecordLocal counts an answer made in the process for limit (counted besides allowed or
 // denied): outcome="batch" or outcome="deny_cache".
 func (m *Metrics) RecordLocal(limit string, local LocalAnswer) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.entry(limit).countLocal(local)
 }
 
-func (c *Counts) countLocal(local LocalAnswer) {
+func (c *counters) countLocal(local LocalAnswer) {
 	switch local {
 	case LocalBatch:
-		c.Batch++
+		c.batch.Add(1)
 	case LocalDenyCache:
-		c.DenyCache++
+		c.denyCache.Add(1)
 	}
 }
 
 // RecordShadow counts a shadow limit's answer: allowed counts as allowed, a denial as
 // shadow_denied (the request went through), never as denied.
 func (m *Metrics) RecordShadow(limit string, allowed, degraded bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	c := m.entry(limit)
-	c.Shadow = true
+	c.shadow.Store(true)
 	if allowed {
-		c.Allowed++
+		c.allowed.Add(1)
 	} else {
-		c.ShadowDenied++
+		c.shadowDenied.Add(1)
 	}
 	if degraded {
-		c.Degraded++
+		c.degraded.Add(1)
 	}
 }
 
 // RecordSettled counts a settlement of delta units on limit: below 0 refunded, above 0 charged.
 func (m *Metrics) RecordSettled(limit string, delta int64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	c := m.entry(limit)
 	if delta < 0 {
-		c.Refunded += uint64(-(delta + 1)) + 1
+		c.refunded.Add(uint64(-(delta + 1)) + 1)
 	} else {
-		c.Charged += uint64(delta)
+		c.charged.Add(uint64(delta))
 	}
+}
+
+func (c *counters) counts() Counts {
+	return Counts{Allowed: c.allowed.Load(), Denied: c.denied.Load(),
+		Degraded: c.degraded.Load(), ShadowDenied: c.shadowDenied.Load(), Shadow: c.shadow.Load(),
+		Refunded: c.refunded.Load(), Charged: c.charged.Load(), Batch: c.batch.Load(),
+		DenyCache: c.denyCache.Load()}
 }
 
 // Counts are limit's counters (zero for a limit never counted).
 func (m *Metrics) Counts(limit string) Counts {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c := m.byLimit[limit]; c != nil {
-		return *c
+	if c, ok := m.byLimit.Load(limit); ok {
+		return c.(*counters).counts()
 	}
 	return Counts{}
 }
@@ -138,12 +143,14 @@ func escapeLabel(s string) string {
 // something, ratelimit_settled_units_total{limit="...",direction="refunded|charged"} for the
 // limits that settled. Limits in byte order of their names.
 func (m *Metrics) Prometheus() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	names := make([]string, 0, len(m.byLimit))
-	for n := range m.byLimit {
+	var names []string
+	byName := map[string]Counts{}
+	m.byLimit.Range(func(k, v interface{}) bool {
+		n := k.(string)
 		names = append(names, n)
-	}
+		byName[n] = v.(*counters).counts()
+		return true
+	})
 	sort.Strings(names)
 	var b strings.Builder
 	b.WriteString("# HELP ratelimit_decisions_total Rate-limit decisions per limit: allowed, denied, degraded (made without Redis), and shadow_denied (a shadow limit would have refused; let through).\n# TYPE ratelimit_decisions_total counter\n")
@@ -153,7 +160,7 @@ func (m *Metrics) Prometheus() string {
 	}
 	settled := false
 	for _, n := range names {
-		c := m.byLimit[n]
+		c := byName[n]
 		line("ratelimit_decisions_total", n, "outcome", "allowed", c.Allowed)
 		line("ratelimit_decisions_total", n, "outcome", "denied", c.Denied)
 		line("ratelimit_decisions_total", n, "outcome", "degraded", c.Degraded)
@@ -173,7 +180,7 @@ func (m *Metrics) Prometheus() string {
 		b.WriteString("# HELP ratelimit_settled_units_total Units given back (refunded) or taken (charged) when reservations were settled with their actual cost.\n# TYPE ratelimit_settled_units_total counter\n")
 	}
 	for _, n := range names {
-		c := m.byLimit[n]
+		c := byName[n]
 		if c.Refunded > 0 || c.Charged > 0 {
 			line("ratelimit_settled_units_total", n, "direction", "refunded", c.Refunded)
 			line("ratelimit_settled_units_total", n, "direction", "charged", c.Charged)

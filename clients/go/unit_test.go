@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -295,5 +296,61 @@ func TestDraft12Fields(t *testing.T) {
 	if HeaderFormat(0) != HeaderDraft11 || HeaderDraft11.String() != "draft-11" ||
 		HeaderDraft12.String() != "draft-12" {
 		t.Fatal("the zero value is draft-11")
+	}
+}
+
+// A limiter's words are made once per client and algorithm value, the same words Params
+// gives; a pointer's are made on each call (its value may change), and past maxWords values
+// (NaN parameters never find theirs) they are made without being kept.
+func TestLimiterWordsAreMadeOncePerValue(t *testing.T) {
+	c := New(nil, Options{})
+	a := GCRA{MaxBurst: 9, CountPerPeriod: 3, PeriodSec: 0.25}
+	w := c.wordsOf(a)
+	if w != c.wordsOf(GCRA{MaxBurst: 9, CountPerPeriod: 3, PeriodSec: 0.25}) {
+		t.Fatal("the words of an equal value were made again")
+	}
+	want := []interface{}{"9", "3", "0.25"}
+	if !reflect.DeepEqual(w.params, want) || w.command != "RL.GCRA" ||
+		w.function != "rl_gcra" || w.sha != shas[scriptGCRA] {
+		t.Fatalf("%+v", w)
+	}
+	p := &TokenBucket{Capacity: 5, RefillPerSec: 1}
+	first := c.wordsOf(p)
+	p.Capacity = 6
+	if second := c.wordsOf(p); first == second ||
+		!reflect.DeepEqual(second.params, []interface{}{"6", "1"}) {
+		t.Fatalf("a pointer's words were kept: %+v", second.params)
+	}
+	for i := 0; i < 2*maxWords; i++ {
+		c.wordsOf(TokenBucket{Capacity: int64(i), RefillPerSec: math.NaN()})
+	}
+	if n := c.wordCount.Load(); n != maxWords {
+		t.Fatalf("%d words kept", n)
+	}
+	if intWord(7) != "7" || intWord(255) != "255" || intWord(256) != "256" || intWord(-1) != "-1" {
+		t.Fatal("intWord")
+	}
+}
+
+// Counted from many goroutines at once, without a lock: every answer counted, exactly.
+func TestMetricsCountConcurrentAnswersExactly(t *testing.T) {
+	m := NewMetrics()
+	done := make(chan struct{})
+	for g := 0; g < 8; g++ {
+		go func(g int) {
+			defer func() { done <- struct{}{} }()
+			for i := 0; i < 1000; i++ {
+				m.RecordAnswer("api", i%4 != 0, i%10 == 0, LocalAnswer(i%3))
+				m.RecordSettled("api", int64(g%2*2-1))
+			}
+		}(g)
+	}
+	for g := 0; g < 8; g++ {
+		<-done
+	}
+	want := Counts{Allowed: 6000, Denied: 2000, Degraded: 800, Batch: 2664, DenyCache: 2664,
+		Refunded: 4000, Charged: 4000}
+	if got := m.Counts("api"); got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }

@@ -115,10 +115,30 @@ func equalSeen(a, b []seen) bool {
 // calls are answered at once, and after the cooldown one trial finds the server back. A
 // deadline of the caller's context that comes before the timeout is kept. (Bounds wide enough
 // for a loaded machine: 30 ms against 300.)
+// conns are the two ways the client sends a request: on the caller's goroutine through a
+// ratelimit.DeadlineConn (the redigo adapter), and watched from a goroutine of its own to its
+// deadline through any other Conn.
+var conns = []struct {
+	name string
+	conn func(*redis.Pool) ratelimit.Conn
+}{
+	{"deadline", func(p *redis.Pool) ratelimit.Conn { return Redigo{p} }},
+	{"watched", func(p *redis.Pool) ratelimit.Conn { return Watched{p} }},
+}
+
 func TestTheBreakerSparesTheTimeoutOfAHungServer(t *testing.T) {
+	for _, c := range conns {
+		t.Run(c.name, func(t *testing.T) {
+			theBreakerSparesTheTimeoutOfAHungServer(t, c.conn)
+		})
+	}
+}
+
+func theBreakerSparesTheTimeoutOfAHungServer(t *testing.T, conn func(*redis.Pool) ratelimit.Conn) {
 	ctx := context.Background()
 	s := start(t, serverOpts{module: true})
-	l := ratelimit.NewLimiter(client(s, ratelimit.Options{Timeout: 300 * time.Millisecond,
+	l := ratelimit.NewLimiter(ratelimit.New(conn(pool(s.addr())), ratelimit.Options{
+		Timeout: 300 * time.Millisecond,
 		Breaker: ratelimit.BreakerConfig{Failures: 3, Cooldown: 500 * time.Millisecond}}), slowBucket)
 	if o, err := l.Check(ctx, "k"); err != nil || o.Degraded != ratelimit.NotDegraded || o.Decision.Remaining != 9 {
 		t.Fatalf("%+v %v", o, err)
@@ -178,6 +198,64 @@ func TestTheBreakerSparesTheTimeoutOfAHungServer(t *testing.T) {
 	}
 	if l.Client().BreakerOpen() {
 		t.Fatal("the breaker is open after a success")
+	}
+}
+
+// A request on a frozen server (SIGSTOP) ends at its deadline, the client's timeout or the
+// context's if sooner, whichever way it is sent; a caller that gives up while it waits gets the
+// policy's answer, not counted by the breaker: at once when the client watches the request, at
+// the deadline when the DeadlineConn sends it on the caller's goroutine (redigo cannot
+// interrupt a read).
+func TestARequestOnAFrozenServerEndsAtItsDeadline(t *testing.T) {
+	for _, c := range conns {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := start(t, serverOpts{module: true})
+			l := ratelimit.NewLimiter(ratelimit.New(c.conn(pool(s.addr())), ratelimit.Options{
+				Timeout: 200 * time.Millisecond, Policy: ratelimit.FailClosed,
+				Breaker: ratelimit.BreakerConfig{Failures: 1, Cooldown: time.Hour}}), slowBucket)
+			if o, err := l.Check(ctx, "k"); err != nil || o.Degraded != ratelimit.NotDegraded ||
+				o.Decision.Remaining != 9 {
+				t.Fatalf("%+v %v", o, err)
+			}
+			if err := s.signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = s.signal(syscall.SIGCONT) }()
+			// Cancelled after 30 ms.
+			gone, cancel := context.WithCancel(ctx)
+			timer := time.AfterFunc(30*time.Millisecond, cancel)
+			began := time.Now()
+			o, err := l.Check(gone, "k")
+			took := time.Since(began)
+			gaveUp := took
+			timer.Stop()
+			cancel()
+			lo, hi := 200*time.Millisecond, 300*time.Millisecond
+			if c.name == "watched" {
+				lo, hi = 30*time.Millisecond, 130*time.Millisecond
+			}
+			if err != nil || o.Degraded != ratelimit.DegradedFailClosed || took < lo || took > hi {
+				t.Fatalf("cancelled: %+v %v in %v, not in [%v, %v]", o, err, took, lo, hi)
+			}
+			if l.Client().BreakerOpen() {
+				t.Fatal("a caller that gave up opened the breaker")
+			}
+			// The context's deadline (40 ms) before the timeout.
+			short, cancel := context.WithTimeout(ctx, 40*time.Millisecond)
+			began = time.Now()
+			o, err = l.Check(short, "k")
+			took = time.Since(began)
+			cancel()
+			if err != nil || o.Degraded != ratelimit.DegradedFailClosed ||
+				took < 40*time.Millisecond || took > 140*time.Millisecond {
+				t.Fatalf("context deadline: %+v %v in %v", o, err, took)
+			}
+			if !l.Client().BreakerOpen() {
+				t.Fatal("a request past its deadline did not open the breaker (1 failure)")
+			}
+			t.Logf("cancelled after 30 ms: answered in %v; deadline of 40 ms: in %v", gaveUp, took)
+		})
 	}
 }
 
@@ -323,19 +401,26 @@ func TestAClientStartedWhileRedisIsDownStartsAndRecovers(t *testing.T) {
 func TestABurstOnAFrozenServerIsAnsweredByThePolicyWithinTheDeadline(t *testing.T) {
 	ctx := context.Background()
 	s := start(t, serverOpts{module: true})
-	warm := ratelimit.NewLimiter(client(s, ratelimit.Options{}), slowBucket)
-	if o, err := warm.Check(ctx, "k"); err != nil || o.Degraded != ratelimit.NotDegraded {
-		t.Fatalf("%+v %v", o, err)
+	type limiter struct {
+		name string
+		l    *ratelimit.Limiter
 	}
-	cold := ratelimit.NewLimiter(client(s, ratelimit.Options{}), slowBucket)
+	var limiters []limiter
+	for _, c := range conns {
+		warm := ratelimit.NewLimiter(ratelimit.New(c.conn(pool(s.addr())), ratelimit.Options{}),
+			slowBucket)
+		if o, err := warm.Check(ctx, "k"); err != nil || o.Degraded != ratelimit.NotDegraded {
+			t.Fatalf("%+v %v", o, err)
+		}
+		cold := ratelimit.NewLimiter(ratelimit.New(c.conn(pool(s.addr())), ratelimit.Options{}),
+			slowBucket)
+		limiters = append(limiters, limiter{"cold " + c.name, cold}, limiter{"warm " + c.name, warm})
+	}
 	if err := s.signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.signal(syscall.SIGCONT) }()
-	for _, c := range []struct {
-		name string
-		l    *ratelimit.Limiter
-	}{{"cold", cold}, {"warm", warm}} {
+	for _, c := range limiters {
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		var slowest time.Duration
@@ -370,7 +455,9 @@ func TestABurstOnAFrozenServerIsAnsweredByThePolicyWithinTheDeadline(t *testing.
 		}
 		t.Logf("%s: 200 answers by the policy, the slowest in %v", c.name, slowest)
 	}
-	if _, known := cold.Client().Mode(); known {
-		t.Fatal("a mode detected on a frozen server")
+	for _, c := range limiters {
+		if _, known := c.l.Client().Mode(); strings.HasPrefix(c.name, "cold") && known {
+			t.Fatalf("%s: a mode detected on a frozen server", c.name)
+		}
 	}
 }

@@ -26,10 +26,24 @@ import (
 )
 
 // Redigo is a redigo pool as a ratelimit.Conn through the package's adapter
-// (redigoadapter.New), the one every test goes through; Redigo{pool} keeps the tests short.
+// (redigoadapter.New), the one every test goes through; Redigo{pool} keeps the tests short. It
+// is a ratelimit.DeadlineConn, as the adapter is: the client sends on the caller's goroutine.
 type Redigo struct{ *redis.Pool }
 
 func (p Redigo) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
+	return redigoadapter.New(p.Pool).Do(ctx, args...)
+}
+
+func (p Redigo) DoBy(ctx context.Context, deadline time.Time, args ...interface{}) (interface{},
+	error) {
+	return redigoadapter.New(p.Pool).DoBy(ctx, deadline, args...)
+}
+
+// Watched is the adapter with Do only, as a Conn of another client library: the client watches
+// each request from a goroutine of its own, to its deadline.
+type Watched struct{ *redis.Pool }
+
+func (p Watched) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
 	return redigoadapter.New(p.Pool).Do(ctx, args...)
 }
 

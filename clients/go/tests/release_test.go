@@ -35,6 +35,18 @@ func newSlowRenewals(addr, key string) *slowRenewals {
 }
 
 func (s *slowRenewals) Do(ctx context.Context, args ...interface{}) (interface{}, error) {
+	return s.pass(args, func() (interface{}, error) { return s.Redigo.Do(ctx, args...) })
+}
+
+// DoBy is Do on the caller's goroutine (a ratelimit.DeadlineConn, as the adapter is).
+func (s *slowRenewals) DoBy(ctx context.Context, deadline time.Time,
+	args ...interface{}) (interface{}, error) {
+	return s.pass(args, func() (interface{}, error) { return s.Redigo.DoBy(ctx, deadline, args...) })
+}
+
+// pass sends a command with send, the first renewal held back.
+func (s *slowRenewals) pass(args []interface{}, send func() (interface{}, error)) (interface{},
+	error) {
 	first := false
 	if len(args) > 1 && args[0] == "RL.ACQUIRE" && args[1] == s.key {
 		s.mu.Lock()
@@ -43,11 +55,11 @@ func (s *slowRenewals) Do(ctx context.Context, args ...interface{}) (interface{}
 		s.mu.Unlock()
 	}
 	if !first {
-		return s.Redigo.Do(ctx, args...)
+		return send()
 	}
 	close(s.held)
 	time.Sleep(s.delay)
-	v, err := s.Redigo.Do(ctx, args...)
+	v, err := send()
 	close(s.answered)
 	return v, err
 }
