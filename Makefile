@@ -216,22 +216,49 @@ bench: deps servers
 		--floor-module $(BENCH_TARGET)/floor_module.so)
 	$(MAKE) bench-hot
 
-# One hot key through the Rust client's HTTP middleware (clients/rust/examples/hot_key.rs, release
-# build) on Redis 7.0: unbatched, with the deny cache, with leased batches, and both, from one
-# process of 64 tasks and from 4 processes of 16, offered far below the limit, far above it, and
-# a flood on a denied key: requests/s, client-side p50/p99, server calls per admitted and per
-# denied request, admissions against the exact limit; below the limit also its two floors (no
-# limit at all, and no limit with the draft headers), in HOT_ROUNDS interleaved rounds (about 5
-# minutes once built; HOT_SECONDS per run, default 3).
+# One hot key through each client's HTTP middleware on Redis 7.0: first the Rust client's
+# (clients/rust/examples/hot_key.rs, release build): unbatched, with the deny cache, with leased
+# batches, and both, from one process of 64 tasks and from 4 processes of 16, offered far below
+# the limit, far above it, and a flood on a denied key: requests/s, client-side p50/p99, server
+# calls per admitted and per denied request, admissions against the exact limit; below the limit
+# also its two floors (no limit at all, and no limit with the draft headers), in HOT_ROUNDS
+# interleaved rounds (about 5 minutes once built; HOT_SECONDS per run, default 3). Then the same
+# rows for Go (net/http middleware), Python (ASGI middleware) and Node.js (node:http middleware)
+# through benches/hot/run.py and each language's worker (benches/hot/worker.go, worker.py,
+# worker.mjs), fewer variants, and a run with one of 4 worker processes killed (SIGKILL) checked
+# against Redis's own count (about 1 minute per language; HOT_LANG_SECONDS per run, default 2;
+# HOT_LANGS to choose, HOT_RUST=0 to leave Rust out). Python and Node.js take the above and kill
+# runs on a window of 2,000 rather than 20,000, which they would not reach in a run. It ends with
+# the four languages in one table (docs/benchmarks.md's).
 HOT_SECONDS ?= 3
 HOT_ROUNDS ?= 3
+HOT_LANG_SECONDS ?= 2
+HOT_LANG_ROUNDS ?= 1
+HOT_LANGS ?= go python node
+HOT_RUST ?= 1
+HOT_WORKER_go = go=$(GO_BIN)/hot_worker
+HOT_WORKER_python = python=$(CURDIR)/$(PY_VENV)/bin/python benches/hot/worker.py
+HOT_WORKER_node = node=node benches/hot/worker.mjs
 
-bench-hot: deps servers
+bench-hot: deps servers $(if $(filter go,$(HOT_LANGS)),go-deps) $(if $(filter node,$(HOT_LANGS)),node-deps) \
+		$(if $(filter python,$(HOT_LANGS)),clients/python/.venv/.installed)
 	$(CARGO) build --release -p redis-rate-limiter
-	$(CARGO) run --release -p ratelimit-client --example hot_key -- \
+	@mkdir -p $(BENCH_TARGET) && rm -f $(BENCH_TARGET)/hot-rust.txt
+	$(if $(filter 1,$(HOT_RUST)),$(CARGO) build --release -p ratelimit-client --example hot_key)
+	$(if $(filter 1,$(HOT_RUST)),$(BENCH_TARGET)/release/examples/hot_key \
 		--server $(SERVERS_DIR)/redis-7.0/server \
 		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so --seconds $(HOT_SECONDS) \
-		--rounds $(HOT_ROUNDS)
+		--rounds $(HOT_ROUNDS) > $(BENCH_TARGET)/hot-rust.txt; \
+		status=$$?; cat $(BENCH_TARGET)/hot-rust.txt; exit $$status)
+	$(if $(filter go,$(HOT_LANGS)),cd clients/go/tests && $(GO_ENV) $(GO) build -o $(GO_BIN)/hot_worker \
+		../../../benches/hot/worker.go)
+	$(if $(filter node,$(HOT_LANGS)),cd $(NODE_DIR) && node scripts/build.mjs)
+	$(if $(strip $(HOT_LANGS)),$(PY_VENV)/bin/python benches/hot/run.py \
+		--server $(SERVERS_DIR)/redis-7.0/server \
+		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
+		$(foreach l,$(HOT_LANGS),--worker "$(HOT_WORKER_$(l))") \
+		--above-limit python=2000 --above-limit node=2000 \
+		--seconds $(HOT_LANG_SECONDS) --rounds $(HOT_LANG_ROUNDS) --rust-output $(BENCH_TARGET)/hot-rust.txt)
 
 # A release tarball in target/dist that loads where operators run Redis: the module and the
 # rate limit service (ratelimit-rls) built against glibc 2.17 (Debian 10+, Ubuntu 18.04+, RHEL
