@@ -366,7 +366,8 @@ def summary(rows: list[Row], seconds: float) -> list[str]:
                 out.append(
                     f"{lang}, below, {p} process(es): batched {b.rps:.0f} requests/s = {b.rps / max(1, u.rps):.1f}x "
                     f"unbatched ({u.rps:.0f}); server calls per admitted request {ratio(b.calls, b.admitted)}, "
-                    f"after the first second {ratio(b.steady_calls, b.steady_admitted)} (goal at most 1/32)"
+                    f"after the first second {ratio(b.steady_calls, b.steady_admitted) if seconds > 1 else '-'} "
+                    "(goal at most 1/32)"
                 )
                 for floor in ("no limit", "headers only"):
                     f = find(lang, "below", p, floor)
@@ -383,7 +384,8 @@ def summary(rows: list[Row], seconds: float) -> list[str]:
                 out.append(
                     f"{lang}, flood, 4 processes, {v}: {f.calls} server calls for {f.denied} denials "
                     f"({f.admitted} admitted; unbatched without it: {u.calls} for {u.denied}); after the first "
-                    f"second {f.steady_calls / 4 / max(0.001, seconds - 1):.2f} calls per process per second"
+                    f"second {f'{f.steady_calls / 4 / (seconds - 1):.2f}' if seconds > 1 else '-'} calls per process "
+                    "per second"
                 )
         k = find(lang, "kill", 4, "batched + deny cache")
         if k:
@@ -484,18 +486,16 @@ def main() -> None:
             print(s)
         print(f"load average at the end: {load_average()}")
         if a.rust_output:
+            # hot_key's rows when it ran before (none with HOT_RUST=0), then these.
             rust = rust_rows(a.rust_output)
-            if rust:
-                print(
-                    "\nthe four languages in one table (Rust from hot_key's run above; kill rows Go, Python "
-                    "and Node.js only):\n"
-                )
-                print(HEADER)
-                print(RULE)
-                for text in rust:
-                    print(text)
-                for row in rows:
-                    print(line(row))
+            source = "Rust from hot_key's run above, " if rust else ""
+            print(f"\nevery language in one table ({source}kill rows Go, Python and Node.js only):\n")
+            print(HEADER)
+            print(RULE)
+            for text in rust:
+                print(text)
+            for row in rows:
+                print(line(row))
     finally:
         r.close()
     sys.stdout.flush()
