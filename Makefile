@@ -16,7 +16,7 @@ DEMO_PORT ?= 8080
 DEMO_REDIS_PORT ?= 6390
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench bench-hot failover dist clean
+.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench bench-hot test-bench-hot failover dist clean
 
 deps:
 	@missing=""; \
@@ -70,7 +70,8 @@ run: build $(if $(SERVER),servers)
 # the Rust client's other integration suites on Redis 8.2 (what they add to the module's own
 # suites is the client's own code, the same on every server; its unit and doc tests need no
 # server and ran above); the Go, Python and Node.js packages (each on the whole matrix, see their
-# targets), and a short fuzzing run. Every cargo call here selects the whole workspace, so that
+# targets), the kill run of the hot-key bench for Go, Python and Node.js (make test-bench-hot),
+# and a short fuzzing run. Every cargo call here selects the whole workspace, so that
 # its dependencies are built once with one set of features (a `-p` would rebuild them).
 test: deps servers rls-deps
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
@@ -82,6 +83,7 @@ test: deps servers rls-deps
 	$(MAKE) test-go
 	$(MAKE) test-python
 	$(MAKE) test-node
+	$(MAKE) test-bench-hot
 	$(MAKE) fuzz FUZZ_SECONDS=15
 
 # examples/: the seed scenario from Python (redis-py) and Node.js (node-redis), with the module and
@@ -259,6 +261,18 @@ bench-hot: deps servers $(if $(filter go,$(HOT_LANGS)),go-deps) $(if $(filter no
 		$(foreach l,$(HOT_LANGS),--worker "$(HOT_WORKER_$(l))") \
 		--above-limit python=2000 --above-limit node=2000 \
 		--seconds $(HOT_LANG_SECONDS) --rounds $(HOT_LANG_ROUNDS) --rust-output $(BENCH_TARGET)/hot-rust.txt)
+
+# The kill run of bench-hot for Go, Python and Node.js, half a second each on the debug module
+# (benches/hot/run.py --check): fails on an admission above the limit, on a killed worker's
+# admissions above what Redis says it took, or on an answer of the failure policy. About 15 s;
+# part of make test, after the Go, Python and Node.js suites (whose dependencies it uses).
+test-bench-hot: servers clients/python/.venv/.installed
+	$(CARGO) build -p redis-rate-limiter
+	cd clients/go/tests && $(GO_ENV) $(GO) build -o $(GO_BIN)/hot_worker ../../../benches/hot/worker.go
+	cd $(NODE_DIR) && node scripts/build.mjs
+	$(PY_VENV)/bin/python benches/hot/run.py --server $(SERVERS_DIR)/redis-7.0/server \
+		--module $(RL_MODULE_DEBUG) $(foreach l,go python node,--worker "$(HOT_WORKER_$(l))") \
+		--above-limit python=2000 --above-limit node=2000 --seconds 0.5 --only kill --check
 
 # A release tarball in target/dist that loads where operators run Redis: the module and the
 # rate limit service (ratelimit-rls) built against glibc 2.17 (Debian 10+, Ubuntu 18.04+, RHEL

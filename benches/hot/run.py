@@ -407,6 +407,26 @@ def summary(rows: list[Row], seconds: float) -> list[str]:
     return out
 
 
+def failures(rows: list[Row]) -> list[str]:
+    """What --check fails on: a run without requests, an admission above the exact limit, Redis's
+    count above the limit different from the admissions once the clients closed, a dead worker's
+    told admissions above what Redis says it took, an answer of the failure policy."""
+    out = []
+    for r in rows:
+        name = f"{r.lang}, {r.scenario}, {r.processes} × {r.tasks}, {r.variant}"
+        if r.requests == 0:
+            out.append(f"{name}: no requests")
+        if r.exact is not None and r.admitted > r.exact:
+            out.append(f"{name}: admitted {r.admitted}, above {r.exact}")
+        if r.scenario == "above" and r.counted != r.admitted:
+            out.append(f"{name}: Redis counted {r.counted}, admitted {r.admitted}")
+        if r.kill and r.kill["told"] > r.kill["took"]:
+            out.append(f"{name}: the dead one told {r.kill['told']} admissions, Redis says it took {r.kill['took']}")
+        if r.degraded:
+            out.append(f"{name}: {r.degraded} answers of the failure policy")
+    return out
+
+
 def rust_rows(path: str) -> list[str]:
     """hot_key.rs's rows with the language column, and its summary lines."""
     rows = []
@@ -434,6 +454,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated scenarios")
+    ap.add_argument("--check", action="store_true", help="exit 1 on an over-admission or a miscount")
     ap.add_argument("--rust-output", default="")
     ap.add_argument(
         "--above-limit",
@@ -447,6 +468,7 @@ def main() -> None:
         lang, _, command = w.partition("=")
         workers[lang] = shlex.split(command)
     limits = {lang: int(n) for lang, _, n in (x.partition("=") for x in a.above_limit)}
+    rows: list[Row] = []
     r = Redis(a.server, a.module)
     try:
         version = next(
@@ -464,7 +486,6 @@ def main() -> None:
         print(RULE, flush=True)
         bench = Bench(r, workers, a.seconds, limits)
         only = set(filter(None, a.only.split(",")))
-        rows: list[Row] = []
         for lang in workers:
             for scenario, processes, tasks, variants in PLAN:
                 if only and scenario not in only:
@@ -499,6 +520,12 @@ def main() -> None:
     finally:
         r.close()
     sys.stdout.flush()
+    if a.check:
+        wrong = failures(rows)
+        for w in wrong:
+            print(f"hot key check: {w}", file=sys.stderr)
+        if wrong:
+            sys.exit(1)
 
 
 if __name__ == "__main__":
