@@ -202,12 +202,35 @@ class Bench:
         self.r, self.workers, self.seconds, self.limits = r, workers, seconds, limits
 
     def run(self, lang: str, scenario: str, variant: str, processes: int, tasks: int) -> Row:
+        """One run; its workers killed if it fails (none outlives it)."""
+        procs: list[subprocess.Popen[str]] = []
+        files: list[str] = []
+        try:
+            return self._run(procs, files, lang, scenario, variant, processes, tasks)
+        except BaseException:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for path in files:
+                if os.path.exists(path):
+                    os.unlink(path)
+            raise
+
+    def _run(
+        self,
+        procs: list[subprocess.Popen[str]],
+        files: list[str],
+        lang: str,
+        scenario: str,
+        variant: str,
+        processes: int,
+        tasks: int,
+    ) -> Row:
         r = self.r
         r.cmd("FLUSHALL")
         kill = scenario == "kill"
         limit = self.limits.get(lang, ABOVE_LIMIT)
-        files = []
-        procs = []
         for _ in range(processes):
             argv = self.workers[lang] + [
                 "--port",
