@@ -238,6 +238,9 @@ HOT_LANG_SECONDS ?= 2
 HOT_LANG_ROUNDS ?= 1
 HOT_LANGS ?= go python node
 HOT_RUST ?= 1
+# HOT_HTTP=1: Go, Python and Node.js over HTTP/1.1 on loopback (a net/http server, uvicorn, a
+# node:http server, each with its client in the same process) rather than handed over in process.
+HOT_HTTP ?=
 HOT_WORKER_go = go=$(GO_BIN)/hot_worker
 HOT_WORKER_python = python=$(CURDIR)/$(PY_VENV)/bin/python benches/hot/worker.py
 HOT_WORKER_node = node=node benches/hot/worker.mjs
@@ -260,7 +263,8 @@ bench-hot: deps servers $(if $(filter go,$(HOT_LANGS)),go-deps) $(if $(filter no
 		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
 		$(foreach l,$(HOT_LANGS),--worker "$(HOT_WORKER_$(l))") \
 		--above-limit python=2000 --above-limit node=2000 \
-		--seconds $(HOT_LANG_SECONDS) --rounds $(HOT_LANG_ROUNDS) --rust-output $(BENCH_TARGET)/hot-rust.txt)
+		--seconds $(HOT_LANG_SECONDS) --rounds $(HOT_LANG_ROUNDS) --rust-output $(BENCH_TARGET)/hot-rust.txt \
+		$(if $(filter 1,$(HOT_HTTP)),--http))
 
 # The kill run of bench-hot for Go, Python and Node.js, half a second each on the debug module
 # (benches/hot/run.py --check): fails on an admission above the limit, on a killed worker's

@@ -13,6 +13,10 @@ would, without sockets), waits until each says it is ready, gives them one momen
 and reads their counts (one JSON line each) once they have closed their clients. Server calls
 are INFO commandstats calls of RL.* in the run, so they are Redis's count, not the clients'.
 
+With --http (make bench-hot HOT_HTTP=1) the requests go over HTTP/1.1 on loopback instead: each
+worker serves its middleware (net/http's server, uvicorn, node:http's server) and sends the
+requests to it from the same process over keep-alive connections, one per task.
+
 Every language runs the same scenarios and offered loads as hot_key.rs (a token bucket far above
 the load; a fixed window of 20,000 an hour; a fixed window of 1 a second used up before the run),
 with fewer variants and shapes (1 process of 64 tasks below the limit, 4 processes of 16
@@ -198,8 +202,10 @@ class Row:
 
 
 class Bench:
-    def __init__(self, r: Redis, workers: dict[str, list[str]], seconds: float, limits: dict[str, int]) -> None:
-        self.r, self.workers, self.seconds, self.limits = r, workers, seconds, limits
+    def __init__(
+        self, r: Redis, workers: dict[str, list[str]], seconds: float, limits: dict[str, int], http: bool = False
+    ) -> None:
+        self.r, self.workers, self.seconds, self.limits, self.http = r, workers, seconds, limits, http
 
     def run(self, lang: str, scenario: str, variant: str, processes: int, tasks: int) -> Row:
         """One run; its workers killed if it fails (none outlives it)."""
@@ -246,6 +252,8 @@ class Bench:
                 "--limit",
                 str(limit),
             ]
+            if self.http:
+                argv.append("--http")
             if kill:
                 fd, path = tempfile.mkstemp(prefix="hot-admissions-")
                 os.close(fd)
@@ -298,7 +306,7 @@ class Bench:
         for o in outs:
             for b, n in o["hist"]:
                 hist[b] = hist.get(b, 0) + n
-        row = Row(lang, scenario, processes, tasks, variant)
+        row = Row(f"{lang} over HTTP" if self.http else lang, scenario, processes, tasks, variant)
         row.admitted, row.denied = total("admitted"), total("denied")
         row.requests = row.admitted + row.denied + total("other")
         row.rps = row.requests / self.seconds
@@ -478,6 +486,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated scenarios")
     ap.add_argument("--check", action="store_true", help="exit 1 on an over-admission or a miscount")
+    ap.add_argument("--http", action="store_true", help="requests over HTTP on loopback, not handed over in process")
     ap.add_argument("--rust-output", default="")
     ap.add_argument(
         "--above-limit",
@@ -507,7 +516,7 @@ def main() -> None:
         )
         print(HEADER)
         print(RULE, flush=True)
-        bench = Bench(r, workers, a.seconds, limits)
+        bench = Bench(r, workers, a.seconds, limits, a.http)
         only = set(filter(None, a.only.split(",")))
         for lang in workers:
             for scenario, processes, tasks, variants in PLAN:

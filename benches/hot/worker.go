@@ -6,6 +6,9 @@
 //
 //	go build -o hot_worker ../../../benches/hot/worker.go
 //
+// With --http the requests go over HTTP/1.1 on loopback instead: a net/http server serving the
+// middleware, and an http.Client of the same process (keep-alive, one connection per goroutine).
+//
 // Protocol (the same in every language): it prints "ready" once its client has detected the
 // mode, reads the start (Unix ms) from stdin, runs --seconds from then, closes its client (what
 // the batches hold goes back) and prints the JSON line. With --admissions FILE it appends one byte
@@ -18,7 +21,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/bits"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -90,6 +95,7 @@ func main() {
 	seconds := flag.Float64("seconds", 2, "")
 	admissions := flag.String("admissions", "", "")
 	limit := flag.Int64("limit", 20000, "")
+	overHTTP := flag.Bool("http", false, "")
 	flag.Parse()
 
 	addr := "127.0.0.1:" + strconv.Itoa(*port)
@@ -131,6 +137,37 @@ func main() {
 		})
 	}
 	handler := m.Handler(next)
+	// One request: its status and whether the failure policy answered it.
+	serve := func(ctx context.Context) (int, bool) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://hot/", nil)
+		req.Header.Set("x-api-key", "hot")
+		w := &writer{header: http.Header{}}
+		handler.ServeHTTP(w, req)
+		return w.status, w.header.Get("RateLimit-Degraded") != ""
+	}
+	if *overHTTP {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		srv := &http.Server{Handler: handler}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		url := "http://" + ln.Addr().String() + "/"
+		hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *tasks, MaxConnsPerHost: *tasks}}
+		serve = func(ctx context.Context) (int, bool) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			req.Header.Set("x-api-key", "hot")
+			resp, err := hc.Do(req)
+			if err != nil {
+				return 0, false
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, resp.Header.Get("RateLimit-Degraded") != ""
+		}
+	}
 	var told *os.File
 	if *admissions != "" {
 		f, err := os.OpenFile(*admissions, os.O_WRONLY|os.O_APPEND, 0)
@@ -159,17 +196,14 @@ func main() {
 			hist := map[int]uint64{}
 			ctx := context.Background()
 			for time.Now().Before(end) {
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://hot/", nil)
-				req.Header.Set("x-api-key", "hot")
-				w := &writer{header: http.Header{}}
 				t0 := time.Now()
-				handler.ServeHTTP(w, req)
+				status, policy := serve(ctx)
 				done := time.Now()
 				hist[bucket(uint64(done.Sub(t0).Nanoseconds()))]++
-				if w.header.Get("RateLimit-Degraded") != "" {
+				if policy {
 					degraded.Add(1)
 				}
-				switch w.status {
+				switch status {
 				case http.StatusOK:
 					admitted.Add(1)
 					if done.After(steady) {

@@ -5,13 +5,17 @@
 // key until the run ends; its counts as one JSON line. Run after the package's build
 // (`node scripts/build.mjs` in clients/node).
 //
+// With `--http` the requests go over HTTP/1.1 on loopback instead: a node:http server serving the
+// middleware, and node:http requests of the same process (a keep-alive agent, one socket per
+// caller).
+//
 // Protocol (the same in every language): it prints `ready` once its client has detected the mode,
 // reads the start (Unix ms) from stdin, runs `--seconds` from then, closes its client (what the
 // batches hold goes back) and prints the JSON line. With `--admissions FILE` it appends one byte
 // to FILE per admitted request as it happens.
 
 import { existsSync, openSync, writeSync } from 'node:fs';
-import { IncomingMessage, ServerResponse } from 'node:http';
+import { Agent, IncomingMessage, ServerResponse, createServer, get } from 'node:http';
 import { createRequire } from 'node:module';
 import { Socket } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
@@ -43,6 +47,7 @@ const tasks = Number(arg('--tasks', '16'));
 const seconds = Number(arg('--seconds', '2'));
 const admissions = arg('--admissions', '');
 const limitAbove = Number(arg('--limit', '20000'));
+const overHttp = args.includes('--http');
 
 function algorithm() {
   if (scenario === 'below') return tokenBucket(1_000_000_000_000, 1_000_000_000_000);
@@ -118,10 +123,45 @@ function request(socket) {
         res.end();
         return;
       }
-      for (const [name, value] of headersOnly) res.setHeader(name, value);
-      res.setHeader('content-type', 'text/plain');
-      res.end('ok');
+      handler(res);
     });
+  });
+}
+
+/** The handler behind the middleware. */
+function handler(res) {
+  for (const [name, value] of headersOnly) res.setHeader(name, value);
+  res.setHeader('content-type', 'text/plain');
+  res.end('ok');
+}
+
+let server;
+let agent;
+let httpPort = 0;
+if (overHttp) {
+  server = createServer((req, res) =>
+    middleware(req, res, (err) => {
+      if (err) {
+        res.statusCode = 500;
+        res.end();
+        return;
+      }
+      handler(res);
+    }),
+  );
+  await new Promise((ok) => server.listen(0, '127.0.0.1', ok));
+  httpPort = server.address().port;
+  agent = new Agent({ keepAlive: true, maxSockets: tasks });
+}
+
+/** One request over HTTP: its response's status and whether it is degraded. */
+function requestOverHttp() {
+  return new Promise((done) => {
+    const req = get({ host: '127.0.0.1', port: httpPort, path: '/', agent, headers: { 'x-api-key': 'hot' } }, (res) => {
+      res.resume();
+      res.once('end', () => done([res.statusCode, res.headers['ratelimit-degraded'] !== undefined]));
+    });
+    req.once('error', () => done([0, false]));
   });
 }
 
@@ -143,9 +183,9 @@ await Promise.all(
       // A server reads each request from its socket: one turn of the event loop per request.
       // Without it, a caller whose requests the middleware answers in the process (from a batch
       // or the deny cache) runs on microtasks alone and the replies from Redis wait for it.
-      await new Promise((ok) => setImmediate(ok));
+      if (!overHttp) await new Promise((ok) => setImmediate(ok));
       const t0 = performance.now();
-      const [status, degraded] = await request(socket);
+      const [status, degraded] = overHttp ? await requestOverHttp() : await request(socket);
       const done = performance.now();
       const b = bucket((done - t0) * 1e6);
       hist.set(b, (hist.get(b) ?? 0) + 1);
@@ -173,5 +213,7 @@ console.log(
     hist: [...hist.entries()].sort((x, y) => x[0] - y[0]),
   }),
 );
+agent?.destroy();
+server?.close();
 await redis.quit().catch(() => undefined);
 process.exit(0);

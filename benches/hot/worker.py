@@ -4,6 +4,10 @@ a scope, receive and send as an ASGI server such as uvicorn calls it, without so
 until the run ends; its counts as one JSON line. Run with the package's virtualenv
 (clients/python/.venv).
 
+With ``--http`` the requests go over HTTP/1.1 on loopback instead: uvicorn (the server of the
+package's tests) serving the middleware in the same event loop, and one keep-alive connection per
+task writing requests and reading the responses.
+
 Protocol (the same in every language): it prints ``ready`` once its client has detected the mode,
 reads the start (Unix ms) from stdin, runs ``--seconds`` from then, closes its client (what the
 batches hold goes back) and prints the JSON line. With ``--admissions FILE`` it appends one byte to
@@ -16,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -62,6 +67,7 @@ async def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--admissions", default="")
     ap.add_argument("--limit", type=int, default=20_000)
+    ap.add_argument("--http", action="store_true")
     a = ap.parse_args()
 
     # Generous: an answer of the policy would not be Redis's.
@@ -75,7 +81,7 @@ async def main() -> None:
     # "headers only" adds the draft fields to that (the floor with what a limit owes).
     route = "other" if a.variant in ("no limit", "headers only") else "*"
     policies = [Policy("hot", algorithm(a.scenario, a.limit))]
-    plain = [(b"content-type", b"text/plain")]
+    plain = [(b"content-type", b"text/plain"), (b"content-length", b"2")]
     if a.variant == "headers only":
         outcome = MultiOutcome(True, 0, (Decision(True, 999_999_999, 0, 1, 1_000_000_000),), None, None, 1)
         head = plain + [
@@ -96,6 +102,17 @@ async def main() -> None:
         deny_cache=a.variant.endswith("deny cache"),
     )
     told = os.open(a.admissions, os.O_WRONLY | os.O_APPEND) if a.admissions else None
+    server: Any = None
+    listener: socket.socket | None = None
+    if a.http:
+        import uvicorn
+
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(mw, log_level="critical", access_log=False, lifespan="off"))
+        serving = asyncio.ensure_future(server.serve(sockets=[listener]))
+        while not server.started:
+            await asyncio.sleep(0.01)
 
     print("ready", flush=True)
     start_ms = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
@@ -116,6 +133,36 @@ async def main() -> None:
                 response["headers"] = message.get("headers", ())
 
         return send
+
+    async def over_http() -> None:
+        """One task's requests over one keep-alive connection."""
+        assert listener is not None
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        request = b"GET / HTTP/1.1\r\nhost: hot\r\nx-api-key: hot\r\n\r\n"
+        while time.monotonic() < end:
+            t0 = time.perf_counter_ns()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            fields = {n.lower(): v.strip() for n, _, v in (x.partition(":") for x in lines[1:] if x)}
+            await reader.readexactly(int(fields.get("content-length", "0")))
+            b = bucket(time.perf_counter_ns() - t0)
+            done = time.monotonic()
+            hist[b] = hist.get(b, 0) + 1
+            if "ratelimit-degraded" in fields:
+                counts["degraded"] += 1
+            status = int(lines[0].split()[1])
+            if status == 200:
+                counts["admitted"] += 1
+                if done > steady:
+                    counts["admitted_after_1s"] += 1
+                if told is not None:
+                    os.write(told, b"a")
+            elif status == 429:
+                counts["denied"] += 1
+            else:
+                counts["other"] += 1
+        writer.close()
 
     async def task() -> None:
         while time.monotonic() < end:
@@ -160,10 +207,13 @@ async def main() -> None:
             else:
                 counts["other"] += 1
 
-    await asyncio.gather(*(task() for _ in range(a.tasks)))
+    await asyncio.gather(*((over_http() if a.http else task()) for _ in range(a.tasks)))
     cpu_us = int((time.process_time() - cpu0) * 1e6)
     stats = mw.client.batch_stats()
     returned = await mw.client.aclose()
+    if server is not None:
+        server.should_exit = True
+        await serving
     print(
         json.dumps(
             {
