@@ -16,7 +16,7 @@ DEMO_PORT ?= 8080
 DEMO_REDIS_PORT ?= 6390
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench bench-hot failover dist clean
+.PHONY: deps servers build run test test-servers check-containers examples e2e demo soak fuzz fuzz-deps lint bench bench-hot test-bench-hot failover dist clean
 
 deps:
 	@missing=""; \
@@ -70,7 +70,8 @@ run: build $(if $(SERVER),servers)
 # the Rust client's other integration suites on Redis 8.2 (what they add to the module's own
 # suites is the client's own code, the same on every server; its unit and doc tests need no
 # server and ran above); the Go, Python and Node.js packages (each on the whole matrix, see their
-# targets), and a short fuzzing run. Every cargo call here selects the whole workspace, so that
+# targets), the kill run of the hot-key bench for Go, Python and Node.js (make test-bench-hot),
+# and a short fuzzing run. Every cargo call here selects the whole workspace, so that
 # its dependencies are built once with one set of features (a `-p` would rebuild them).
 test: deps servers rls-deps
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server $(CARGO) test --workspace --all-targets
@@ -82,6 +83,7 @@ test: deps servers rls-deps
 	$(MAKE) test-go
 	$(MAKE) test-python
 	$(MAKE) test-node
+	$(MAKE) test-bench-hot
 	$(MAKE) fuzz FUZZ_SECONDS=15
 
 # examples/: the seed scenario from Python (redis-py) and Node.js (node-redis), with the module and
@@ -216,22 +218,65 @@ bench: deps servers
 		--floor-module $(BENCH_TARGET)/floor_module.so)
 	$(MAKE) bench-hot
 
-# One hot key through the Rust client's HTTP middleware (clients/rust/examples/hot_key.rs, release
-# build) on Redis 7.0: unbatched, with the deny cache, with leased batches, and both, from one
-# process of 64 tasks and from 4 processes of 16, offered far below the limit, far above it, and
-# a flood on a denied key: requests/s, client-side p50/p99, server calls per admitted and per
-# denied request, admissions against the exact limit; below the limit also its two floors (no
-# limit at all, and no limit with the draft headers), in HOT_ROUNDS interleaved rounds (about 5
-# minutes once built; HOT_SECONDS per run, default 3).
+# One hot key through each client's HTTP middleware on Redis 7.0: first the Rust client's
+# (clients/rust/examples/hot_key.rs, release build): unbatched, with the deny cache, with leased
+# batches, and both, from one process of 64 tasks and from 4 processes of 16, offered far below
+# the limit, far above it, and a flood on a denied key: requests/s, client-side p50/p99, server
+# calls per admitted and per denied request, admissions against the exact limit; below the limit
+# also its two floors (no limit at all, and no limit with the draft headers), in HOT_ROUNDS
+# interleaved rounds (about 5 minutes once built; HOT_SECONDS per run, default 3). Then the same
+# rows for Go (net/http middleware), Python (ASGI middleware) and Node.js (node:http middleware)
+# through benches/hot/run.py and each language's worker (benches/hot/worker.go, worker.py,
+# worker.mjs), fewer variants, and a run with one of 4 worker processes killed (SIGKILL) checked
+# against Redis's own count (about 1 minute per language; HOT_LANG_SECONDS per run, default 2;
+# HOT_LANGS to choose, HOT_RUST=0 to leave Rust out). Python and Node.js take the above and kill
+# runs on a window of 2,000 rather than 20,000, which they would not reach in a run. It ends with
+# the four languages in one table (docs/benchmarks.md's).
 HOT_SECONDS ?= 3
 HOT_ROUNDS ?= 3
+HOT_LANG_SECONDS ?= 2
+HOT_LANG_ROUNDS ?= 1
+HOT_LANGS ?= go python node
+HOT_RUST ?= 1
+# HOT_HTTP=1: Go, Python and Node.js over HTTP/1.1 on loopback (a net/http server, uvicorn, a
+# node:http server, each with its client in the same process) rather than handed over in process.
+HOT_HTTP ?=
+HOT_WORKER_go = go=$(GO_BIN)/hot_worker
+HOT_WORKER_python = python=$(CURDIR)/$(PY_VENV)/bin/python benches/hot/worker.py
+HOT_WORKER_node = node=node benches/hot/worker.mjs
 
-bench-hot: deps servers
+bench-hot: deps servers $(if $(filter go,$(HOT_LANGS)),go-deps) $(if $(filter node,$(HOT_LANGS)),node-deps) \
+		$(if $(filter python,$(HOT_LANGS)),clients/python/.venv/.installed)
 	$(CARGO) build --release -p redis-rate-limiter
-	$(CARGO) run --release -p ratelimit-client --example hot_key -- \
+	@mkdir -p $(BENCH_TARGET) && rm -f $(BENCH_TARGET)/hot-rust.txt
+	$(if $(filter 1,$(HOT_RUST)),$(CARGO) build --release -p ratelimit-client --example hot_key)
+	$(if $(filter 1,$(HOT_RUST)),$(BENCH_TARGET)/release/examples/hot_key \
 		--server $(SERVERS_DIR)/redis-7.0/server \
 		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so --seconds $(HOT_SECONDS) \
-		--rounds $(HOT_ROUNDS)
+		--rounds $(HOT_ROUNDS) > $(BENCH_TARGET)/hot-rust.txt; \
+		status=$$?; cat $(BENCH_TARGET)/hot-rust.txt; exit $$status)
+	$(if $(filter go,$(HOT_LANGS)),cd clients/go/tests && $(GO_ENV) $(GO) build -o $(GO_BIN)/hot_worker \
+		../../../benches/hot/worker.go)
+	$(if $(filter node,$(HOT_LANGS)),cd $(NODE_DIR) && node scripts/build.mjs)
+	$(if $(strip $(HOT_LANGS)),$(PY_VENV)/bin/python benches/hot/run.py \
+		--server $(SERVERS_DIR)/redis-7.0/server \
+		--module $(BENCH_TARGET)/release/libredis_rate_limiter.so \
+		$(foreach l,$(HOT_LANGS),--worker "$(HOT_WORKER_$(l))") \
+		--above-limit python=2000 --above-limit node=2000 \
+		--seconds $(HOT_LANG_SECONDS) --rounds $(HOT_LANG_ROUNDS) --rust-output $(BENCH_TARGET)/hot-rust.txt \
+		$(if $(filter 1,$(HOT_HTTP)),--http))
+
+# The kill run of bench-hot for Go, Python and Node.js, half a second each on the debug module
+# (benches/hot/run.py --check): fails on an admission above the limit, on a killed worker's
+# admissions above what Redis says it took, or on an answer of the failure policy. About 15 s;
+# part of make test, after the Go, Python and Node.js suites (whose dependencies it uses).
+test-bench-hot: servers clients/python/.venv/.installed
+	$(CARGO) build -p redis-rate-limiter
+	cd clients/go/tests && $(GO_ENV) $(GO) build -o $(GO_BIN)/hot_worker ../../../benches/hot/worker.go
+	cd $(NODE_DIR) && node scripts/build.mjs
+	$(PY_VENV)/bin/python benches/hot/run.py --server $(SERVERS_DIR)/redis-7.0/server \
+		--module $(RL_MODULE_DEBUG) $(foreach l,go python node,--worker "$(HOT_WORKER_$(l))") \
+		--above-limit python=2000 --above-limit node=2000 --seconds 0.5 --only kill --check
 
 # A release tarball in target/dist that loads where operators run Redis: the module and the
 # rate limit service (ratelimit-rls) built against glibc 2.17 (Debian 10+, Ubuntu 18.04+, RHEL
