@@ -170,7 +170,8 @@ func (c *Cluster) readSlots(nodes []string) (*redisc.Cluster, []string, error) {
 				return
 			}
 			defer conn.Close()
-			named, err := slotNodes(conn.Do("CLUSTER", "SLOTS"))
+			reply, err := conn.Do("CLUSTER", "SLOTS")
+			named, err := slotNodes(addr, reply, err)
 			answers <- answer{addr: addr, named: named, err: err}
 		}(addr)
 	}
@@ -201,9 +202,9 @@ func (c *Cluster) readSlots(nodes []string) (*redisc.Cluster, []string, error) {
 		strings.Join(errs, "; "))
 }
 
-// slotNodes are the addresses ("host:port") that a CLUSTER SLOTS reply names, masters and
-// replicas.
-func slotNodes(reply interface{}, err error) ([]string, error) {
+// slotNodes are the addresses ("host:port") that the CLUSTER SLOTS reply of the node at asked
+// names, masters and replicas (an empty host is asked's own, as Redis means it).
+func slotNodes(asked string, reply interface{}, err error) ([]string, error) {
 	ranges, err := redis.Values(reply, err)
 	if err != nil {
 		return nil, err
@@ -223,6 +224,9 @@ func slotNodes(reply interface{}, err error) ([]string, error) {
 				return nil, fmt.Errorf("a node of CLUSTER SLOTS is %v", n)
 			}
 			host, _ := redis.String(node[0], nil)
+			if host == "" {
+				host, _, _ = net.SplitHostPort(asked)
+			}
 			port, err := redis.Int(node[1], nil)
 			if err != nil || host == "" {
 				return nil, fmt.Errorf("a node of CLUSTER SLOTS is %v", n)
