@@ -789,6 +789,7 @@ where
         std::mem::forget(lease);
     }
     under_test.forget_leases();
+    let short = under_test.short().await;
     Round {
         over,
         admitted,
@@ -796,7 +797,7 @@ where
         by_policy: by_policy.load(Ordering::Relaxed),
         latencies: std::mem::take(&mut *latencies.lock().unwrap()),
         fresh: fresh_counts,
-        short: under_test.short().await,
+        short,
         lag,
     }
 }
