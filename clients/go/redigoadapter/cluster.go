@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,8 +27,11 @@ import (
 // and its pools, and reads the slots again in the background: every node known (the startup
 // nodes and those the last map named) is asked CLUSTER SLOTS at once, and the first to answer
 // makes the new map. Meanwhile commands fail at once with ErrReadingSlots, so that the client's
-// failure policy answers them without waiting on the frozen node; none is sent twice. The first
-// command waits for the first reading, within its context. Safe for concurrent use.
+// failure policy answers them without waiting on the frozen node; none is sent twice. As the
+// node that answered first may not have heard of a promotion yet, the slots are then read again
+// every 100 ms for 2 s, from every node that answers, and the map most of them give replaces
+// the one in use when it differs. The first command waits for the first reading, within its
+// context. Safe for concurrent use.
 type Cluster struct {
 	startup []string
 	dial    []redis.DialOption
@@ -42,7 +46,6 @@ type Cluster struct {
 	reading chan struct{} // closed when the reading under way ends; nil when none is
 	lastErr error         // why the last reading failed
 	known   []string      // the nodes the last map named
-	readAt  time.Time     // when the last reading started
 	reads   uint64        // readings that made a map
 	closed  bool
 }
@@ -63,8 +66,8 @@ func NewCluster(startup []string, dial ...redis.DialOption) *Cluster {
 		NodeTimeout: time.Second}
 }
 
-// Readings is how many times the slots were read into a map so far (1 after the first command,
-// one more after each command that got no answer).
+// Readings is how many maps of the slots were made so far (1 after the first command, then one
+// after each command that got no answer, and one for each map that replaced a stale one).
 func (c *Cluster) Readings() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -115,6 +118,28 @@ func (c *Cluster) current(ctx context.Context) (*redisc.Cluster, error) {
 	return nil, c.lastErr
 }
 
+// After a map read following a command that got no answer, the slots are read again every
+// confirmEvery for confirmFor, from every node that answers: a node asked first may not have
+// heard of a promotion yet.
+const (
+	confirmEvery = 100 * time.Millisecond
+	confirmFor   = 2 * time.Second
+	// How long a reading from every node waits for more answers after the first.
+	moreAnswers = 100 * time.Millisecond
+)
+
+// nodesLocked are the nodes to ask: the startup nodes and those the last map named. c.mu is
+// held.
+func (c *Cluster) nodesLocked() []string {
+	nodes := append([]string(nil), c.startup...)
+	for _, k := range c.known {
+		if !contains(nodes, k) {
+			nodes = append(nodes, k)
+		}
+	}
+	return nodes
+}
+
 // readLocked starts reading the slots in the background unless a reading is under way: the
 // channel that closes when it ends. c.mu is held.
 func (c *Cluster) readLocked() chan struct{} {
@@ -123,15 +148,9 @@ func (c *Cluster) readLocked() chan struct{} {
 	}
 	done := make(chan struct{})
 	c.reading = done
-	c.readAt = time.Now()
-	nodes := append([]string(nil), c.startup...)
-	for _, k := range c.known {
-		if !contains(nodes, k) {
-			nodes = append(nodes, k)
-		}
-	}
+	nodes := c.nodesLocked()
 	go func() {
-		cl, named, err := c.readSlots(nodes)
+		cl, m, err := c.readSlots(nodes)
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		defer close(done)
@@ -145,20 +164,28 @@ func (c *Cluster) readLocked() chan struct{} {
 			return
 		}
 		c.cur = cl
-		c.known = named
+		c.known = m.named
 		c.reads++
+		if c.reads > 1 {
+			go c.confirm(cl, m.print)
+		}
 	}()
 	return done
 }
 
-// readSlots asks every node of nodes for CLUSTER SLOTS at once; the first that answers makes a
-// new redisc.Cluster (redisc reads the slots from it): that cluster and the nodes the answer
-// named.
-func (c *Cluster) readSlots(nodes []string) (*redisc.Cluster, []string, error) {
+// slotMap is one node's answer to CLUSTER SLOTS.
+type slotMap struct {
+	addr  string   // the node that answered
+	named []string // the nodes it names
+	print string   // its slot ranges and their masters, to compare answers
+}
+
+// probe asks every node of nodes for CLUSTER SLOTS at once: the first answer only, or with all
+// every answer that comes within moreAnswers of the first; and why the others failed.
+func (c *Cluster) probe(nodes []string, all bool) ([]slotMap, []string) {
 	type answer struct {
-		addr  string
-		named []string
-		err   error
+		slotMap
+		err error
 	}
 	answers := make(chan answer, len(nodes))
 	opts := c.options()
@@ -166,62 +193,150 @@ func (c *Cluster) readSlots(nodes []string) (*redisc.Cluster, []string, error) {
 		go func(addr string) {
 			conn, err := redis.Dial("tcp", addr, opts...)
 			if err != nil {
-				answers <- answer{addr: addr, err: err}
+				answers <- answer{slotMap: slotMap{addr: addr}, err: err}
 				return
 			}
 			defer conn.Close()
 			reply, err := conn.Do("CLUSTER", "SLOTS")
-			named, err := slotNodes(addr, reply, err)
-			answers <- answer{addr: addr, named: named, err: err}
+			m, err := parseSlots(addr, reply, err)
+			answers <- answer{slotMap: m, err: err}
 		}(addr)
 	}
+	var maps []slotMap
 	var errs []string
+	var enough <-chan time.Time
 	for range nodes {
-		a := <-answers
-		if a.err != nil {
-			errs = append(errs, a.addr+": "+a.err.Error())
-			continue
+		select {
+		case a := <-answers:
+			if a.err != nil {
+				errs = append(errs, a.addr+": "+a.err.Error())
+				continue
+			}
+			maps = append(maps, a.slotMap)
+			if !all {
+				return maps, errs
+			}
+			if enough == nil {
+				enough = time.After(moreAnswers)
+			}
+		case <-enough:
+			return maps, errs
 		}
-		maxIdle := c.MaxIdle
-		cl := &redisc.Cluster{
-			StartupNodes: []string{a.addr},
-			DialOptions:  opts,
-			CreatePool: func(addr string, opts ...redis.DialOption) (*redis.Pool, error) {
-				return &redis.Pool{MaxIdle: maxIdle, IdleTimeout: time.Minute,
-					Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr, opts...) }}, nil
-			},
-		}
-		if err := cl.Refresh(); err != nil {
-			cl.Close()
-			errs = append(errs, a.addr+": "+err.Error())
-			continue
-		}
-		return cl, a.named, nil
 	}
-	return nil, nil, fmt.Errorf("redigoadapter: no node answered CLUSTER SLOTS (%s)",
+	return maps, errs
+}
+
+// build is a redisc.Cluster whose slots redisc read from the node at addr.
+func (c *Cluster) build(addr string) (*redisc.Cluster, error) {
+	maxIdle := c.MaxIdle
+	cl := &redisc.Cluster{
+		StartupNodes: []string{addr},
+		DialOptions:  c.options(),
+		CreatePool: func(addr string, opts ...redis.DialOption) (*redis.Pool, error) {
+			return &redis.Pool{MaxIdle: maxIdle, IdleTimeout: time.Minute,
+				Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr, opts...) }}, nil
+		},
+	}
+	if err := cl.Refresh(); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return cl, nil
+}
+
+// readSlots asks every node of nodes for CLUSTER SLOTS at once; the first that answers makes a
+// new redisc.Cluster: that cluster and the answer.
+func (c *Cluster) readSlots(nodes []string) (*redisc.Cluster, slotMap, error) {
+	maps, errs := c.probe(nodes, false)
+	for _, m := range maps {
+		cl, err := c.build(m.addr)
+		if err == nil {
+			return cl, m, nil
+		}
+		errs = append(errs, m.addr+": "+err.Error())
+	}
+	return nil, slotMap{}, fmt.Errorf("redigoadapter: no node answered CLUSTER SLOTS (%s)",
 		strings.Join(errs, "; "))
 }
 
-// slotNodes are the addresses ("host:port") that the CLUSTER SLOTS reply of the node at asked
-// names, masters and replicas (an empty host is asked's own, as Redis means it).
-func slotNodes(asked string, reply interface{}, err error) ([]string, error) {
+// confirm reads the slots again, every confirmEvery for confirmFor, while cl (whose answer was
+// print) is the map in use, and takes the map that most of the nodes answering give when it is
+// another.
+func (c *Cluster) confirm(cl *redisc.Cluster, print string) {
+	for end := time.Now().Add(confirmFor); time.Now().Before(end); {
+		time.Sleep(confirmEvery)
+		c.mu.Lock()
+		if c.cur != cl || c.closed {
+			c.mu.Unlock()
+			return
+		}
+		nodes := c.nodesLocked()
+		c.mu.Unlock()
+		maps, _ := c.probe(nodes, true)
+		best, ok := mostGiven(maps, print)
+		if !ok || best.print == print {
+			continue
+		}
+		next, err := c.build(best.addr)
+		if err != nil {
+			continue
+		}
+		c.mu.Lock()
+		if c.cur != cl || c.closed {
+			c.mu.Unlock()
+			next.Close()
+			return
+		}
+		c.cur = next
+		c.known = best.named
+		c.reads++
+		c.mu.Unlock()
+		cl.Close()
+		cl, print = next, best.print
+	}
+}
+
+// mostGiven is the answer most of maps give (on a tie, current's if it is among them).
+func mostGiven(maps []slotMap, current string) (slotMap, bool) {
+	count := map[string]int{}
+	for _, m := range maps {
+		count[m.print]++
+	}
+	var best slotMap
+	found := false
+	for _, m := range maps {
+		if !found || count[m.print] > count[best.print] ||
+			(count[m.print] == count[best.print] && m.print == current) {
+			best, found = m, true
+		}
+	}
+	return best, found
+}
+
+// parseSlots is the CLUSTER SLOTS reply of the node at asked: the addresses ("host:port") it
+// names, masters and replicas (an empty host is asked's own, as Redis means it), and each
+// range's master.
+func parseSlots(asked string, reply interface{}, err error) (slotMap, error) {
+	m := slotMap{addr: asked}
 	ranges, err := redis.Values(reply, err)
 	if err != nil {
-		return nil, err
+		return m, err
 	}
 	if len(ranges) == 0 {
-		return nil, errors.New("no slot is served")
+		return m, errors.New("no slot is served")
 	}
-	var named []string
+	var print []string
 	for _, r := range ranges {
 		fields, err := redis.Values(r, nil)
 		if err != nil || len(fields) < 3 {
-			return nil, fmt.Errorf("a slot range of CLUSTER SLOTS is %v", r)
+			return m, fmt.Errorf("a slot range of CLUSTER SLOTS is %v", r)
 		}
-		for _, n := range fields[2:] {
+		first, _ := redis.Int(fields[0], nil)
+		last, _ := redis.Int(fields[1], nil)
+		for i, n := range fields[2:] {
 			node, err := redis.Values(n, nil)
 			if err != nil || len(node) < 2 {
-				return nil, fmt.Errorf("a node of CLUSTER SLOTS is %v", n)
+				return m, fmt.Errorf("a node of CLUSTER SLOTS is %v", n)
 			}
 			host, _ := redis.String(node[0], nil)
 			if host == "" {
@@ -229,15 +344,20 @@ func slotNodes(asked string, reply interface{}, err error) ([]string, error) {
 			}
 			port, err := redis.Int(node[1], nil)
 			if err != nil || host == "" {
-				return nil, fmt.Errorf("a node of CLUSTER SLOTS is %v", n)
+				return m, fmt.Errorf("a node of CLUSTER SLOTS is %v", n)
 			}
 			addr := net.JoinHostPort(host, strconv.Itoa(port))
-			if !contains(named, addr) {
-				named = append(named, addr)
+			if i == 0 {
+				print = append(print, fmt.Sprintf("%d-%d %s", first, last, addr))
+			}
+			if !contains(m.named, addr) {
+				m.named = append(m.named, addr)
 			}
 		}
 	}
-	return named, nil
+	sort.Strings(print)
+	m.print = strings.Join(print, ",")
+	return m, nil
 }
 
 func contains(list []string, s string) bool {
