@@ -277,3 +277,64 @@ func TestAFrozenClusterMasterIsFollowedOnceItsReplicaTookOver(t *testing.T) {
 	t.Logf("after the promotion: %d call(s) answered by the policy, 50 ms apart, the new master reached %v after it with remaining 6; the slots read %d times; the slowest call to the frozen master %v",
 		byPolicy, reached.Round(time.Millisecond), conn.Readings(), slowest.Round(time.Millisecond))
 }
+
+// A slot being migrated: its key is not on the node that owns the slot, which answers ASK; the
+// call goes to the importing node (ASKING, then the command) without changing the slot map.
+func TestAnAskIsFollowedDuringASlotMigration(t *testing.T) {
+	nodes := startCluster(t, true)
+	const key = "moving"
+	slot := redisc.Slot(key)
+	var from, to *server
+	for _, n := range nodes {
+		if _, err := admin(t, n).Do("GET", key); err == nil {
+			from = n
+		}
+	}
+	for _, n := range nodes {
+		if n != from {
+			to = n
+			break
+		}
+	}
+	if from == nil {
+		t.Fatal("no node owns the key's slot")
+	}
+	id := func(s *server) string {
+		v, err := redis.String(admin(t, s).Do("CLUSTER", "MYID"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	must(t, admin(t, to), "CLUSTER", "SETSLOT", slot, "IMPORTING", id(from))
+	must(t, admin(t, from), "CLUSTER", "SETSLOT", slot, "MIGRATING", id(to))
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr())
+	}
+	conn := redigoadapter.NewCluster(addrs)
+	defer conn.Close()
+	c := ratelimit.New(conn, followOptions())
+	for _, left := range []int64{9, 8, 7} {
+		o, err := c.Check(context.Background(), key, followBucket, 1)
+		if err != nil || !o.Decision.Allowed || o.Degraded != ratelimit.NotDegraded || o.Decision.Remaining != left {
+			t.Fatalf("during the migration: %+v, %v", o, err)
+		}
+	}
+	// The key is on the importing node (asked with ASKING), not on the owner.
+	on := admin(t, to)
+	must(t, on, "ASKING")
+	if n, err := redis.Int(on.Do("EXISTS", key)); err != nil || n != 1 {
+		t.Fatalf("on the importing node: %d, %v", n, err)
+	}
+	// (The owner answers ASK for a key of a migrating slot that it does not have.)
+	if _, err := admin(t, from).Do("EXISTS", key); err == nil || !strings.HasPrefix(err.Error(), "ASK ") {
+		t.Fatalf("on the owner: %v", err)
+	}
+	if asked := calls(t, on, "asking"); asked != 3+1 {
+		t.Fatalf("%d ASKING on the importing node", asked)
+	}
+	if n := conn.Readings(); n != 1 {
+		t.Fatalf("the slots read %d times", n)
+	}
+}
