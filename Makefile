@@ -145,13 +145,19 @@ demo: deps
 # round), and every round asserts and prints that the lag held to the kill. The client's suites
 # run it with 1 round of each row (make test), and one durable round 150 ms behind held 11 s; this
 # prints the table of 20 (about 14 minutes on a loaded machine). FAILOVER_SETUP=sentinel or
-# cluster runs one setup.
+# cluster runs one setup. Here the Go package's client runs the same rounds too, in a worker
+# process the bench drives (clients/go/tests/failoverworker: redigoadapter.NewSentinel and
+# redigoadapter.NewCluster, its answers written in the bench's ledger); FAILOVER_CLIENT=rust or
+# go runs one client (make test's one round runs Rust's).
 FAILOVER_ROUNDS ?= 20
 FAILOVER_LAG_MS ?= 10
-failover: servers
-	$(CARGO) build -p redis-rate-limiter
+FAILOVER_CLIENT ?=
+failover: servers go-deps
+	cd clients/go/tests && $(GO_ENV) $(GO) build -o $(GO_BIN)/failoverworker ./failoverworker
 	RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server FAILOVER_ROUNDS=$(FAILOVER_ROUNDS) \
-		FAILOVER_LAG_MS=$(FAILOVER_LAG_MS) $(CARGO) test -p ratelimit-client --test failover -- --nocapture
+		FAILOVER_LAG_MS=$(FAILOVER_LAG_MS) FAILOVER_CLIENT=$(FAILOVER_CLIENT) \
+		RL_GO_FAILOVER_WORKER=$(GO_BIN)/failoverworker \
+		$(CARGO) test -p ratelimit-client --test failover -- --nocapture
 
 # The container backend of the tests (`--features containers`) runs only where a Docker engine
 # is; compiling it keeps it from rotting. `make lint` compiles it too (clippy); `make test` does

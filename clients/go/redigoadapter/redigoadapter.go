@@ -3,10 +3,13 @@
 //	pool := &redis.Pool{MaxIdle: 16, Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
 //	client := ratelimit.New(redigoadapter.New(pool), ratelimit.Options{})
 //
+// NewSentinel follows the master a set of Sentinels name, and NewCluster a Redis Cluster on
+// redisc (github.com/mna/redisc, redigo's cluster client), across failovers.
+//
 // It is a module of its own (redis-rate-limiter/ratelimit/redigoadapter), so that the package
 // ratelimit keeps to the standard library and only the applications that use redigo build it.
-// It works with redigo 1.8.3 (Debian's) and later. Each call takes a connection of the pool
-// for one command and gives it back.
+// It works with redigo 1.8.3 (Debian's) and later, and redisc 1.1.7. Each call takes a
+// connection of the pool for one command and gives it back.
 //
 // The call's context, as far as redigo 1.8.3 allows: waiting for a connection of the pool and
 // dialing one end with the context (Pool.GetContext); the reply is waited for until the

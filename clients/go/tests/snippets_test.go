@@ -26,7 +26,8 @@ import (
 // block of declarations (an adapter) must make a ratelimit.Conn. What a block registers with
 // http.Handle or gives to http.ListenAndServe answers one request (net/http is the package
 // "snippets/http", net/http's own names but ListenAndServe, which keeps the handler instead of
-// binding a port). go-redis is not among the packages the tests build with: its adapter block
+// binding a port); a block that makes a redigoadapter.Cluster runs against a cluster of one
+// node, addr its address. go-redis is not among the packages the tests build with: its adapter block
 // is compiled against the two signatures it uses (Do, Result, as in github.com/redis/go-redis/v9)
 // and not run.
 
@@ -283,8 +284,24 @@ replace (
 
 	s := start(t, serverOpts{module: true})
 	a := admin(t, s)
+	// A block that makes a redigoadapter.Cluster runs against a cluster of one node (every slot
+	// its own), started for the first such block.
+	var node *server
+	var nodeConn redis.Conn
 	for i, sn := range snippets {
 		dir := fmt.Sprintf("s%02d", i)
+		s, a := s, a
+		if strings.Contains(sn.code, "redigoadapter.NewCluster(") {
+			if node == nil {
+				node = start(t, serverOpts{module: true, cluster: true})
+				nodeConn = admin(t, node)
+				must(t, nodeConn, "CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+				waitFor(t, "a cluster of one node", func() bool {
+					return strings.Contains(clusterInfo(node, "INFO"), "cluster_state:ok")
+				})
+			}
+			s, a = node, nodeConn
+		}
 		must(t, a, "FLUSHALL")
 		must(t, a, "CONFIG", "RESETSTAT")
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -25,15 +25,24 @@
 //! master takes (at least the lag while the replica reads through the proxy); a round whose
 //! replica left the proxy or caught up fails.
 //!
+//! The client under test is this crate's, and with `RL_GO_FAILOVER_WORKER` (set by `make
+//! failover`) the Go package's too: the same rounds through a worker process
+//! (`clients/go/tests/failoverworker`, on `redigoadapter.NewSentinel` and
+//! `redigoadapter.NewCluster`, with the same options), asked one request per line and answering
+//! what Redis said, which goes in the same ledger; the baseline and the count on the new master
+//! are this crate's plain clients either way. A Go row's call times include the worker's pipes.
+//!
 //! `FAILOVER_ROUNDS` rounds per row (1 in `make test`, 20 in `make failover`, which prints the
 //! table with `--nocapture`, then the lag of each round); `FAILOVER_SETUP=sentinel` or `cluster`
-//! runs one setup only. Every run asserts that durable admissions lose nothing, and runs a
+//! runs one setup only, `FAILOVER_CLIENT=rust` or `go` one client. Every run asserts that durable admissions lose nothing, and runs a
 //! durable round replicating 150 ms behind (its `WAIT` of 100 ms shorter than the lag) held 11 s before
 //! the kill.
 
 mod common;
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -163,6 +172,132 @@ where
             _ => None,
         },
     }
+}
+
+/// The client under test: this crate's, or the Go package's in a worker process
+/// (`clients/go/tests/failoverworker`, named by `RL_GO_FAILOVER_WORKER`).
+#[derive(Clone)]
+enum Tested<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    Rust(Client<C>, Held<C>),
+    Go(GoWorker),
+}
+
+impl<C> Tested<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// One request of `plan` (named `name`) on `key`, as [`take`].
+    async fn take(&self, name: &str, plan: &Plan, key: &str) -> Option<bool> {
+        match self {
+            Tested::Rust(client, held) => take(client, plan, key, held).await,
+            Tested::Go(worker) => worker.take(name, key).await,
+        }
+    }
+
+    /// The admissions that fewer replicas acknowledged in time.
+    async fn short(&self) -> u64 {
+        match self {
+            Tested::Rust(client, _) => client.durability_stats().short,
+            Tested::Go(worker) => worker.ask("short").await.parse().unwrap(),
+        }
+    }
+
+    /// Its leases dropped unreleased (a worker's end with its process).
+    fn forget_leases(&self) {
+        if let Tested::Rust(_, held) = self {
+            for lease in held.lock().unwrap().drain(..) {
+                std::mem::forget(lease);
+            }
+        }
+    }
+}
+
+/// The Go package's client in a process of its own, the same client as this file's
+/// ([`options`], [`durable`]): each request a line `id take plan key` on its input, each answer a
+/// line `id admitted|denied|policy` on its output, in any order (its requests run at once).
+#[derive(Clone)]
+struct GoWorker {
+    inner: Arc<GoInner>,
+}
+
+struct GoInner {
+    child: Mutex<Child>,
+    input: Mutex<ChildStdin>,
+    waiting: Arc<Mutex<HashMap<u64, tokio::sync::oneshot::Sender<String>>>>,
+    next: AtomicU64,
+}
+
+impl Drop for GoInner {
+    fn drop(&mut self) {
+        let child = self.child.get_mut().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl GoWorker {
+    fn start(binary: &str, args: &[String]) -> GoWorker {
+        let mut child = Command::new(binary)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{binary}: {e}"));
+        let input = child.stdin.take().unwrap();
+        let output = child.stdout.take().unwrap();
+        let waiting: Arc<Mutex<HashMap<u64, tokio::sync::oneshot::Sender<String>>>> =
+            Arc::default();
+        let answered = waiting.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines() {
+                let Ok(line) = line else { break };
+                let (id, answer) = line.split_once(' ').expect("an answer is `id text`");
+                let id: u64 = id.parse().unwrap();
+                if let Some(tx) = answered.lock().unwrap().remove(&id) {
+                    let _ = tx.send(answer.to_string());
+                }
+            }
+        });
+        GoWorker {
+            inner: Arc::new(GoInner {
+                child: Mutex::new(child),
+                input: Mutex::new(input),
+                waiting,
+                next: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    async fn ask(&self, request: &str) -> String {
+        let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.waiting.lock().unwrap().insert(id, tx);
+        {
+            let mut input = self.inner.input.lock().unwrap();
+            writeln!(input, "{id} {request}").unwrap();
+            input.flush().unwrap();
+        }
+        rx.await.expect("the Go worker answers")
+    }
+
+    async fn take(&self, name: &str, key: &str) -> Option<bool> {
+        match self.ask(&format!("take {name} {key}")).await.as_str() {
+            "admitted" => Some(true),
+            "denied" => Some(false),
+            "policy" => None,
+            other => panic!("the Go worker answered {other:?}"),
+        }
+    }
+}
+
+/// `host:port` of a `redis://host:port` URL.
+fn address(url: &str) -> String {
+    url.trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_string()
 }
 
 /// Takes what is left of `key` one unit at a time (a lease, or a check of cost 1) until Redis
@@ -421,6 +556,7 @@ where
 /// One round: `idle` is a pause between the baseline and the load (the probe goes on).
 async fn round(
     setup: Setup,
+    go: Option<&str>,
     is_durable: bool,
     freeze: bool,
     lag: Duration,
@@ -434,10 +570,21 @@ async fn round(
             let replica = replica_of(&master, proxy);
             let sentinel = Sentinel::with_failover_timeout(master.port, SENTINEL_FAILOVER_TIMEOUT);
             let connect = || Client::sentinel(&[&sentinel.url()], MASTER, options()).unwrap();
-            let client = if is_durable {
-                durable(connect())
-            } else {
-                connect()
+            let client = match go {
+                Some(binary) => {
+                    let mut args = vec![
+                        "-sentinel".to_string(),
+                        address(&sentinel.url()),
+                        "-master".to_string(),
+                        MASTER.to_string(),
+                    ];
+                    if is_durable {
+                        args.push("-durable".to_string());
+                    }
+                    Tested::Go(GoWorker::start(binary, &args))
+                }
+                None if is_durable => Tested::Rust(durable(connect()), Arc::default()),
+                None => Tested::Rust(connect(), Arc::default()),
             };
             let probe = Probe::start(&master, &replica, proxy);
             let r = run(
@@ -460,8 +607,18 @@ async fn round(
             let urls = cluster.urls(proxy);
             let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
             let connect = async || Client::cluster(&urls, options()).await.unwrap();
-            let client = connect().await;
-            let client = if is_durable { durable(client) } else { client };
+            let client = match go {
+                Some(binary) => {
+                    let nodes: Vec<String> = urls.iter().map(|u| address(u)).collect();
+                    let mut args = vec!["-cluster".to_string(), nodes.join(",")];
+                    if is_durable {
+                        args.push("-durable".to_string());
+                    }
+                    Tested::Go(GoWorker::start(binary, &args))
+                }
+                None if is_durable => Tested::Rust(durable(connect().await), Arc::default()),
+                None => Tested::Rust(connect().await, Arc::default()),
+            };
             let ClusterWithReplica {
                 master, replica, ..
             } = &mut cluster;
@@ -499,7 +656,7 @@ async fn round(
 /// proxy the master is killed or frozen.
 #[allow(clippy::too_many_arguments)]
 async fn run<C>(
-    client: Client<C>,
+    client: Tested<C>,
     baseline: Client<C>,
     probe: Probe,
     gone: &AtomicBool,
@@ -532,14 +689,13 @@ where
     let mut tasks = Vec::new();
     for (p, (name, plan)) in plans.iter().enumerate() {
         let (client, plan, name) = (client.clone(), plan.clone(), name.to_string());
-        let (ledger, stop, killed, back, by_policy, latencies, held) = (
+        let (ledger, stop, killed, back, by_policy, latencies) = (
             ledger.clone(),
             stop.clone(),
             killed.clone(),
             back.clone(),
             by_policy.clone(),
             latencies.clone(),
-            held.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut n = 0u64;
@@ -552,7 +708,7 @@ where
                         return;
                     }
                     let sent = Instant::now();
-                    match take(&client, &plan, &key, &held).await {
+                    match client.take(&name, &plan, &key).await {
                         Some(allowed) => {
                             // A call sent once the master was dead: the new master answered.
                             let dead = *killed.lock().unwrap();
@@ -632,6 +788,8 @@ where
     {
         std::mem::forget(lease);
     }
+    under_test.forget_leases();
+    let short = under_test.short().await;
     Round {
         over,
         admitted,
@@ -639,12 +797,17 @@ where
         by_policy: by_policy.load(Ordering::Relaxed),
         latencies: std::mem::take(&mut *latencies.lock().unwrap()),
         fresh: fresh_counts,
-        short: under_test.durability_stats().short,
+        short,
         lag,
     }
 }
 
+/// The `p`th percentile of `sorted`; 0 when it is empty (a durable row whose every admission
+/// before the kill was short of its acknowledgement has no admitted call to time).
 fn percentile(sorted: &[u64], p: usize) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
     sorted[(sorted.len() - 1) * p / 100]
 }
 
@@ -677,15 +840,24 @@ async fn over_admission_across_failovers() {
         lag.as_millis()
     );
     println!(
-        "| setup | master | mode | {} | total | admitted | unavailable ms (median / max) | policy answers (median) | admitted call µs (p50 / p99) | lag held (rounds) |",
+        "| setup | client | master | mode | {} | total | admitted | unavailable ms (median / max) | policy answers (median) | admitted call µs (p50 / p99) | lag held (rounds) |",
         names.join(" | ")
     );
     println!(
-        "|---|---|---|{}---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|{}---:|---:|---:|---:|---:|---:|",
         "---:|".repeat(names.len())
     );
     let mut per_round = Vec::new();
     let only = std::env::var("FAILOVER_SETUP").unwrap_or_default();
+    // The Go package's client too when its worker is built (make failover).
+    let go_worker = std::env::var("RL_GO_FAILOVER_WORKER")
+        .ok()
+        .filter(|w| !w.is_empty());
+    let only_client = std::env::var("FAILOVER_CLIENT").unwrap_or_default();
+    let clients: Vec<(&str, Option<&str>)> = std::iter::once(("Rust", None))
+        .chain(go_worker.as_deref().map(|w| ("Go", Some(w))))
+        .filter(|(n, _)| only_client.is_empty() || n.eq_ignore_ascii_case(&only_client))
+        .collect();
     for setup in [Setup::Sentinel, Setup::Cluster] {
         let name = if setup == Setup::Sentinel {
             "Sentinel"
@@ -695,7 +867,10 @@ async fn over_admission_across_failovers() {
         if !only.is_empty() && !only.eq_ignore_ascii_case(name) {
             continue;
         }
-        for (freeze, is_durable) in [(false, false), (false, true), (true, false), (true, true)] {
+        for (freeze, is_durable, (client, go)) in clients.iter().flat_map(|c| {
+            [(false, false), (false, true), (true, false), (true, true)]
+                .map(|(freeze, is_durable)| (freeze, is_durable, *c))
+        }) {
             let master = if freeze { "SIGSTOP" } else { "SIGKILL" };
             let mode = if is_durable {
                 "durable (WAIT 1)"
@@ -704,10 +879,10 @@ async fn over_admission_across_failovers() {
             };
             let mut results = Vec::new();
             for i in 0..rounds {
-                let r = round(setup, is_durable, freeze, lag, Duration::ZERO).await;
+                let r = round(setup, go, is_durable, freeze, lag, Duration::ZERO).await;
                 let (min, max) = r.lag.acked.unwrap();
                 per_round.push(format!(
-                    "| {name} | {master} | {mode} | {} | {} | {:.2} | {} | {} / {} | {} |",
+                    "| {name} | {client} | {master} | {mode} | {} | {} | {:.2} | {} | {} / {} | {} |",
                     i + 1,
                     r.lag.samples,
                     r.lag.span.as_secs_f64(),
@@ -747,7 +922,7 @@ async fn over_admission_across_failovers() {
             calls.sort_unstable();
             let held = results.iter().filter(|r| r.lag.held(lag)).count();
             println!(
-                "| {name} | {master} | {mode} | {} | {total} | {admitted} | {} / {} | {} | {} / {} | {held} / {rounds} |",
+                "| {name} | {client} | {master} | {mode} | {} | {total} | {admitted} | {} / {} | {} | {} / {} | {held} / {rounds} |",
                 cells.join(" | "),
                 percentile(&down, 50),
                 down[down.len() - 1],
@@ -770,10 +945,10 @@ async fn over_admission_across_failovers() {
          SET sent to the replica's acknowledgement)"
     );
     println!(
-        "| setup | master | mode | round | samples | seconds sampled | replica's master_port | SET + WAIT ms (min / max) | at least {} ms, behind the proxy |",
+        "| setup | client | master | mode | round | samples | seconds sampled | replica's master_port | SET + WAIT ms (min / max) | at least {} ms, behind the proxy |",
         lag.as_millis()
     );
-    println!("|---|---|---|---:|---:|---:|---|---:|---|");
+    println!("|---|---|---|---|---:|---:|---:|---|---:|---|");
     for line in per_round {
         println!("{line}");
     }
@@ -790,7 +965,15 @@ async fn over_admission_across_failovers() {
 async fn durable_round_with_missed_waits() {
     let _one_at_a_time = SERIAL.lock().await;
     let lag = Duration::from_millis(150);
-    let r = round(Setup::Sentinel, true, false, lag, Duration::from_secs(11)).await;
+    let r = round(
+        Setup::Sentinel,
+        None,
+        true,
+        false,
+        lag,
+        Duration::from_secs(11),
+    )
+    .await;
     println!(
         "150 ms behind: {} admitted, {} admissions short of their acknowledgement, the lag \
          sampled {} times over {:.1} s, SET + WAIT {} ms at least",
