@@ -48,13 +48,14 @@ from ._core import (
     multi_of,
     new_lease_id,
     one_alone,
+    parse_take,
     renewal_answer,
     return_plan,
     signature,
     single_of,
     writes,
 )
-from ._flight import Deadline, Failure, Gate
+from ._flight import Deadline, Failure, Gate, Sweep
 from ._scripts import LIBRARY
 from ._types import (
     Batching,
@@ -125,6 +126,8 @@ class AsyncClient:
             weakref.WeakKeyDictionary()
         )
         self._loops_lock = threading.Lock()
+        #: The deadlines of the calls, on one timer per loop (shared by the copies of this client).
+        self._sweep = Sweep(self._core.options.timeout)
 
     def _conn(self) -> tuple[Redis, Gate | None]:
         """The redis-py client of the running loop, and the gate of its pool."""
@@ -303,6 +306,9 @@ class AsyncClient:
         for c in mine:
             with contextlib.suppress(RuntimeError):
                 await c.aclose()
+        for gate in (self._gate if mine and mine[0] is self._redis else None, None if got is None else got[1]):
+            if gate is not None:
+                gate.recount()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -385,6 +391,8 @@ class AsyncClient:
             return value
 
     async def _guarded(self, exchange: Exchange[T], pinned: Single | None = None) -> T:
+        """Runs an exchange under the breaker, the gate and the call's deadline: :class:`Rejected`
+        for an answer about the call, :class:`Failure` when Redis did not decide."""
         core = self._core
         if not core.breaker.permit():
             exchange.close()
@@ -401,27 +409,92 @@ class AsyncClient:
         try:
             if opens:
                 await self._open_one(conn)
-            async with Deadline(core.options.timeout) as deadline:
+            deadline = self._sweep.start()
+            try:
                 value = await self._drive(conn, gate, exchange, deadline)
+            except BaseException as e:
+                if deadline.end(type(e)):
+                    raise TimeoutError from e
+                if gate is not None and isinstance(e, asyncio.CancelledError):
+                    gate.recount()  # redis-py closes a connection whose reply it gave up on
+                raise
+            deadline.end(None)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
-            # TimeoutError (the budget ran out) is an OSError: no code, Redis did not decide.
-            rejected = classify(e)
-            if rejected is None:
-                core.failed(began)
-                if gate is not None:
-                    gate.failed()
-                if demoted(e):
-                    await self._reconnect()
-                raise Failure from e
-            core.breaker.success()
-            if error_code(e) == "READONLY":
-                await self._reconnect()
-            raise rejected from None
+            error, cause = await self._unanswered(e, began, gate)
+            raise error from cause
         finally:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
         return value
+
+    async def _unanswered(
+        self, e: BaseException, began: float, gate: Gate | None
+    ) -> tuple[RateLimitError | Failure, BaseException | None]:
+        """What a call begun at ``began`` that ended with ``e`` raises (and from what):
+        :class:`Rejected` for an answer about the call; :class:`Failure` when Redis did not
+        decide (TimeoutError, the budget ran out, is an OSError: no code), counted for the
+        breaker and the gate."""
+        core = self._core
+        rejected = classify(e)
+        if rejected is None:
+            core.failed(began)
+            if gate is not None:
+                gate.failed()
+            if demoted(e):
+                await self._reconnect()
+            return Failure(), e
+        core.breaker.success()
+        if error_code(e) == "READONLY":
+            await self._reconnect()
+        return rejected, None
+
+    async def _check_one(self, key: str, algo: Algorithm, cost: int, command: tuple[Any, ...], mode: Mode) -> Outcome:
+        """A check of one limit whose one command is known (:meth:`Core.command_one`): what
+        :meth:`_guarded` does for its exchange, without one, in one frame (the path of most
+        calls)."""
+        core = self._core
+        if not core.breaker.permit():
+            return core.degraded_outcome(key, algo, cost, None)
+        conn, gate = self._conn()
+        opens: bool | None = False
+        if gate is not None:
+            opens = gate.enter_now()
+            if opens is None:
+                try:
+                    opens = await gate.enter_async()
+                except Failure:
+                    return core.degraded_outcome(key, algo, cost, None)
+        began = time.monotonic()
+        try:
+            if opens:
+                await self._open_one(conn)
+            deadline = self._sweep.start()
+            try:
+                try:
+                    reply = await conn.execute_command(*command)
+                except ResponseError:
+                    self._answered(gate)  # an error reply is an answer too
+                    raise
+                self._answered(gate)
+                decision, granted = parse_take(reply, cost, False)
+            except BaseException as e:
+                if deadline.end(type(e)):
+                    raise TimeoutError from e
+                if gate is not None and isinstance(e, asyncio.CancelledError):
+                    gate.recount()  # redis-py closes a connection whose reply it gave up on
+                raise
+            deadline.end(None)
+        except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
+            error, cause = await self._unanswered(e, began, gate)
+            if isinstance(error, Failure):
+                return core.degraded_outcome(key, algo, cost, None)
+            raise error from cause
+        finally:
+            if gate is not None:
+                gate.leave()
+        core.breaker.success()
+        return Outcome(decision, None, mode, granted)
 
     async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
@@ -450,9 +523,12 @@ class AsyncClient:
         await pool.release(c)
 
     async def _reconnect(self) -> None:
-        pool = getattr(self._conn()[0], "connection_pool", None)
+        conn, gate = self._conn()
+        pool = getattr(conn, "connection_pool", None)
         if pool is not None:
             await pool.disconnect()
+        if gate is not None:
+            gate.recount()
 
     async def detect(self) -> Mode | None:
         try:
@@ -464,6 +540,11 @@ class AsyncClient:
 
     async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
         core = self._core
+        if lease is None and not upto and (cost <= 0 or self._lane is None) and not isinstance(algo, Concurrency):
+            mode = core.mode
+            command = core.command_one(key, algo, cost)
+            if command is not None and mode is not None:
+                return await self._check_one(key, algo, cost, command, mode)
         try:
             decision, granted, mode = await self._durably(
                 lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)

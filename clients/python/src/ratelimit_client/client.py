@@ -386,6 +386,8 @@ class Client:
         pool = getattr(self._redis, "connection_pool", None)
         if pool is not None:
             pool.disconnect()
+        if self._gate is not None:
+            self._gate.recount()
 
     def detect(self) -> Mode | None:
         """Detects the mode now if not known yet; ``None`` if Redis is unreachable."""
