@@ -163,6 +163,42 @@ def _text(v: Any) -> str:
     raise UnexpectedReply(repr(v))
 
 
+_new = object.__new__
+_set_allowed = vars(Decision)["allowed"].__set__
+_set_remaining = vars(Decision)["remaining"].__set__
+_set_retry = vars(Decision)["retry_after_ms"].__set__
+_set_reset = vars(Decision)["reset_after_ms"].__set__
+_set_limit = vars(Decision)["limit"].__set__
+_set_decision = vars(Outcome)["decision"].__set__
+_set_degraded = vars(Outcome)["degraded"].__set__
+_set_mode = vars(Outcome)["mode"].__set__
+_set_granted = vars(Outcome)["granted"].__set__
+_set_locally = vars(Outcome)["answered_locally"].__set__
+
+
+def decided(allowed: bool, remaining: int, retry: int, reset: int, limit: int) -> Decision:
+    """``Decision(allowed, remaining, retry, reset, limit)``, its slots set directly: what the
+    frozen dataclass's ``__init__`` does, in half the time (the path of every call)."""
+    d: Decision = _new(Decision)
+    _set_allowed(d, allowed)
+    _set_remaining(d, remaining)
+    _set_retry(d, retry)
+    _set_reset(d, reset)
+    _set_limit(d, limit)
+    return d
+
+
+def outcome_of(decision: Decision, mode: Mode, granted: int) -> Outcome:
+    """``Outcome(decision, None, mode, granted)``, as :func:`decided`."""
+    o: Outcome = _new(Outcome)
+    _set_decision(o, decision)
+    _set_degraded(o, None)
+    _set_mode(o, mode)
+    _set_granted(o, granted)
+    _set_locally(o, None)
+    return o
+
+
 def parse_decision(v: Any) -> Decision:
     if type(v) is list and len(v) == 5:
         allowed, remaining, retry, reset, limit = v
@@ -177,7 +213,7 @@ def parse_decision(v: Any) -> Decision:
             and reset >= 0
             and limit >= 0
         ):
-            return Decision(allowed == 1, remaining, retry, reset, limit)
+            return decided(allowed == 1, remaining, retry, reset, limit)
     if not isinstance(v, (list, tuple)) or len(v) != 5:
         raise UnexpectedReply(repr(v))
     allowed, remaining, retry, reset, limit = (_int(x) for x in v)

@@ -181,9 +181,9 @@ class Gate:
         #: Per loop with tasks waiting, the timer that refuses those that waited out the stall.
         self._watch: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle] = {}
 
-    def progress(self) -> None:
-        """A round trip ended with Redis's reply."""
-        self._last = time.monotonic()
+    def progress(self, now: float | None = None) -> None:
+        """A round trip ended with Redis's reply (``now``: ``time.monotonic()`` then)."""
+        self._last = time.monotonic() if now is None else now
 
     def recount(self) -> None:
         """Connections may have closed (a call failed or was cancelled, the pool disconnected):
@@ -465,10 +465,19 @@ class Sweep:
         """The running task's deadline, begun."""
         loop = asyncio.get_running_loop()
         d = Deadline(self.seconds, loop)
-        if loop is self._loop or self._adopt(loop):
-            d.begin(self)
-        else:
+        if loop is not self._loop and not self._adopt(loop):
             d.begin()
+            return d
+        # Deadline.begin(self), inline: the path of every call.
+        task = asyncio.current_task(loop)
+        assert task is not None
+        d._task = task
+        d._cancelling = task.cancelling()
+        d._when = when = loop.time() + self.seconds
+        d._sweep = self
+        self._calls.append(d)
+        if self._timer is None:
+            self._timer = loop.call_at(when, self._run)
         return d
 
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> bool:

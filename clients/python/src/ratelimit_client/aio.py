@@ -48,6 +48,7 @@ from ._core import (
     multi_of,
     new_lease_id,
     one_alone,
+    outcome_of,
     parse_take,
     renewal_answer,
     return_plan,
@@ -476,7 +477,9 @@ class AsyncClient:
                 except ResponseError:
                     self._answered(gate)  # an error reply is an answer too
                     raise
-                self._answered(gate)
+                core.answered = now = time.monotonic()
+                if gate is not None:
+                    gate.progress(now)
                 decision, granted = parse_take(reply, cost, False)
             except BaseException as e:
                 if deadline.end(type(e)):
@@ -494,7 +497,7 @@ class AsyncClient:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
-        return Outcome(decision, None, mode, granted)
+        return outcome_of(decision, mode, granted)
 
     async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
@@ -569,8 +572,14 @@ class AsyncClient:
 
     async def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
         if not isinstance(algo, Concurrency):
-            if cost > 0 and self._hot():
+            if cost > 0 and (self._batches is not None or self._denies is not None):
                 return single_of(await self._decide_hot([(key, algo)], cost))
+            core = self._core
+            mode = core.mode
+            if (cost <= 0 or self._lane is None) and mode is not None:
+                command = core.command_one(key, algo, cost)
+                if command is not None:
+                    return await self._check_one(key, algo, cost, command, mode)
             return await self._decide_one(key, algo, cost, None)
         return single_of(await self.check_all([(key, algo)], cost))
 

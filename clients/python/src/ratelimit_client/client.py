@@ -46,6 +46,8 @@ from ._core import (
     multi_of,
     new_lease_id,
     one_alone,
+    outcome_of,
+    parse_take,
     renewal_answer,
     return_plan,
     signature,
@@ -364,6 +366,48 @@ class Client:
         core.breaker.success()
         return value
 
+    def _check_one(self, key: str, algo: Algorithm, cost: int, command: tuple[Any, ...], mode: Mode) -> Outcome:
+        """A check of one limit whose one command is known (:meth:`Core.command_one`): what
+        :meth:`_guarded` does for its exchange, without one (the path of most calls)."""
+        core = self._core
+        if not core.breaker.permit():
+            return core.degraded_outcome(key, algo, cost, None)
+        gate = self._gate
+        if gate is not None:
+            try:
+                gate.enter()
+            except Failure:
+                return core.degraded_outcome(key, algo, cost, None)
+        began = time.monotonic()
+        try:
+            try:
+                reply = self._execute(*command)
+            except ResponseError:
+                self._answered(gate)  # an error reply is an answer too
+                raise
+            core.answered = now = time.monotonic()
+            if gate is not None:
+                gate.progress(now)
+            decision, granted = parse_take(reply, cost, False)
+        except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
+            rejected = classify(e)
+            if rejected is None:
+                core.failed(began)
+                if gate is not None:
+                    gate.failed()
+                if demoted(e):
+                    self._reconnect()
+                return core.degraded_outcome(key, algo, cost, None)
+            core.breaker.success()
+            if error_code(e) == "READONLY":
+                self._reconnect()
+            raise rejected from None
+        finally:
+            if gate is not None:
+                gate.leave()
+        core.breaker.success()
+        return outcome_of(decision, mode, granted)
+
     def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
         the lane of its own, its admission followed by ``WAIT``."""
@@ -427,8 +471,14 @@ class Client:
         concurrency limit is only peeked at here (cost 0, through ``RL.ALL``); its slots are
         taken with :meth:`acquire` (:class:`Unsupported` for a cost above 0)."""
         if not isinstance(algo, Concurrency):
-            if cost > 0 and self._hot():
+            if cost > 0 and (self._batches is not None or self._denies is not None):
                 return single_of(self._decide_hot([(key, algo)], cost))
+            core = self._core
+            mode = core.mode
+            if (cost <= 0 or self._lane is None) and mode is not None:
+                command = core.command_one(key, algo, cost)
+                if command is not None:
+                    return self._check_one(key, algo, cost, command, mode)
             return self._decide_one(key, algo, cost, None)
         return single_of(self.check_all([(key, algo)], cost))
 
