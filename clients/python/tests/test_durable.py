@@ -24,7 +24,7 @@ from ratelimit_client import (
     ShortAck,
     Unsupported,
 )
-from servers import SLACK, Server, call
+from servers import SLACK, Cluster, Server, call
 
 
 @pytest.fixture
@@ -144,3 +144,82 @@ def test_what_cannot_be_durable() -> None:
         c.with_durability(Durability(replicas=1, timeout=0.1))
     with pytest.raises(Unsupported):
         c.with_durability(Durability(replicas=0, timeout=0.05))
+
+
+def node_id(s: Server) -> str:
+    conn = s.raw()
+    try:
+        raw = call(conn, "CLUSTER", "MYID")
+    finally:
+        conn.disconnect()
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+@pytest.fixture
+def replicated_cluster() -> Iterator[tuple[Cluster, Server]]:
+    """3 masters, the first with a replica (met, then made its replica with CLUSTER REPLICATE,
+    synced and online)."""
+    cluster = Cluster(3)
+    try:
+        master = cluster.nodes[0]
+        with Server(cluster=True, extra=["--repl-diskless-sync-delay", "0"]) as replica:
+            conn = replica.raw()
+            call(conn, "CLUSTER", "MEET", "127.0.0.1", master.port)
+            deadline = time.monotonic() + 20
+            wanted = node_id(master)
+            while wanted not in call(conn, "CLUSTER", "NODES").decode():
+                assert time.monotonic() < deadline, "the replica never met the master"
+                time.sleep(0.05)
+            call(conn, "CLUSTER", "REPLICATE", wanted)
+            conn.disconnect()
+            while "master_link_status:up" not in info(replica, "replication") or "state=online" not in info(
+                master, "replication"
+            ):
+                assert time.monotonic() < deadline, "the replica never synced"
+                time.sleep(0.05)
+            yield cluster, replica
+    finally:
+        cluster.stop()
+
+
+def keys_of(cluster: Cluster) -> tuple[str, str]:
+    """A key of the master with the replica, and one of a master without."""
+    first = cluster.nodes[0].port
+    on = next(f"d:{i}" for i in range(1000) if cluster.owner(f"d:{i}").port == first)
+    off = next(f"d:{i}" for i in range(1000) if cluster.owner(f"d:{i}").port != first)
+    return on, off
+
+
+def test_durable_admissions_on_a_cluster_wait_on_the_master_of_the_key(
+    replicated_cluster: tuple[Cluster, Server],
+) -> None:
+    """The call and its WAIT go to the master of the key, on a connection of their own: on the
+    master with a replica every admission is acknowledged; on one without, none is (denied, as
+    ShortAck.DENY says)."""
+    cluster, replica = replicated_cluster
+    master = cluster.nodes[0]
+    on, off = keys_of(cluster)
+    c = Client.from_url(master.url, SLACK, cluster=True).with_durability(Durability(replicas=1, timeout=0.3))
+    assert [c.check(on, WINDOW).decision.allowed for _ in range(6)] == [True] * 5 + [False]
+    assert (c.durability_stats(), calls(master, "wait")) == (DurabilityStats(acknowledged=5, short=0), 5)
+    conn = replica.raw()
+    call(conn, "READONLY")
+    assert call(conn, "GET", on).decode() == master.connect().get(on)
+    conn.disconnect()
+    o = c.check(off, WINDOW)
+    assert (o.decision.allowed, o.decision.retry_after_ms, o.degraded) == (False, 1000, None)
+    assert c.durability_stats() == DurabilityStats(acknowledged=5, short=1)
+    assert calls(cluster.owner(off), "wait") == 1 and calls(master, "wait") == 5
+    both = [("{" + on + "}:a", WINDOW), ("{" + on + "}:b", WINDOW)]
+    assert c.check_all(both).allowed and calls(master, "wait") == 6
+
+    async def run() -> tuple[list[bool], bool, DurabilityStats]:
+        a = AsyncClient.from_url(master.url, SLACK, cluster=True).with_durability(Durability(replicas=1, timeout=0.3))
+        got = await asyncio.gather(*(a.check("{" + on + "}:async", WINDOW) for _ in range(6)))
+        short = await a.check("{" + off + "}:async", WINDOW)
+        stats = a.durability_stats()
+        await a.aclose()
+        return sorted(o.decision.allowed for o in got), short.decision.allowed, stats
+
+    assert asyncio.run(run()) == ([False] + [True] * 5, False, DurabilityStats(5, 1))
+    assert calls(master, "wait") == 11

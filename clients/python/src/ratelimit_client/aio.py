@@ -231,15 +231,13 @@ class AsyncClient:
 
     def with_durability(self, durability: Durability) -> AsyncClient:
         """Durable admissions, as :meth:`Client.with_durability` (the lane's connections belong
-        to the loop that opened them)."""
-        if self._copy is None:
-            raise Unsupported("durable admissions need a client of one server")
+        to the loop that opened them; on a cluster client, to the master of the call's key)."""
         if durability.replicas < 1:
             raise Unsupported("durable admissions need at least 1 replica")
         if durability.timeout >= self._core.options.timeout:
             raise Unsupported("the WAIT timeout must be below the client's timeout")
         c = copy.copy(self)
-        c._lane = AsyncLane(self._redis, Durable(durability))  # type: ignore[arg-type]
+        c._lane = AsyncLane(self._redis, Durable(durability))
         return c
 
     def durability_stats(self) -> DurabilityStats:
@@ -328,7 +326,7 @@ class AsyncClient:
 
     async def _send(self, conn: Redis, gate: Gate | None, call: tuple[Any, ...]) -> Any:
         try:
-            reply = await conn.execute_command(*call, **self._routing(call))
+            reply = await conn.execute_command(*call, **(self._routing(call) if conn is self._redis else {}))
         except ResponseError:
             self._answered(gate)  # an error reply is an answer too (NOSCRIPT, ERR ...)
             raise
@@ -499,19 +497,23 @@ class AsyncClient:
         core.breaker.success()
         return outcome_of(decision, mode, granted)
 
-    async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
+    async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool, key: str) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
-        the lane of its own (of the running loop), its admission followed by ``WAIT``."""
+        the lane of its own (of the running loop; to the master of ``key`` on a cluster), its
+        admission followed by ``WAIT``."""
         lane = self._lane if writes else None
         if lane is None:
             return await self._guarded(exchange(None))
-        conn = lane.take()
+        try:
+            node, conn = await lane.take(key)
+        except (RedisError, RedisClusterException, OSError) as e:
+            raise Failure from e  # the cluster's slots unknown, or no master for the key's
         try:
             value = await self._guarded(exchange(lane.durable), conn)
         except BaseException:
             await lane.drop(conn)
             raise
-        await lane.put(conn)
+        await lane.put(node, conn)
         return value
 
     async def _open_one(self, conn: Redis) -> None:
@@ -550,7 +552,7 @@ class AsyncClient:
                 return await self._check_one(key, algo, cost, command, mode)
         try:
             decision, granted, mode = await self._durably(
-                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)
+                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease), key
             )
         except Failure:
             return self._core.degraded_outcome(key, algo, cost, lease, upto)
@@ -564,7 +566,9 @@ class AsyncClient:
         try:
             core = self._core
             (allowed, denied_by, decisions, granted), mode = await self._durably(
-                lambda durable: core.call_all(limits, cost, lease, upto, durable), writes(cost, upto, lease)
+                lambda durable: core.call_all(limits, cost, lease, upto, durable),
+                writes(cost, upto, lease),
+                limits[0][0],
             )
         except Failure:
             return self._core.degraded_all(limits, cost, lease, upto)
@@ -637,11 +641,11 @@ class AsyncClient:
             if len(limits) == 1:
                 key, algo = limits[0]
                 d, granted, mode = await self._durably(
-                    lambda durable: core.call_one(key, algo, n, None, True, durable), True
+                    lambda durable: core.call_one(key, algo, n, None, True, durable), True, key
                 )
                 return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
             (allowed, denied_by, ds, granted), mode = await self._durably(
-                lambda durable: core.call_all(limits, n, None, True, durable), True
+                lambda durable: core.call_all(limits, n, None, True, durable), True, limits[0][0]
             )
             return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
         except Failure:
@@ -770,28 +774,46 @@ class AsyncClient:
 
 class AsyncLane:
     """The asyncio client's durable lane: clients of one connection each (kept per event loop,
-    whose connections they are), as :class:`ratelimit_client.client.Lane`."""
+    whose connections they are, and per server: each master of a cluster), as
+    :class:`ratelimit_client.client.Lane`."""
 
     IDLE_KEPT = 64
 
-    def __init__(self, conn: Single, durable: Durable) -> None:
+    def __init__(self, conn: Redis, durable: Durable) -> None:
         self.durable = durable
-        self._pool = conn.connection_pool
-        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Single]] = weakref.WeakKeyDictionary()
+        self._cluster = conn if isinstance(conn, redis_cluster.RedisCluster) else None
+        self._pool = None if isinstance(conn, redis_cluster.RedisCluster) else conn.connection_pool
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Single]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
 
-    def take(self) -> Single:
+    async def take(self, key: str) -> tuple[str, Single]:
+        """A connection to the server of ``key`` (the master of its slot on a cluster, whose
+        slots are learnt first if not known yet), and that server's name."""
         loop = asyncio.get_running_loop()
+        node = None
+        name = ""
+        if self._cluster is not None:
+            await self._cluster.initialize()
+            node = self._cluster.get_node_from_key(key)
+            if node is None:
+                raise RedisClusterException(f"no master serves {key!r}")
+            name = node.name
         with self._lock:
-            idle = self._idle.get(loop)
+            idle = self._idle.get(loop, {}).get(name)
             if idle:
-                return idle.pop()
-        return redis.asyncio.Redis.from_pool(pool_of_one(self._pool))
+                return name, idle.pop()
+        if node is None:
+            return name, redis.asyncio.Redis.from_pool(pool_of_one(self._pool))
+        kwargs = dict(node.connection_kwargs)
+        one = redis.asyncio.ConnectionPool(connection_class=node.connection_class, max_connections=1, **kwargs)
+        return name, redis.asyncio.Redis.from_pool(one)
 
-    async def put(self, conn: Single) -> None:
+    async def put(self, name: str, conn: Single) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
-            idle = self._idle.setdefault(loop, [])
+            idle = self._idle.setdefault(loop, {}).setdefault(name, [])
             if len(idle) < self.IDLE_KEPT:
                 idle.append(conn)
                 return
