@@ -146,42 +146,6 @@ def test_what_cannot_be_durable() -> None:
         c.with_durability(Durability(replicas=0, timeout=0.05))
 
 
-def node_id(s: Server) -> str:
-    conn = s.raw()
-    try:
-        raw = call(conn, "CLUSTER", "MYID")
-    finally:
-        conn.disconnect()
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-@pytest.fixture
-def replicated_cluster() -> Iterator[tuple[Cluster, Server]]:
-    """3 masters, the first with a replica (met, then made its replica with CLUSTER REPLICATE,
-    synced and online)."""
-    cluster = Cluster(3)
-    try:
-        master = cluster.nodes[0]
-        with Server(cluster=True, extra=["--repl-diskless-sync-delay", "0"]) as replica:
-            conn = replica.raw()
-            call(conn, "CLUSTER", "MEET", "127.0.0.1", master.port)
-            deadline = time.monotonic() + 20
-            wanted = node_id(master)
-            while wanted not in call(conn, "CLUSTER", "NODES").decode():
-                assert time.monotonic() < deadline, "the replica never met the master"
-                time.sleep(0.05)
-            call(conn, "CLUSTER", "REPLICATE", wanted)
-            conn.disconnect()
-            while "master_link_status:up" not in info(replica, "replication") or "state=online" not in info(
-                master, "replication"
-            ):
-                assert time.monotonic() < deadline, "the replica never synced"
-                time.sleep(0.05)
-            yield cluster, replica
-    finally:
-        cluster.stop()
-
-
 def keys_of(cluster: Cluster) -> tuple[str, str]:
     """A key of the master with the replica, and one of a master without."""
     first = cluster.nodes[0].port

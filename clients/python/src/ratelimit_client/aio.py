@@ -129,6 +129,8 @@ class AsyncClient:
         self._loops_lock = threading.Lock()
         #: The deadlines of the calls, on one timer per loop (shared by the copies of this client).
         self._sweep = Sweep(self._core.options.timeout)
+        #: A cluster client's slot map being read again (shared by the copies of this client).
+        self._slots = _Slots() if self._cluster else None
 
     def _conn(self) -> tuple[Redis, Gate | None]:
         """The redis-py client of the running loop, and the gate of its pool."""
@@ -393,7 +395,7 @@ class AsyncClient:
         """Runs an exchange under the breaker, the gate and the call's deadline: :class:`Rejected`
         for an answer about the call, :class:`Failure` when Redis did not decide."""
         core = self._core
-        if not core.breaker.permit():
+        if not core.breaker.permit() or (self._slots is not None and self._slots.reading):
             exchange.close()
             raise Failure
         conn, gate = (pinned, None) if pinned is not None else self._conn()
@@ -428,12 +430,13 @@ class AsyncClient:
         return value
 
     async def _unanswered(
-        self, e: BaseException, began: float, gate: Gate | None
+        self, e: BaseException, began: float, gate: Gate | None, key: str | None = None
     ) -> tuple[RateLimitError | Failure, BaseException | None]:
         """What a call begun at ``began`` that ended with ``e`` raises (and from what):
         :class:`Rejected` for an answer about the call; :class:`Failure` when Redis did not
         decide (TimeoutError, the budget ran out, is an OSError: no code), counted for the
-        breaker and the gate."""
+        breaker and the gate; on a cluster client, the slot map is read again (``key``: the
+        call's, whose master is asked last)."""
         core = self._core
         rejected = classify(e)
         if rejected is None:
@@ -442,18 +445,48 @@ class AsyncClient:
                 gate.failed()
             if demoted(e):
                 await self._reconnect()
+            if self._slots is not None:
+                self._read_slots(key)
             return Failure(), e
         core.breaker.success()
         if error_code(e) == "READONLY":
             await self._reconnect()
         return rejected, None
 
+    def _read_slots(self, key: str | None) -> None:
+        """A cluster's node gave no answer: it may have stopped, or been replaced by its replica
+        (a frozen master sends no ``MOVED``). The slot map is read again from the nodes, in a
+        task of its own (the node of ``key`` asked last; each node within redis-py's socket
+        timeout); the calls meanwhile are answered by the failure policy at once. Once at a
+        time."""
+        slots = self._slots
+        if slots is None or slots.reading:
+            return
+        cluster = self._redis
+        assert isinstance(cluster, redis_cluster.RedisCluster)
+        failed = None
+        if key is not None:
+            with contextlib.suppress(RedisError, RedisClusterException):
+                node = cluster.get_node_from_key(key)
+                failed = None if node is None else node.name
+        slots.reading = True
+
+        async def read() -> None:
+            try:
+                await cluster.nodes_manager.initialize(last_failed_node_name=failed)
+            except (RedisError, RedisClusterException, OSError):
+                pass  # the next call without an answer reads them again
+            finally:
+                slots.reading = False
+
+        slots.task = asyncio.get_running_loop().create_task(read())
+
     async def _check_one(self, key: str, algo: Algorithm, cost: int, command: tuple[Any, ...], mode: Mode) -> Outcome:
         """A check of one limit whose one command is known (:meth:`Core.command_one`): what
         :meth:`_guarded` does for its exchange, without one, in one frame (the path of most
         calls)."""
         core = self._core
-        if not core.breaker.permit():
+        if not core.breaker.permit() or (self._slots is not None and self._slots.reading):
             return core.degraded_outcome(key, algo, cost, None)
         conn, gate = self._conn()
         opens: bool | None = False
@@ -487,7 +520,7 @@ class AsyncClient:
                 raise
             deadline.end(None)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
-            error, cause = await self._unanswered(e, began, gate)
+            error, cause = await self._unanswered(e, began, gate, key)
             if isinstance(error, Failure):
                 return core.degraded_outcome(key, algo, cost, None)
             raise error from cause
@@ -770,6 +803,16 @@ class AsyncClient:
     async def load_library(self) -> str:
         name = await self._conn()[0].execute_command("FUNCTION LOAD", "REPLACE", LIBRARY)
         return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class _Slots:
+    """Whether a cluster client's slot map is being read again, and the task reading it."""
+
+    __slots__ = ("reading", "task")
+
+    def __init__(self) -> None:
+        self.reading = False
+        self.task: asyncio.Task[None] | None = None
 
 
 class AsyncLane:
