@@ -1,9 +1,11 @@
 """The Python client's cost per call: the asyncio client's check of one token bucket
 (``AsyncClient.check``) next to the bare ``RL.TOKENBUCKET`` sent through the same redis-py client
-and pool (``execute_command``), one call at a time and with 64 concurrent callers, in blocks of
-each in turn. One line per measurement:
+and pool (``execute_command``), and next to the floor: the bare command bounded by asyncio's own
+deadline (``asyncio.timeout``, the cheapest the standard library has: ``wait_for`` costs more), what
+a call with a timeout costs at least without the client. One call at a time and with 64
+concurrent callers, in blocks of each in turn. One line per measurement:
 
-    client-cost lang=python mode=<sequential|concurrent64> what=<raw|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
+    client-cost lang=python mode=<sequential|concurrent64> what=<raw|floor|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
 
 Run with the package's venv (``make test-python`` makes it):
 
@@ -127,17 +129,22 @@ async def run(url: str, calls: int, size: int) -> None:
     async def raw() -> object:
         return await client.redis.execute_command(*raw_args)
 
+    async def floor() -> object:
+        async with asyncio.timeout(1.0):
+            return await client.redis.execute_command(*raw_args)
+
+    calls_of = {"raw": raw, "floor": floor, "client": check}
     # Warm: the connections opened, the code paths run.
     for callers in (1, CALLERS):
-        await block(raw, 2000, callers, Tally())
-        await block(check, 2000, callers, Tally())
+        for call in calls_of.values():
+            await block(call, 2000, callers, Tally())
     for mode, callers in (("sequential", 1), ("concurrent64", CALLERS)):
-        tallies = {"raw": Tally(), "client": Tally()}
+        tallies = {what: Tally() for what in calls_of}
         done = 0
         while done < calls:
             n = min(size, calls - done)
-            await block(raw, n, callers, tallies["raw"])
-            await block(check, n, callers, tallies["client"])
+            for what, call in calls_of.items():
+                await block(call, n, callers, tallies[what])
             done += n
         for what, tally in tallies.items():
             print(tally.line(mode, what), flush=True)

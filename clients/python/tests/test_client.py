@@ -20,6 +20,7 @@ from ratelimit_client import (
     AsyncLimiter,
     Client,
     Concurrency,
+    Decision,
     Degraded,
     FailClosed,
     FixedWindow,
@@ -29,13 +30,14 @@ from ratelimit_client import (
     Mode,
     ModeChoice,
     Options,
+    Outcome,
     Rejected,
     SlidingLog,
     TokenBucket,
     Unsupported,
     load_library,
 )
-from ratelimit_client._core import classify, new_lease_id
+from ratelimit_client._core import classify, cost_arg, decided, new_lease_id, outcome_of, params_of, parse_decision
 from ratelimit_client.algorithms import LeakyBucket, SlidingWindow, num
 from servers import SLACK, Server
 
@@ -65,6 +67,24 @@ def test_numbers_are_plain_decimals() -> None:
     assert [a.keyword for a in (TokenBucket(1, 1), LeakyBucket(1, 1), SlidingWindow(1, 1), SlidingLog(1, 1))] == [
         "TOKENBUCKET", "LEAKYBUCKET", "SLIDINGWINDOW", "SLIDINGLOG",
     ]  # fmt: skip
+
+
+def test_the_values_made_once_or_directly_are_the_same() -> None:
+    """Parameters formatted once per algorithm, costs of the table, and the decisions and
+    outcomes made with their slots set directly: the same as made the usual way."""
+    tb = TokenBucket(10, 0.0000001)
+    assert params_of(tb) == ("10", "0.0000001") and params_of(tb) is params_of(tb)
+    assert params_of(TokenBucket(10, 0.0000001)) == params_of(tb)
+    assert params_of(Gcra(4, 1, 2.5)) == ("4", "1", "2.5")
+    assert [cost_arg(n) for n in (0, 1, 16, 17, 10**15)] == ["0", "1", "16", "17", "1000000000000000"]
+    d = decided(True, 9, 0, 100, 10)
+    assert d == Decision(True, 9, 0, 100, 10) and hash(d) == hash(Decision(True, 9, 0, 100, 10))
+    assert repr(d) == "Decision(allowed=True, remaining=9, retry_after_ms=0, reset_after_ms=100, limit=10)"
+    assert parse_decision([0, 0, 250, 900, 10]) == Decision(False, 0, 250, 900, 10)
+    o = outcome_of(d, Mode.MODULE, 1)
+    assert o == Outcome(d, None, Mode.MODULE, 1) and o.answered_locally is None
+    with pytest.raises(AttributeError):
+        o.granted = 2  # type: ignore[misc]
 
 
 def test_lease_ids_are_a_process_prefix_the_pid_and_a_counter() -> None:

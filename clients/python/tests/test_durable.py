@@ -24,7 +24,7 @@ from ratelimit_client import (
     ShortAck,
     Unsupported,
 )
-from servers import SLACK, Server, call
+from servers import SLACK, Cluster, Server, call
 
 
 @pytest.fixture
@@ -144,3 +144,46 @@ def test_what_cannot_be_durable() -> None:
         c.with_durability(Durability(replicas=1, timeout=0.1))
     with pytest.raises(Unsupported):
         c.with_durability(Durability(replicas=0, timeout=0.05))
+
+
+def keys_of(cluster: Cluster) -> tuple[str, str]:
+    """A key of the master with the replica, and one of a master without."""
+    first = cluster.nodes[0].port
+    on = next(f"d:{i}" for i in range(1000) if cluster.owner(f"d:{i}").port == first)
+    off = next(f"d:{i}" for i in range(1000) if cluster.owner(f"d:{i}").port != first)
+    return on, off
+
+
+def test_durable_admissions_on_a_cluster_wait_on_the_master_of_the_key(
+    replicated_cluster: tuple[Cluster, Server],
+) -> None:
+    """The call and its WAIT go to the master of the key, on a connection of their own: on the
+    master with a replica every admission is acknowledged; on one without, none is (denied, as
+    ShortAck.DENY says)."""
+    cluster, replica = replicated_cluster
+    master = cluster.nodes[0]
+    on, off = keys_of(cluster)
+    c = Client.from_url(master.url, SLACK, cluster=True).with_durability(Durability(replicas=1, timeout=0.3))
+    assert [c.check(on, WINDOW).decision.allowed for _ in range(6)] == [True] * 5 + [False]
+    assert (c.durability_stats(), calls(master, "wait")) == (DurabilityStats(acknowledged=5, short=0), 5)
+    conn = replica.raw()
+    call(conn, "READONLY")
+    assert call(conn, "GET", on).decode() == master.connect().get(on)
+    conn.disconnect()
+    o = c.check(off, WINDOW)
+    assert (o.decision.allowed, o.decision.retry_after_ms, o.degraded) == (False, 1000, None)
+    assert c.durability_stats() == DurabilityStats(acknowledged=5, short=1)
+    assert calls(cluster.owner(off), "wait") == 1 and calls(master, "wait") == 5
+    both = [("{" + on + "}:a", WINDOW), ("{" + on + "}:b", WINDOW)]
+    assert c.check_all(both).allowed and calls(master, "wait") == 6
+
+    async def run() -> tuple[list[bool], bool, DurabilityStats]:
+        a = AsyncClient.from_url(master.url, SLACK, cluster=True).with_durability(Durability(replicas=1, timeout=0.3))
+        got = await asyncio.gather(*(a.check("{" + on + "}:async", WINDOW) for _ in range(6)))
+        short = await a.check("{" + off + "}:async", WINDOW)
+        stats = a.durability_stats()
+        await a.aclose()
+        return sorted(o.decision.allowed for o in got), short.decision.allowed, stats
+
+    assert asyncio.run(run()) == ([False] + [True] * 5, False, DurabilityStats(5, 1))
+    assert calls(master, "wait") == 11

@@ -21,6 +21,10 @@ class Breaker:
 
     def permit(self) -> bool:
         """Whether this call may go to Redis."""
+        if self._state == "closed":
+            # Read without the lock: a call that sees it closed just as it opens is a call that
+            # came a moment earlier.
+            return True
         with self._lock:
             if self._state == "closed":
                 return True
@@ -30,6 +34,8 @@ class Breaker:
             return False
 
     def success(self) -> None:
+        if self._state == "closed" and self._failures == 0:
+            return  # nothing to reset: no lock taken on the path of every call
         with self._lock:
             self._state = "closed"
             self._failures = 0
@@ -45,5 +51,4 @@ class Breaker:
 
     def is_open(self) -> bool:
         """Whether the breaker is open or half open."""
-        with self._lock:
-            return self._state != "closed"
+        return self._state != "closed"

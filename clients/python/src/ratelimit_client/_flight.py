@@ -30,6 +30,10 @@ def _hand(fut: asyncio.Future[bool], value: bool, undo: Callable[[], None] | Non
 
 def _notify(fut: asyncio.Future[bool], value: bool, undo: Callable[[], None] | None) -> None:
     loop = fut.get_loop()
+    if loop is asyncio._get_running_loop():
+        # On the future's own loop (its thread): at once, without waking the loop's selector.
+        _hand(fut, value, undo)
+        return
     if loop.is_closed():
         if undo is not None:
             undo()
@@ -143,7 +147,13 @@ class Gate:
     A call beyond waits for a place outside its deadline, for as long as Redis answers: it is
     refused (:class:`Failure`, the failure policy answers) when calls in flight have failed
     until ``refused()`` says so (the breaker opened: Redis did not answer in time, or could not
-    be reached), or when no round trip has ended for ``stall`` seconds."""
+    be reached), or when no round trip has ended for ``stall`` seconds.
+
+    What it costs a call: the count of open connections is kept from one call to the next and
+    counted again only when it would hold a call back, or after a call failed or connections
+    were closed (:meth:`recount`); a place freed goes to the first task waiting on the same loop
+    at once (to a thread or another loop's task through that loop); and the tasks waiting on a
+    loop share one timer for the stall, not one each."""
 
     def __init__(
         self,
@@ -159,34 +169,52 @@ class Gate:
         self._size = max(1, size)
         self._connected = connected
         self._opening = max(1, opening)
+        #: The open connections when last counted (0: count again before trusting it).
+        self._seen = 0
         self._in = 0
         self._stall = stall
         self._last = time.monotonic()
         self._failures = 0
         self._waiting = 0
-        self._futures: deque[asyncio.Future[bool]] = deque()
+        #: The tasks waiting, first come first: (future, when it began to wait).
+        self._futures: deque[tuple[asyncio.Future[bool], float]] = deque()
+        #: Per loop with tasks waiting, the timer that refuses those that waited out the stall.
+        self._watch: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle] = {}
 
-    def progress(self) -> None:
-        """A round trip ended with Redis's reply."""
-        self._last = time.monotonic()
+    def progress(self, now: float | None = None) -> None:
+        """A round trip ended with Redis's reply (``now``: ``time.monotonic()`` then)."""
+        self._last = time.monotonic() if now is None else now
+
+    def recount(self) -> None:
+        """Connections may have closed (a call failed or was cancelled, the pool disconnected):
+        count them again before a call relies on them."""
+        self._seen = 0
 
     def failed(self) -> None:
         """A call in flight failed: once that has opened the breaker, the calls waiting are
         answered by the policy."""
+        self._seen = 0
         if not self._refused():
             return
         with self._lock:
             self._failures += 1
             futures, self._futures = self._futures, deque()
             self._freed.notify_all()
-        for fut in futures:
+        for fut, _ in futures:
             _notify(fut, False, None)
+
+    def _count(self) -> int:
+        assert self._connected is not None
+        self._seen = self._connected()
+        return self._seen
 
     def _open(self) -> bool:
         """Under the lock: whether a call may go now."""
         if self._in >= self._size:
             return False
-        return self._connected is None or self._in < self._connected() + self._opening
+        if self._connected is None or self._in < self._seen + self._opening:
+            return True
+        return self._in < self._count() + self._opening
 
     def _stalled(self, since: float) -> float:
         """Seconds left before a waiter that began at ``since`` gives up on a silent Redis."""
@@ -195,7 +223,9 @@ class Gate:
     def _opener(self) -> bool:
         """Under the lock, for a caller that just took a place: whether no open connection is
         left for it (it opens one)."""
-        return self._connected is not None and self._in > self._connected()
+        if self._connected is None or self._in <= self._seen:
+            return False
+        return self._in > self._count()
 
     def enter(self) -> None:
         """A place for this thread, waiting as long as Redis answers."""
@@ -218,22 +248,28 @@ class Gate:
             finally:
                 self._waiting -= 1
 
+    def enter_now(self) -> bool | None:
+        """A place at once, without waiting: whether the caller opens a connection (no open one
+        is left); ``None`` when there is none now (:meth:`enter_async` waits for one)."""
+        with self._lock:
+            if self._open() and not self._futures and not self._waiting:
+                self._in += 1
+                return self._opener()
+        return None
+
     async def enter_async(self) -> bool:
         """:meth:`enter` for a task: whether it opens a connection (no open one is left)."""
         with self._lock:
             if self._open() and not self._futures and not self._waiting:
                 self._in += 1
                 return self._opener()
-            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            self._futures.append(fut)
-        start = time.monotonic()
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[bool] = loop.create_future()
+            self._futures.append((fut, time.monotonic()))
+            if loop not in self._watch:
+                self._watch[loop] = loop.call_at(loop.time() + self._stall, self._sweep, loop)
         try:
-            while not fut.done():
-                left = self._stalled(start)
-                if left <= 0:
-                    raise Failure
-                await asyncio.wait({fut}, timeout=left)
-            if not fut.result():
+            if not await fut:
                 raise Failure
             with self._lock:
                 return self._opener()
@@ -242,11 +278,41 @@ class Gate:
                 held = fut.done() and not fut.cancelled() and fut.result()
                 if not fut.done():
                     fut.cancel()
-                    if fut in self._futures:
-                        self._futures.remove(fut)
+                    self._drop(fut)
             if held:
                 self.leave()
             raise
+
+    def _drop(self, fut: asyncio.Future[bool]) -> None:
+        """Under the lock: ``fut`` waits no more."""
+        for i, (f, _) in enumerate(self._futures):
+            if f is fut:
+                del self._futures[i]
+                return
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``: refuses its tasks that have waited out the stall (no round trip ended
+        for ``stall`` seconds since they began to wait), and looks again when the next would."""
+        refused: list[asyncio.Future[bool]] = []
+        with self._lock:
+            del self._watch[loop]
+            next_at: float | None = None
+            kept: deque[tuple[asyncio.Future[bool], float]] = deque()
+            for fut, since in self._futures:
+                if fut.get_loop() is loop:
+                    if fut.done():
+                        continue
+                    left = self._stalled(since)
+                    if left <= 0:
+                        refused.append(fut)
+                        continue
+                    next_at = left if next_at is None else min(next_at, left)
+                kept.append((fut, since))
+            self._futures = kept
+            if next_at is not None:
+                self._watch[loop] = loop.call_at(loop.time() + next_at, self._sweep, loop)
+        for fut in refused:
+            fut.set_result(False)
 
     def leave(self) -> None:
         """The place is free again: to the first waiters, else to the next callers."""
@@ -254,7 +320,7 @@ class Gate:
         with self._lock:
             self._in -= 1
             while self._futures and self._open():
-                fut = self._futures.popleft()
+                fut, _ = self._futures.popleft()
                 if not fut.done():
                     self._in += 1
                     handed.append(fut)
@@ -288,25 +354,53 @@ class Deadline:
     woken in the same turn) is taken rather than thrown away. A loop that looks at it late (the
     process starved of CPU, the loop busy with other work such as an HTTP server's requests)
     gives the call the time it lost, up to four timeouts in all: that time was not Redis's. And it
-    can be paused (:meth:`paused`) while the call waits for another's start-up step."""
+    can be paused (:meth:`paused`) while the call waits for another's start-up step.
 
-    def __init__(self, seconds: float) -> None:
+    Started by :meth:`Sweep.start` it has no timer of its own: the calls of a client on one loop
+    share one (see :class:`Sweep`); paused, or given back time the loop lost, it takes one."""
+
+    __slots__ = ("_cancelling", "_fired", "_grace", "_handle", "_loop", "_seconds", "_sweep", "_task", "_when")
+
+    def __init__(self, seconds: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._seconds = seconds
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop if loop is not None else asyncio.get_running_loop()
         self._task: asyncio.Task[object] | None = None
         self._handle: asyncio.Handle | None = None
+        #: The sweep that watches this deadline, while it is one of its calls.
+        self._sweep: Sweep | None = None
         self._when = 0.0
         self._fired = False
         self._cancelling = 0
         self._grace = 0.0
 
-    async def __aenter__(self) -> Deadline:
-        task = asyncio.current_task()
+    def begin(self, sweep: Sweep | None = None) -> None:
+        """Starts the deadline of the running task: on a timer of its own, or watched by
+        ``sweep`` (a sweep of this loop and of the same timeout)."""
+        task = asyncio.current_task(self._loop)
         assert task is not None
         self._task = task
         self._cancelling = task.cancelling()
         self._when = self._loop.time() + self._seconds
-        self._handle = self._loop.call_at(self._when, self._due)
+        if sweep is None:
+            self._handle = self._loop.call_at(self._when, self._due)
+        else:
+            sweep.add(self)
+
+    def end(self, exc_type: type[BaseException] | None) -> bool:
+        """Stops the deadline; whether the call's ``CancelledError`` (``exc_type``) was this
+        deadline's: the caller raises ``TimeoutError`` instead."""
+        sweep = self._sweep
+        if sweep is not None:
+            sweep.remove(self)
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._fired and self._task is not None:
+            return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
+        return False
+
+    async def __aenter__(self) -> Deadline:
+        self.begin()
         return self
 
     def _due(self) -> None:
@@ -327,23 +421,103 @@ class Deadline:
             self._task.cancel()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if self._fired and self._task is not None:
-            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
-                raise TimeoutError from exc
+        if self.end(exc_type):
+            raise TimeoutError from exc
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """The time inside is not counted."""
-        if self._handle is None:
+        sweep = self._sweep
+        if sweep is not None:
+            sweep.remove(self)
+        elif self._handle is not None:
+            self._handle.cancel()
+        else:
             yield
             return
-        self._handle.cancel()
         left = self._when - self._loop.time()
         try:
             yield
         finally:
             self._when = self._loop.time() + left
             self._handle = self._loop.call_at(self._when, self._due)
+
+
+class Sweep:
+    """The deadlines of a client's calls on one event loop, watched by one timer rather than a
+    timer each: every call has the same timeout, so they fall due in the order they began. The
+    timer is set for the first call still running; when it fires, each call due is handled as
+    its own timer would have handled it (expired one loop turn later, or given back the time
+    the loop lost, on a timer of its own from then on), and the timer is set for the next. A
+    call that ends leaves the sweep; the timer is not moved for it.
+
+    A sweep serves the first loop that uses it for as long as that loop is open (a deadline
+    started on another loop takes a timer of its own: :meth:`start` says which)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._calls: deque[Deadline] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> Deadline:
+        """The running task's deadline, begun."""
+        loop = asyncio.get_running_loop()
+        d = Deadline(self.seconds, loop)
+        if loop is not self._loop and not self._adopt(loop):
+            d.begin()
+            return d
+        # Deadline.begin(self), inline: the path of every call.
+        task = asyncio.current_task(loop)
+        assert task is not None
+        d._task = task
+        d._cancelling = task.cancelling()
+        d._when = when = loop.time() + self.seconds
+        d._sweep = self
+        self._calls.append(d)
+        if self._timer is None:
+            self._timer = loop.call_at(when, self._run)
+        return d
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether the sweep now serves ``loop``: it served none, or a loop that is closed."""
+        with self._lock:
+            if self._loop is loop:
+                return True
+            if self._loop is not None and not self._loop.is_closed():
+                return False
+            self._loop = loop
+            self._calls.clear()
+            self._timer = None
+            return True
+
+    def add(self, d: Deadline) -> None:
+        d._sweep = self
+        self._calls.append(d)
+        if self._timer is None:
+            self._timer = d._loop.call_at(d._when, self._run)
+
+    def remove(self, d: Deadline) -> None:
+        d._sweep = None
+        calls = self._calls
+        while calls and calls[0]._sweep is not self:
+            calls.popleft()
+
+    def _run(self) -> None:
+        self._timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        calls = self._calls
+        while calls:
+            d = calls[0]
+            if d._sweep is not self:
+                calls.popleft()
+                continue
+            if d._when > now:
+                self._timer = loop.call_at(d._when, self._run)
+                return
+            calls.popleft()
+            d._sweep = None
+            d._due()

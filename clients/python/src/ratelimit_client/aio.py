@@ -48,13 +48,15 @@ from ._core import (
     multi_of,
     new_lease_id,
     one_alone,
+    outcome_of,
+    parse_take,
     renewal_answer,
     return_plan,
     signature,
     single_of,
     writes,
 )
-from ._flight import Deadline, Failure, Gate
+from ._flight import Deadline, Failure, Gate, Sweep
 from ._scripts import LIBRARY
 from ._types import (
     Batching,
@@ -125,6 +127,10 @@ class AsyncClient:
             weakref.WeakKeyDictionary()
         )
         self._loops_lock = threading.Lock()
+        #: The deadlines of the calls, on one timer per loop (shared by the copies of this client).
+        self._sweep = Sweep(self._core.options.timeout)
+        #: A cluster client's slot map being read again (shared by the copies of this client).
+        self._slots = _Slots() if self._cluster else None
 
     def _conn(self) -> tuple[Redis, Gate | None]:
         """The redis-py client of the running loop, and the gate of its pool."""
@@ -227,15 +233,13 @@ class AsyncClient:
 
     def with_durability(self, durability: Durability) -> AsyncClient:
         """Durable admissions, as :meth:`Client.with_durability` (the lane's connections belong
-        to the loop that opened them)."""
-        if self._copy is None:
-            raise Unsupported("durable admissions need a client of one server")
+        to the loop that opened them; on a cluster client, to the master of the call's key)."""
         if durability.replicas < 1:
             raise Unsupported("durable admissions need at least 1 replica")
         if durability.timeout >= self._core.options.timeout:
             raise Unsupported("the WAIT timeout must be below the client's timeout")
         c = copy.copy(self)
-        c._lane = AsyncLane(self._redis, Durable(durability))  # type: ignore[arg-type]
+        c._lane = AsyncLane(self._redis, Durable(durability))
         return c
 
     def durability_stats(self) -> DurabilityStats:
@@ -303,6 +307,9 @@ class AsyncClient:
         for c in mine:
             with contextlib.suppress(RuntimeError):
                 await c.aclose()
+        for gate in (self._gate if mine and mine[0] is self._redis else None, None if got is None else got[1]):
+            if gate is not None:
+                gate.recount()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -321,7 +328,7 @@ class AsyncClient:
 
     async def _send(self, conn: Redis, gate: Gate | None, call: tuple[Any, ...]) -> Any:
         try:
-            reply = await conn.execute_command(*call, **self._routing(call))
+            reply = await conn.execute_command(*call, **(self._routing(call) if conn is self._redis else {}))
         except ResponseError:
             self._answered(gate)  # an error reply is an answer too (NOSCRIPT, ERR ...)
             raise
@@ -385,8 +392,10 @@ class AsyncClient:
             return value
 
     async def _guarded(self, exchange: Exchange[T], pinned: Single | None = None) -> T:
+        """Runs an exchange under the breaker, the gate and the call's deadline: :class:`Rejected`
+        for an answer about the call, :class:`Failure` when Redis did not decide."""
         core = self._core
-        if not core.breaker.permit():
+        if not core.breaker.permit() or (self._slots is not None and self._slots.reading):
             exchange.close()
             raise Failure
         conn, gate = (pinned, None) if pinned is not None else self._conn()
@@ -401,41 +410,143 @@ class AsyncClient:
         try:
             if opens:
                 await self._open_one(conn)
-            async with Deadline(core.options.timeout) as deadline:
+            deadline = self._sweep.start()
+            try:
                 value = await self._drive(conn, gate, exchange, deadline)
+            except BaseException as e:
+                if deadline.end(type(e)):
+                    raise TimeoutError from e
+                if gate is not None and isinstance(e, asyncio.CancelledError):
+                    gate.recount()  # redis-py closes a connection whose reply it gave up on
+                raise
+            deadline.end(None)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
-            # TimeoutError (the budget ran out) is an OSError: no code, Redis did not decide.
-            rejected = classify(e)
-            if rejected is None:
-                core.failed(began)
-                if gate is not None:
-                    gate.failed()
-                if demoted(e):
-                    await self._reconnect()
-                raise Failure from e
-            core.breaker.success()
-            if error_code(e) == "READONLY":
-                await self._reconnect()
-            raise rejected from None
+            error, cause = await self._unanswered(e, began, gate)
+            raise error from cause
         finally:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
         return value
 
-    async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
+    async def _unanswered(
+        self, e: BaseException, began: float, gate: Gate | None, key: str | None = None
+    ) -> tuple[RateLimitError | Failure, BaseException | None]:
+        """What a call begun at ``began`` that ended with ``e`` raises (and from what):
+        :class:`Rejected` for an answer about the call; :class:`Failure` when Redis did not
+        decide (TimeoutError, the budget ran out, is an OSError: no code), counted for the
+        breaker and the gate; on a cluster client, the slot map is read again (``key``: the
+        call's, whose master is asked last)."""
+        core = self._core
+        rejected = classify(e)
+        if rejected is None:
+            core.failed(began)
+            if gate is not None:
+                gate.failed()
+            if demoted(e):
+                await self._reconnect()
+            if self._slots is not None:
+                self._read_slots(key)
+            return Failure(), e
+        core.breaker.success()
+        if error_code(e) == "READONLY":
+            await self._reconnect()
+        return rejected, None
+
+    def _read_slots(self, key: str | None) -> None:
+        """A cluster's node gave no answer: it may have stopped, or been replaced by its replica
+        (a frozen master sends no ``MOVED``). The slot map is read again from the nodes, in a
+        task of its own (the node of ``key`` asked last; each node within redis-py's socket
+        timeout); the calls meanwhile are answered by the failure policy at once. Once at a
+        time."""
+        slots = self._slots
+        if slots is None or slots.reading:
+            return
+        cluster = self._redis
+        assert isinstance(cluster, redis_cluster.RedisCluster)
+        failed = None
+        if key is not None:
+            with contextlib.suppress(RedisError, RedisClusterException):
+                node = cluster.get_node_from_key(key)
+                failed = None if node is None else node.name
+        slots.reading = True
+
+        async def read() -> None:
+            try:
+                await cluster.nodes_manager.initialize(last_failed_node_name=failed)
+            except (RedisError, RedisClusterException, OSError):
+                pass  # the next call without an answer reads them again
+            finally:
+                slots.reading = False
+
+        slots.task = asyncio.get_running_loop().create_task(read())
+
+    async def _check_one(self, key: str, algo: Algorithm, cost: int, command: tuple[Any, ...], mode: Mode) -> Outcome:
+        """A check of one limit whose one command is known (:meth:`Core.command_one`): what
+        :meth:`_guarded` does for its exchange, without one, in one frame (the path of most
+        calls)."""
+        core = self._core
+        if not core.breaker.permit() or (self._slots is not None and self._slots.reading):
+            return core.degraded_outcome(key, algo, cost, None)
+        conn, gate = self._conn()
+        opens: bool | None = False
+        if gate is not None:
+            opens = gate.enter_now()
+            if opens is None:
+                try:
+                    opens = await gate.enter_async()
+                except Failure:
+                    return core.degraded_outcome(key, algo, cost, None)
+        began = time.monotonic()
+        try:
+            if opens:
+                await self._open_one(conn)
+            deadline = self._sweep.start()
+            try:
+                try:
+                    reply = await conn.execute_command(*command)
+                except ResponseError:
+                    self._answered(gate)  # an error reply is an answer too
+                    raise
+                core.answered = now = time.monotonic()
+                if gate is not None:
+                    gate.progress(now)
+                decision, granted = parse_take(reply, cost, False)
+            except BaseException as e:
+                if deadline.end(type(e)):
+                    raise TimeoutError from e
+                if gate is not None and isinstance(e, asyncio.CancelledError):
+                    gate.recount()  # redis-py closes a connection whose reply it gave up on
+                raise
+            deadline.end(None)
+        except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
+            error, cause = await self._unanswered(e, began, gate, key)
+            if isinstance(error, Failure):
+                return core.degraded_outcome(key, algo, cost, None)
+            raise error from cause
+        finally:
+            if gate is not None:
+                gate.leave()
+        core.breaker.success()
+        return outcome_of(decision, mode, granted)
+
+    async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool, key: str) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
-        the lane of its own (of the running loop), its admission followed by ``WAIT``."""
+        the lane of its own (of the running loop; to the master of ``key`` on a cluster), its
+        admission followed by ``WAIT``."""
         lane = self._lane if writes else None
         if lane is None:
             return await self._guarded(exchange(None))
-        conn = lane.take()
+        try:
+            node, conn = await lane.take(key)
+        except (RedisError, RedisClusterException, OSError) as e:
+            raise Failure from e  # the cluster's slots unknown, or no master for the key's
         try:
             value = await self._guarded(exchange(lane.durable), conn)
         except BaseException:
             await lane.drop(conn)
             raise
-        await lane.put(conn)
+        await lane.put(node, conn)
         return value
 
     async def _open_one(self, conn: Redis) -> None:
@@ -450,9 +561,12 @@ class AsyncClient:
         await pool.release(c)
 
     async def _reconnect(self) -> None:
-        pool = getattr(self._conn()[0], "connection_pool", None)
+        conn, gate = self._conn()
+        pool = getattr(conn, "connection_pool", None)
         if pool is not None:
             await pool.disconnect()
+        if gate is not None:
+            gate.recount()
 
     async def detect(self) -> Mode | None:
         try:
@@ -464,9 +578,14 @@ class AsyncClient:
 
     async def _decide_one(self, key: str, algo: Algorithm, cost: int, lease: str | None, upto: bool = False) -> Outcome:
         core = self._core
+        if lease is None and not upto and (cost <= 0 or self._lane is None) and not isinstance(algo, Concurrency):
+            mode = core.mode
+            command = core.command_one(key, algo, cost)
+            if command is not None and mode is not None:
+                return await self._check_one(key, algo, cost, command, mode)
         try:
             decision, granted, mode = await self._durably(
-                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)
+                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease), key
             )
         except Failure:
             return self._core.degraded_outcome(key, algo, cost, lease, upto)
@@ -480,7 +599,9 @@ class AsyncClient:
         try:
             core = self._core
             (allowed, denied_by, decisions, granted), mode = await self._durably(
-                lambda durable: core.call_all(limits, cost, lease, upto, durable), writes(cost, upto, lease)
+                lambda durable: core.call_all(limits, cost, lease, upto, durable),
+                writes(cost, upto, lease),
+                limits[0][0],
             )
         except Failure:
             return self._core.degraded_all(limits, cost, lease, upto)
@@ -488,8 +609,14 @@ class AsyncClient:
 
     async def check(self, key: str, algo: Algorithm, cost: int = 1) -> Outcome:
         if not isinstance(algo, Concurrency):
-            if cost > 0 and self._hot():
+            if cost > 0 and (self._batches is not None or self._denies is not None):
                 return single_of(await self._decide_hot([(key, algo)], cost))
+            core = self._core
+            mode = core.mode
+            if (cost <= 0 or self._lane is None) and mode is not None:
+                command = core.command_one(key, algo, cost)
+                if command is not None:
+                    return await self._check_one(key, algo, cost, command, mode)
             return await self._decide_one(key, algo, cost, None)
         return single_of(await self.check_all([(key, algo)], cost))
 
@@ -547,11 +674,11 @@ class AsyncClient:
             if len(limits) == 1:
                 key, algo = limits[0]
                 d, granted, mode = await self._durably(
-                    lambda durable: core.call_one(key, algo, n, None, True, durable), True
+                    lambda durable: core.call_one(key, algo, n, None, True, durable), True, key
                 )
                 return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
             (allowed, denied_by, ds, granted), mode = await self._durably(
-                lambda durable: core.call_all(limits, n, None, True, durable), True
+                lambda durable: core.call_all(limits, n, None, True, durable), True, limits[0][0]
             )
             return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
         except Failure:
@@ -678,30 +805,58 @@ class AsyncClient:
         return name.decode() if isinstance(name, bytes) else str(name)
 
 
+class _Slots:
+    """Whether a cluster client's slot map is being read again, and the task reading it."""
+
+    __slots__ = ("reading", "task")
+
+    def __init__(self) -> None:
+        self.reading = False
+        self.task: asyncio.Task[None] | None = None
+
+
 class AsyncLane:
     """The asyncio client's durable lane: clients of one connection each (kept per event loop,
-    whose connections they are), as :class:`ratelimit_client.client.Lane`."""
+    whose connections they are, and per server: each master of a cluster), as
+    :class:`ratelimit_client.client.Lane`."""
 
     IDLE_KEPT = 64
 
-    def __init__(self, conn: Single, durable: Durable) -> None:
+    def __init__(self, conn: Redis, durable: Durable) -> None:
         self.durable = durable
-        self._pool = conn.connection_pool
-        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Single]] = weakref.WeakKeyDictionary()
+        self._cluster = conn if isinstance(conn, redis_cluster.RedisCluster) else None
+        self._pool = None if isinstance(conn, redis_cluster.RedisCluster) else conn.connection_pool
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Single]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
 
-    def take(self) -> Single:
+    async def take(self, key: str) -> tuple[str, Single]:
+        """A connection to the server of ``key`` (the master of its slot on a cluster, whose
+        slots are learnt first if not known yet), and that server's name."""
         loop = asyncio.get_running_loop()
+        node = None
+        name = ""
+        if self._cluster is not None:
+            await self._cluster.initialize()
+            node = self._cluster.get_node_from_key(key)
+            if node is None:
+                raise RedisClusterException(f"no master serves {key!r}")
+            name = node.name
         with self._lock:
-            idle = self._idle.get(loop)
+            idle = self._idle.get(loop, {}).get(name)
             if idle:
-                return idle.pop()
-        return redis.asyncio.Redis.from_pool(pool_of_one(self._pool))
+                return name, idle.pop()
+        if node is None:
+            return name, redis.asyncio.Redis.from_pool(pool_of_one(self._pool))
+        kwargs = dict(node.connection_kwargs)
+        one = redis.asyncio.ConnectionPool(connection_class=node.connection_class, max_connections=1, **kwargs)
+        return name, redis.asyncio.Redis.from_pool(one)
 
-    async def put(self, conn: Single) -> None:
+    async def put(self, name: str, conn: Single) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
-            idle = self._idle.setdefault(loop, [])
+            idle = self._idle.setdefault(loop, {}).setdefault(name, [])
             if len(idle) < self.IDLE_KEPT:
                 idle.append(conn)
                 return

@@ -46,6 +46,8 @@ from ._core import (
     multi_of,
     new_lease_id,
     one_alone,
+    outcome_of,
+    parse_take,
     renewal_answer,
     return_plan,
     signature,
@@ -188,15 +190,15 @@ class Client:
         timeout`` (``WAITAOF 0 replicas timeout`` with ``aof``, ``WAIT`` on a server without
         it), and an admission fewer replicas acknowledged in time becomes what
         :class:`ShortAck` says. Denials are answered at once. ``durability.timeout`` must be
-        below the client's timeout. Not for a cluster client (:class:`Unsupported`)."""
-        if self._cluster:
-            raise Unsupported("durable admissions need a client of one server")
+        below the client's timeout. On a cluster client the call and its ``WAIT`` go to the
+        master of the call's key (of its slot as the client knows it) on a connection of their
+        own."""
         if durability.replicas < 1:
             raise Unsupported("durable admissions need at least 1 replica")
         if durability.timeout >= self._core.options.timeout:
             raise Unsupported("the WAIT timeout must be below the client's timeout")
         c = copy.copy(self)
-        c._lane = Lane(self._redis, Durable(durability))  # type: ignore[arg-type]
+        c._lane = Lane(self._redis, Durable(durability))
         return c
 
     def durability_stats(self) -> DurabilityStats:
@@ -276,7 +278,7 @@ class Client:
 
     def _send(self, call: tuple[Any, ...], execute: Callable[..., Any] | None = None) -> Any:
         try:
-            reply = (execute or self._execute)(*call, **self._routing(call))
+            reply = self._execute(*call, **self._routing(call)) if execute is None else execute(*call)
         except ResponseError:
             self._answered(self._gate)  # an error reply is an answer too (NOSCRIPT, ERR ...)
             raise
@@ -364,19 +366,65 @@ class Client:
         core.breaker.success()
         return value
 
-    def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool) -> T:
+    def _check_one(self, key: str, algo: Algorithm, cost: int, command: tuple[Any, ...], mode: Mode) -> Outcome:
+        """A check of one limit whose one command is known (:meth:`Core.command_one`): what
+        :meth:`_guarded` does for its exchange, without one (the path of most calls)."""
+        core = self._core
+        if not core.breaker.permit():
+            return core.degraded_outcome(key, algo, cost, None)
+        gate = self._gate
+        if gate is not None:
+            try:
+                gate.enter()
+            except Failure:
+                return core.degraded_outcome(key, algo, cost, None)
+        began = time.monotonic()
+        try:
+            try:
+                reply = self._execute(*command)
+            except ResponseError:
+                self._answered(gate)  # an error reply is an answer too
+                raise
+            core.answered = now = time.monotonic()
+            if gate is not None:
+                gate.progress(now)
+            decision, granted = parse_take(reply, cost, False)
+        except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
+            rejected = classify(e)
+            if rejected is None:
+                core.failed(began)
+                if gate is not None:
+                    gate.failed()
+                if demoted(e):
+                    self._reconnect()
+                return core.degraded_outcome(key, algo, cost, None)
+            core.breaker.success()
+            if error_code(e) == "READONLY":
+                self._reconnect()
+            raise rejected from None
+        finally:
+            if gate is not None:
+                gate.leave()
+        core.breaker.success()
+        return outcome_of(decision, mode, granted)
+
+    def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool, key: str) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
-        the lane of its own, its admission followed by ``WAIT``."""
+        the lane of its own (to the master of ``key`` on a cluster), its admission followed by
+        ``WAIT``."""
         lane = self._lane if writes else None
         if lane is None:
             return self._guarded(exchange(None))
-        conn = lane.take()
+        try:
+            node, conn = lane.take(key)
+        except (RedisError, RedisClusterException) as e:
+            raise Failure from e  # no master known for the key's slot
         try:
             value = self._guarded(exchange(lane.durable), conn)
         except BaseException:
             lane.drop(conn)
             raise
-        lane.put(conn)
+        lane.put(node, conn)
         return value
 
     def _reconnect(self) -> None:
@@ -386,6 +434,8 @@ class Client:
         pool = getattr(self._redis, "connection_pool", None)
         if pool is not None:
             pool.disconnect()
+        if self._gate is not None:
+            self._gate.recount()
 
     def detect(self) -> Mode | None:
         """Detects the mode now if not known yet; ``None`` if Redis is unreachable."""
@@ -400,7 +450,7 @@ class Client:
         core = self._core
         try:
             decision, granted, mode = self._durably(
-                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease)
+                lambda durable: core.call_one(key, algo, cost, lease, upto, durable), writes(cost, upto, lease), key
             )
         except Failure:
             return self._core.degraded_outcome(key, algo, cost, lease, upto)
@@ -414,7 +464,9 @@ class Client:
         try:
             core = self._core
             (allowed, denied_by, decisions, granted), mode = self._durably(
-                lambda durable: core.call_all(limits, cost, lease, upto, durable), writes(cost, upto, lease)
+                lambda durable: core.call_all(limits, cost, lease, upto, durable),
+                writes(cost, upto, lease),
+                limits[0][0],
             )
         except Failure:
             return self._core.degraded_all(limits, cost, lease, upto)
@@ -425,8 +477,14 @@ class Client:
         concurrency limit is only peeked at here (cost 0, through ``RL.ALL``); its slots are
         taken with :meth:`acquire` (:class:`Unsupported` for a cost above 0)."""
         if not isinstance(algo, Concurrency):
-            if cost > 0 and self._hot():
+            if cost > 0 and (self._batches is not None or self._denies is not None):
                 return single_of(self._decide_hot([(key, algo)], cost))
+            core = self._core
+            mode = core.mode
+            if (cost <= 0 or self._lane is None) and mode is not None:
+                command = core.command_one(key, algo, cost)
+                if command is not None:
+                    return self._check_one(key, algo, cost, command, mode)
             return self._decide_one(key, algo, cost, None)
         return single_of(self.check_all([(key, algo)], cost))
 
@@ -489,10 +547,12 @@ class Client:
         try:
             if len(limits) == 1:
                 key, algo = limits[0]
-                d, granted, mode = self._durably(lambda durable: core.call_one(key, algo, n, None, True, durable), True)
+                d, granted, mode = self._durably(
+                    lambda durable: core.call_one(key, algo, n, None, True, durable), True, key
+                )
                 return MultiOutcome(d.allowed, 0 if d.allowed else 1, (d,), None, mode, granted)
             (allowed, denied_by, ds, granted), mode = self._durably(
-                lambda durable: core.call_all(limits, n, None, True, durable), True
+                lambda durable: core.call_all(limits, n, None, True, durable), True, limits[0][0]
             )
             return MultiOutcome(allowed, denied_by, ds, None, mode, granted)
         except Failure:
@@ -918,28 +978,40 @@ class Limiter:
 
 
 class Lane:
-    """The durable lane: clients of one connection each, to the client's server, for calls that
-    wait for replicas (``WAIT`` holds the connection it is sent on until they answer, so the
-    client's shared pool never waits). Idle ones are kept for the next calls, up to 64."""
+    """The durable lane: clients of one connection each, to the client's server (to each master
+    of a cluster), for calls that wait for replicas (``WAIT`` holds the connection it is sent on
+    until they answer, so the client's shared pool never waits). Idle ones are kept for the next
+    calls, up to 64 per server."""
 
     IDLE_KEPT = 64
 
-    def __init__(self, conn: redis.Redis, durable: Durable) -> None:
+    def __init__(self, conn: redis.Redis | redis_cluster.RedisCluster, durable: Durable) -> None:
         self.durable = durable
-        self._pool = conn.connection_pool
-        self._idle: list[redis.Redis] = []
+        self._cluster = conn if isinstance(conn, redis_cluster.RedisCluster) else None
+        self._pool = None if isinstance(conn, redis_cluster.RedisCluster) else conn.connection_pool
+        self._idle: dict[str, list[redis.Redis]] = {}
         self._lock = threading.Lock()
 
-    def take(self) -> redis.Redis:
+    def take(self, key: str) -> tuple[str, redis.Redis]:
+        """A connection to the server of ``key`` (the master of its slot on a cluster), and
+        that server's name."""
+        if self._cluster is None:
+            name, pool = "", self._pool
+        else:
+            of_key: Callable[..., Any] = self._cluster.get_node_from_key  # no annotations
+            node = of_key(key)
+            name, pool = node.name, node.redis_connection.connection_pool
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return redis.Redis(connection_pool=pool_of_one(self._pool))
+            idle = self._idle.get(name)
+            if idle:
+                return name, idle.pop()
+        return name, redis.Redis(connection_pool=pool_of_one(pool))
 
-    def put(self, conn: redis.Redis) -> None:
+    def put(self, name: str, conn: redis.Redis) -> None:
         with self._lock:
-            if len(self._idle) < self.IDLE_KEPT:
-                self._idle.append(conn)
+            idle = self._idle.setdefault(name, [])
+            if len(idle) < self.IDLE_KEPT:
+                idle.append(conn)
                 return
         conn.close()
 
