@@ -14,7 +14,21 @@ export type Reply = unknown;
  * below recognises); any other rejection means Redis did not answer.
  */
 export interface Connection {
-  send(args: readonly string[], key: string | undefined, signal: AbortSignal): Promise<Reply>;
+  /**
+   * `signal`, when given, aborts when the call is given up (its deadline, the caller's abort):
+   * a command still waiting in the library's queue then need not be sent. The client passes one
+   * only when {@link Connection.queues} says a command may wait there (every time for a
+   * connection without that method), or the caller gave one; it does not wait for the promise of
+   * a call it gave up, and ignores what it answers later.
+   */
+  send(args: readonly string[], key: string | undefined, signal?: AbortSignal): Promise<Reply>;
+  /**
+   * Whether a command sent now may wait in the client library's own queue before it is written
+   * (the connection is not ready): the client then passes `send` a signal that aborts at the
+   * call's deadline. While it answers false, no signal is made for the call (it costs an abort
+   * listener per command in node-redis). Without this method, every call gets a signal.
+   */
+  queues?(): boolean;
   /**
    * Called after a `READONLY` answer (the address now names a replica, as after a failover):
    * drops the connection so that the next command connects anew.
@@ -172,9 +186,11 @@ export interface IORedisCommandClass {
 export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike): Connection {
   if ('masters' in client && client.masters !== undefined) {
     const cluster = client as NodeRedisClusterLike;
+    // The cluster's own queues (a node being connected) are not visible from here: every call
+    // gets its deadline's signal.
     return {
       send: (args, key, signal) =>
-        cluster.sendCommand(key, false, [...args], { abortSignal: signal }).catch(normalise),
+        cluster.sendCommand(key, false, args as string[], signal === undefined ? undefined : { abortSignal: signal }).catch(normalise),
     };
   }
   const single = client as NodeRedisClientLike;
@@ -192,7 +208,12 @@ export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike
     waitingToRetry = false;
   });
   return {
-    send: (args, _key, signal) => single.sendCommand([...args], { abortSignal: signal }).catch(refused),
+    // node-redis writes a command at once while the connection is ready (its arguments are not
+    // changed, so the client's array is passed as it is); while not, a command may wait in its
+    // offline queue, and gets the deadline's signal.
+    send: (args, _key, signal) =>
+      single.sendCommand(args as string[], signal === undefined ? undefined : { abortSignal: signal }).catch(refused),
+    queues: () => single.isReady !== true,
     // Connecting: `connect()` called (not awaited) and not ready yet.
     ready: (signal) => {
       if (single.isOpen !== true || single.isReady !== false) return undefined;
@@ -226,6 +247,8 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
       }
       return client.call(args[0]!, ...args.slice(1)).catch(refused);
     },
+    // ioredis takes no signal: there is nothing to abort.
+    queues: () => false,
     // A cluster follows its own redirections; a single connection is made again.
     ...(cluster ? {} : { reconnect: () => client.disconnect(true) }),
     ready: (signal) => {
@@ -247,11 +270,11 @@ export type SendCommandClusterFn = (details: {
 }) => Promise<unknown>;
 
 export function fromSendCommand(fn: SendCommandFn): Connection {
-  return { send: (args) => fn(...args).catch(normalise) };
+  return { send: (args) => fn(...args).catch(normalise), queues: () => false };
 }
 
 export function fromSendCommandCluster(fn: SendCommandClusterFn): Connection {
-  return { send: (args, key) => fn({ key, isReadOnly: false, command: [...args] }).catch(normalise) };
+  return { send: (args, key) => fn({ key, isReadOnly: false, command: [...args] }).catch(normalise), queues: () => false };
 }
 
 /** Anything the client accepts as its connection. */

@@ -184,6 +184,11 @@ export class Server {
     }
   }
 
+  /** Sends `signal` to the server: `SIGSTOP` freezes it (it answers nothing, its connections stay open), `SIGCONT` thaws it. */
+  signal(signal: NodeJS.Signals): void {
+    if (!this.child?.kill(signal)) throw new Error(`the server did not take ${signal}`);
+  }
+
   /** Kills the server and removes its directory. */
   async stop(): Promise<void> {
     await this.kill();
