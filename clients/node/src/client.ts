@@ -229,7 +229,7 @@ function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSi
   return Promise.race([work(controller.signal), expired]).finally(() => clearTimeout(timer));
 }
 
-/** The most calls of one client with a command on its way to Redis at once; the others queue. */
+/** The most calls of one client with a command on its way to Redis at once, by default; the others queue. */
 const IN_FLIGHT = 16;
 
 /**
@@ -306,6 +306,8 @@ export class Client {
   readonly policy: FailurePolicy;
   readonly instances: number;
   readonly failClosedRetryMs: number;
+  /** The most calls with a command on their way to Redis at once. */
+  readonly maxInFlight: number;
 
   /**
    * `connection`: a node-redis client or cluster, an ioredis `Redis` or `Cluster`, or any
@@ -319,6 +321,7 @@ export class Client {
     this.policy = options.policy ?? 'fail-open';
     this.instances = Math.max(Math.trunc(options.instances ?? 1), 1);
     this.failClosedRetryMs = options.failClosedRetryMs ?? 1000;
+    this.maxInFlight = Math.max(Math.trunc(options.maxInFlight ?? IN_FLIGHT), 1);
     this.breaker = new Breaker(options.breaker);
     this.modeValue = options.mode === undefined || options.mode === 'auto' ? undefined : options.mode;
   }
@@ -653,13 +656,13 @@ export class Client {
   }
 
   /**
-   * A place among the calls on their way to Redis for `at`: at once while fewer than IN_FLIGHT
+   * A place among the calls on their way to Redis for `at`: at once while fewer than maxInFlight
    * hold one (undefined), else a promise of the next free place, in the order the calls came.
    * Waiting for a place is the client's queue, not Redis failing to answer: the deadline is
    * stopped meanwhile, and counted anew in full when the place comes.
    */
   private turn(at: Attempt): Promise<void> | undefined {
-    if (this.inFlight < IN_FLIGHT) {
+    if (this.inFlight < this.maxInFlight) {
       this.inFlight += 1;
       at.turn = true;
       return undefined;

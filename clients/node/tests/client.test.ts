@@ -306,6 +306,26 @@ describe('the deadline sweep: one timer per client, no timer or signal per call'
       }
     });
 
+    test(`${library}: maxInFlight 4: on a frozen server 10 calls end in three rounds of a deadline each (4, 4, 2)`, async () => {
+      const a = await connect(library, server);
+      try {
+        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 80, maxInFlight: 4, breaker: { failures: 1000 } });
+        const key = `places:${library}`;
+        await c.check(key, hundred, 0, PATIENT);
+        const took = await frozen(async () => {
+          const t0 = performance.now();
+          return Promise.all(Array.from({ length: 10 }, () => c.check(key, hundred).then(() => performance.now() - t0)));
+        });
+        took.sort((x, y) => x - y);
+        assert.ok(took[0]! >= 79 && took[3]! < 319, `the first round ended after ${took[0]} to ${took[3]} ms`);
+        assert.ok(took[4]! >= 159 && took[8]! >= 239, `rounds ended after ${took[4]} and ${took[8]} ms`);
+        const back = await c.check(key, hundred, 1, PATIENT);
+        assert.deepEqual([back.degraded, back.decision.remaining], [undefined, 100 - 10 - 1]);
+      } finally {
+        await a.close();
+      }
+    });
+
     test(`${library}: a shorter deadline that comes later ends first (the timer is set again for it)`, async () => {
       const a = await connect(library, server);
       try {
@@ -354,9 +374,9 @@ describe('the deadline sweep: one timer per client, no timer or signal per call'
 describe('options', () => {
   test('a client with no options uses the documented defaults', () => {
     const c = new Client({ send: () => Promise.reject(new Error('unused')) });
-    assert.deepEqual([c.timeoutMs, c.policy, c.instances, c.failClosedRetryMs, c.mode], [100, 'fail-open', 1, 1000, undefined]);
-    const o: ClientOptions = { mode: 'script', policy: 'local', instances: 4, timeoutMs: 250 };
+    assert.deepEqual([c.timeoutMs, c.policy, c.instances, c.failClosedRetryMs, c.mode, c.maxInFlight], [100, 'fail-open', 1, 1000, undefined, 16]);
+    const o: ClientOptions = { mode: 'script', policy: 'local', instances: 4, timeoutMs: 250, maxInFlight: 64 };
     const d = new Client({ send: () => Promise.reject(new Error('unused')) }, o);
-    assert.deepEqual([d.timeoutMs, d.policy, d.instances, d.mode], [250, 'local', 4, 'script']);
+    assert.deepEqual([d.timeoutMs, d.policy, d.instances, d.mode, d.maxInFlight], [250, 'local', 4, 'script', 64]);
   });
 });
