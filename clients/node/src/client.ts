@@ -291,6 +291,8 @@ export class Client {
   /** The connection was ready once: from then on a call is sent as it comes. */
   private connected = false;
   private connecting: Promise<void> | undefined;
+  /** The cluster's slots being read again, after a call got no answer: calls meanwhile fail at once. */
+  private rediscovering: Promise<void> | undefined;
   private detecting: Promise<Mode> | undefined;
   /** Each script's `SCRIPT LOAD` in flight, by SHA-1 (and, loaded again on another node, by slot). */
   private readonly loading = new Map<string, Promise<void>>();
@@ -502,6 +504,21 @@ export class Client {
         });
     }
     return at.outside(this.connecting);
+  }
+
+  /**
+   * On a cluster, after a call got no answer in time (a master that froze sends no redirection):
+   * the slots read from the nodes again, once however many calls meet it, under a deadline of
+   * its own; the calls that come meanwhile are answered by the failure policy at once.
+   */
+  private rediscover(budgetMs: number): void {
+    const conn = this.conn;
+    if (conn.rediscover === undefined || this.rediscovering !== undefined) return;
+    this.rediscovering = underDeadline(budgetMs * START_UP_FACTOR, "the cluster's slots", () => conn.rediscover!())
+      .catch(() => undefined)
+      .finally(() => {
+        this.rediscovering = undefined;
+      });
   }
 
   /**
@@ -825,6 +842,7 @@ export class Client {
   private async guarded<T>(fn: (at: Attempt) => Promise<T>, call: CallOptions | undefined, breaker = true): Promise<Guarded<T>> {
     const user = call?.signal;
     user?.throwIfAborted();
+    if (this.rediscovering !== undefined) return { ok: false, cause: new Error("the cluster's slots are being read again") };
     if (breaker && !this.breaker.permit()) return { ok: false, cause: new Error('circuit breaker open') };
     // The deadline: `budgetMs` without an answer from Redis, kept by the client's sweep (one
     // timer for every call). At its end, an answer that has arrived but is not read yet is read
@@ -853,6 +871,7 @@ export class Client {
       // since this one began: a call that waited behind others that were answered is late, on a
       // server that is there (it still gets the policy's answer).
       if (breaker && !(this.answeredAt > began)) this.breaker.failure();
+      if (at.expired) this.rediscover(at.budgetMs);
       return { ok: false, cause: e };
     } finally {
       this.endTurn(at);

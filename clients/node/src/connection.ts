@@ -42,6 +42,12 @@ export interface Connection {
    * at once, as it would).
    */
   ready?(signal: AbortSignal): Promise<void> | undefined;
+  /**
+   * On a cluster: reads the slots from the nodes again. A master that froze (stopped, or cut off
+   * without its connections closing) answers nothing, so no redirection comes and the library
+   * would keep its slot map: the client calls this after a call got no answer in time.
+   */
+  rediscover?(): Promise<void>;
 }
 
 /** An error reply of Redis (`ERR ...`, `NOPERM ...`), with its text as Redis sent it. */
@@ -171,6 +177,8 @@ export interface IORedisLike extends Events {
   disconnect(reconnect?: boolean): void;
   /** `'connecting'`, `'connect'`, `'ready'`, `'reconnecting'`, `'end'`... */
   readonly status?: string;
+  /** A `Cluster`'s: reads the slots again (the callback gets the error when no node answered). */
+  refreshSlotsCache?(callback?: (e?: Error | null) => void): void;
 }
 
 /**
@@ -249,8 +257,17 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
     },
     // ioredis takes no signal: there is nothing to abort.
     queues: () => false,
-    // A cluster follows its own redirections; a single connection is made again.
-    ...(cluster ? {} : { reconnect: () => client.disconnect(true) }),
+    // A cluster follows its own redirections, and reads its slots again when asked; a single
+    // connection is made again.
+    ...(cluster
+      ? {
+          rediscover: () =>
+            new Promise<void>((ok, fail) => {
+              if (client.refreshSlotsCache === undefined) ok();
+              else client.refreshSlotsCache((e) => (e ? fail(e) : ok()));
+            }),
+        }
+      : { reconnect: () => client.disconnect(true) }),
     ready: (signal) => {
       const status = client.status;
       if (status === 'reconnecting') return Promise.reject(failedAttempt(refusal, 'ioredis'));

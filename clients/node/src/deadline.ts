@@ -40,6 +40,8 @@ export class Attempt {
   reason: unknown = undefined;
   /** Whether the call's promise is settled. */
   done = false;
+  /** Whether the call was given up at its deadline (Redis answered nothing in time). */
+  expired = false;
   /** Whether the call holds a place among the calls on their way to Redis. */
   turn = false;
   /** Made when a signal is asked for ({@link Attempt.signal}): aborted when the call is given up. */
@@ -238,6 +240,7 @@ export class Sweep {
         continue;
       }
       const e = new Error(`no answer within ${a.budgetMs} ms`);
+      a.expired = true;
       a.giveUp(e, e);
     }
     this.rearm();

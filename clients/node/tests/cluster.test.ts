@@ -6,10 +6,11 @@
  */
 
 import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
 import { after, before, describe, test } from 'node:test';
 
 import { Client, type Connection, LIBRARY, type Mode, RejectedError, concurrency, fixedWindow, gcra, keySlot, tokenBucket } from '../src/index.js';
-import { Cluster, PATIENT, cmd } from './harness.js';
+import { type Admin, Cluster, PATIENT, type Server, cmd, sleep } from './harness.js';
 
 type Conn = { connection: Connection; close(): Promise<void> };
 
@@ -123,6 +124,102 @@ describe('a cluster without the module', () => {
       } finally {
         await conn.close();
       }
+    }
+  });
+});
+
+/** Waits until `node` answers `ROLE` as a master. */
+async function untilMaster(node: Server): Promise<void> {
+  const a = await node.admin();
+  try {
+    const deadline = Date.now() + 30_000;
+    while (((await cmd(a, 'ROLE')) as unknown[])[0] !== 'master') {
+      if (Date.now() > deadline) throw new Error(`${node.port} never became a master`);
+      await sleep(20);
+    }
+  } finally {
+    a.destroy();
+  }
+}
+
+/** Waits until `replica` has every write of `master` (their replication offsets equal). */
+async function caughtUp(master: Server, replica: Server): Promise<void> {
+  const m = await master.admin();
+  const r = await replica.admin();
+  const offset = async (a: Admin): Promise<string> => /master_repl_offset:(\d+)/.exec(String(await cmd(a, 'INFO', 'replication')))?.[1] ?? '';
+  try {
+    const deadline = Date.now() + 30_000;
+    while ((await offset(m)) !== (await offset(r))) {
+      if (Date.now() > deadline) throw new Error('the replica never caught up');
+      await sleep(20);
+    }
+  } finally {
+    m.destroy();
+    r.destroy();
+  }
+}
+
+describe('following a failover of the cluster (ioredis)', () => {
+  let cluster: Cluster;
+  before(async () => {
+    cluster = await Cluster.start(true);
+  });
+  after(async () => cluster.stop());
+
+  test('a manual CLUSTER FAILOVER (MOVED followed), then a frozen master whose replica took over (CLUSTER FAILOVER FORCE; the slots read again): the count carried on to the unit', async () => {
+    const key = 'follow:{user42}';
+    const first = await cluster.masterOf(keySlot(key));
+    const second = await cluster.addReplica(first);
+    const conn = await cluster.ioredis(true);
+    try {
+      const c = new Client(conn.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 150, breaker: { failures: 1000 } });
+      const algo = tokenBucket(100, 0.0001);
+      for (let i = 1; i <= 5; i++) assert.deepEqual([(await c.check(key, algo, 1, PATIENT)).decision.remaining], [100 - i]);
+
+      // A manual failover: the replica waits for every write of the master, then takes its
+      // slots; the old master answers MOVED, which ioredis follows.
+      const a = await second.admin();
+      await cmd(a, 'CLUSTER', 'FAILOVER');
+      a.destroy();
+      await untilMaster(second);
+      const moved = await c.check(key, algo, 1, PATIENT);
+      assert.deepEqual([moved.degraded, moved.mode, moved.decision.remaining], [undefined, 'module', 94]);
+
+      // The new master freezes: it answers nothing and sends no redirection.
+      await caughtUp(second, first);
+      second.signal('SIGSTOP');
+      try {
+        const t0 = performance.now();
+        const unanswered = await c.check(key, algo);
+        const took = performance.now() - t0;
+        assert.deepEqual([unanswered.degraded, unanswered.decision.retryAfterMs], ['fail-closed', 777]);
+        assert.ok(took >= 149, `answered after ${took} ms`);
+        // The slots are being read again (ioredis asks the nodes): a call meanwhile is answered
+        // by the policy at once, and sent nowhere.
+        const t1 = performance.now();
+        const meanwhile = await c.check(key, algo);
+        assert.equal(meanwhile.degraded, 'fail-closed');
+        assert.ok(performance.now() - t1 < 100, 'answered at once');
+
+        const f = await first.admin();
+        await cmd(f, 'CLUSTER', 'FAILOVER', 'FORCE');
+        f.destroy();
+        await untilMaster(first);
+        // Each call without an answer has the slots read again, until they name the new master.
+        let answered: Awaited<ReturnType<typeof c.check>> | undefined;
+        for (let i = 0; i < 300 && answered === undefined; i++) {
+          const o = await c.check(key, algo);
+          if (o.degraded === undefined) answered = o;
+          else await sleep(20);
+        }
+        assert.ok(answered !== undefined, 'the new master never answered');
+        // The calls the frozen master was sent never reached the new one.
+        assert.deepEqual([answered.mode, answered.decision.remaining], ['module', 93]);
+      } finally {
+        second.signal('SIGCONT');
+      }
+    } finally {
+      await conn.close();
     }
   });
 });
