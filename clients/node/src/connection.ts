@@ -168,7 +168,15 @@ export interface NodeRedisClusterLike {
     options?: { abortSignal?: AbortSignal },
   ): Promise<unknown>;
   readonly masters: unknown;
+  /** The connection of the master of `key`'s slot (node-redis 5.9 and later). */
+  getNodeClientForKey?(key: string, isReadonly?: boolean): Promise<{ sendCommand(args: string[], options?: { abortSignal?: AbortSignal }): Promise<unknown> }>;
 }
+
+/**
+ * Commands about the connection they are sent on (`WAIT` counts the replicas that have its
+ * writes): on a cluster they go to the master of their key, on the connection its calls took.
+ */
+const OF_THE_CONNECTION = new Set(['WAIT', 'WAITAOF']);
 
 /** ioredis's `Redis` or `Cluster`, as far as it is used here. */
 export interface IORedisLike extends Events {
@@ -196,9 +204,19 @@ export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike
     const cluster = client as NodeRedisClusterLike;
     // The cluster's own queues (a node being connected) are not visible from here: every call
     // gets its deadline's signal.
+    // node-redis's cluster sends `WAIT` to every shard (its request policy), so it goes to the
+    // connection of the key's master itself, where the call it follows went.
     return {
-      send: (args, key, signal) =>
-        cluster.sendCommand(key, false, args as string[], signal === undefined ? undefined : { abortSignal: signal }).catch(normalise),
+      send: (args, key, signal) => {
+        const options = signal === undefined ? undefined : { abortSignal: signal };
+        if (key !== undefined && OF_THE_CONNECTION.has(args[0]!) && cluster.getNodeClientForKey !== undefined) {
+          return cluster
+            .getNodeClientForKey(key, false)
+            .then((node) => node.sendCommand(args as string[], options))
+            .catch(normalise);
+        }
+        return cluster.sendCommand(key, false, args as string[], options).catch(normalise);
+      },
     };
   }
   const single = client as NodeRedisClientLike;

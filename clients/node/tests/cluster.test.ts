@@ -159,17 +159,77 @@ async function caughtUp(master: Server, replica: Server): Promise<void> {
   }
 }
 
-describe('following a failover of the cluster (ioredis)', () => {
+/** `INFO commandstats` calls of `command` on each node. */
+async function callsOn(nodes: Server[], command: string): Promise<number[]> {
+  const out: number[] = [];
+  for (const n of nodes) {
+    const a = await n.admin();
+    const m = new RegExp(`^cmdstat_${command}:calls=(\\d+)`, 'm').exec(String(await cmd(a, 'INFO', 'commandstats')));
+    out.push(m ? Number(m[1]) : 0);
+    a.destroy();
+  }
+  return out;
+}
+
+describe('a cluster with a replica: durable admissions, then following a failover', () => {
+  const key = 'follow:{user42}';
   let cluster: Cluster;
+  let first: Server;
+  let second: Server;
   before(async () => {
     cluster = await Cluster.start(true);
+    first = await cluster.masterOf(keySlot(key));
+    second = await cluster.addReplica(first);
   });
   after(async () => cluster.stop());
 
-  test('a manual CLUSTER FAILOVER (MOVED followed), then a frozen master whose replica took over (CLUSTER FAILOVER FORCE; the slots read again): the count carried on to the unit', async () => {
-    const key = 'follow:{user42}';
-    const first = await cluster.masterOf(keySlot(key));
-    const second = await cluster.addReplica(first);
+  for (const library of ['node-redis', 'ioredis'] as const) {
+    test(`${library}: durable admissions: WAIT goes to the master of the call's key, on the lane's connection; a frozen replica makes the admission short (denied)`, async () => {
+      const make = (): Promise<Conn> => (library === 'node-redis' ? cluster.nodeRedis() : cluster.ioredis(true));
+      const conn = await make();
+      const lanes = new Map<Connection, Conn>();
+      const c = new Client(conn.connection, { mode: 'module', timeoutMs: 2000 }).withDurability({
+        replicas: 1,
+        timeoutMs: 300,
+        connect: async () => {
+          const l = await make();
+          lanes.set(l.connection, l);
+          return l.connection;
+        },
+        close: async (source) => lanes.get(source as Connection)?.close(),
+      });
+      const k = `${key}:${library}`;
+      try {
+        for (const n of cluster.nodes) {
+          const a = await n.admin();
+          await cmd(a, 'CONFIG', 'RESETSTAT');
+          a.destroy();
+        }
+        const limit = fixedWindow(10, 3600);
+        for (let i = 1; i <= 3; i++) {
+          const o = await c.check(k, limit);
+          assert.deepEqual([o.decision.allowed, o.decision.remaining, o.degraded], [true, 10 - i, undefined]);
+        }
+        assert.deepEqual(c.durabilityStats(), { acknowledged: 3, short: 0 });
+        second.signal('SIGSTOP');
+        try {
+          const o = await c.check(k, limit);
+          assert.deepEqual([o.decision.allowed, o.decision.remaining, o.decision.retryAfterMs, o.degraded], [false, 6, 1000, undefined]);
+        } finally {
+          second.signal('SIGCONT');
+        }
+        assert.deepEqual(c.durabilityStats(), { acknowledged: 3, short: 1 });
+        const waits = await callsOn(cluster.nodes, 'wait');
+        assert.deepEqual(waits, cluster.nodes.map((n) => (n === first ? 4 : 0)), 'every WAIT on the key\'s master');
+        assert.equal(lanes.size, 1, 'one lane connection, taken and put back');
+      } finally {
+        await c.close();
+        await conn.close();
+      }
+    });
+  }
+
+  test('ioredis: a manual CLUSTER FAILOVER (MOVED followed), then a frozen master whose replica took over (CLUSTER FAILOVER FORCE; the slots read again): the count carried on to the unit', async () => {
     const conn = await cluster.ioredis(true);
     try {
       const c = new Client(conn.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 150, breaker: { failures: 1000 } });
