@@ -181,11 +181,6 @@ export class Sweep {
    */
   constructor(private readonly answeredAt: () => number) {}
 
-  /** Calls not done yet. */
-  get pending(): number {
-    return this.live;
-  }
-
   add(a: Attempt): void {
     if (this.attempts.length >= this.compactAt) this.compact();
     this.attempts.push(a);
