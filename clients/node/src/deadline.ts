@@ -97,24 +97,36 @@ export class Attempt {
 
   private settle(v: unknown, e: unknown, ok: boolean): void {
     if (this.done) return;
+    const resolve = this.resolve!;
+    const reject = this.reject!;
     this.finish();
-    if (ok) this.resolve!(v);
-    else this.reject!(e);
+    if (ok) resolve(v);
+    else reject(e);
   }
 
+  /**
+   * Done: out of the sweep's count, and holding nothing of the call (its promise's functions),
+   * so that the sweep's list keeps no call's objects alive until it is next rid of it.
+   */
   private finish(): void {
     this.done = true;
     this.sweep.remove();
-    if (this.onEnd !== undefined) this.onEnd();
+    this.resolve = undefined;
+    this.reject = undefined;
+    if (this.onEnd !== undefined) {
+      this.onEnd();
+      this.onEnd = undefined;
+    }
   }
 
   /** Gives the call up: `reason` for the work still running, `rejection` for its promise. */
   giveUp(reason: unknown, rejection: unknown): void {
     if (this.done) return;
     this.reason = reason;
+    const reject = this.reject!;
     this.finish();
     this.controller?.abort(reason);
-    this.reject!(rejection);
+    reject(rejection);
   }
 
   /** A signal that aborts when the call is given up (made on the first request). */
@@ -161,6 +173,13 @@ export class Attempt {
 }
 
 /**
+ * The list of calls is rid of those that are done once it is this long (or twice the calls not
+ * done): often, so that a call's objects die young (a list that kept a timeout's worth of calls
+ * would keep them through the young generation's collections, into the old one).
+ */
+const COMPACT_AT_LEAST = 64;
+
+/**
  * The deadlines of one client's calls. Attempts are kept in the order they came and dropped by
  * the sweep once done; the timer is set for the earliest deadline among those not done, and
  * referenced (keeping the process alive) only while some call is not done.
@@ -168,7 +187,7 @@ export class Attempt {
 export class Sweep {
   private attempts: Attempt[] = [];
   /** The length at which the list is next rid of the calls that are done. */
-  private compactAt = 1024;
+  private compactAt = COMPACT_AT_LEAST;
   private live = 0;
   private timer: NodeJS.Timeout | undefined = undefined;
   /** When the timer fires (`performance.now()` ms); Infinity when it is not set. */
@@ -257,7 +276,7 @@ export class Sweep {
       if (a.deadline < next) next = a.deadline;
     }
     this.attempts = kept;
-    this.compactAt = Math.max(1024, 2 * kept.length);
+    this.compactAt = Math.max(COMPACT_AT_LEAST, 2 * kept.length);
     return next;
   }
 }
