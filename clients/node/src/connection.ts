@@ -168,7 +168,7 @@ export interface NodeRedisClusterLike {
     options?: { abortSignal?: AbortSignal },
   ): Promise<unknown>;
   readonly masters: unknown;
-  /** The connection of the master of `key`'s slot (node-redis 5.9 and later). */
+  /** The connection of the master of `key`'s slot (node-redis 6 has it; without it, `WAIT` goes through the cluster's own routing). */
   getNodeClientForKey?(key: string, isReadonly?: boolean): Promise<{ sendCommand(args: string[], options?: { abortSignal?: AbortSignal }): Promise<unknown> }>;
 }
 
