@@ -1,8 +1,11 @@
 // The Node client's cost per call: the client's check of one token bucket (Client.check) next
-// to the bare RL.TOKENBUCKET sent through the same node-redis connection (sendCommand), one call
-// at a time and with 64 concurrent callers, in blocks of each in turn. One line per measurement:
+// to the bare RL.TOKENBUCKET sent through the same node-redis connection (sendCommand), and to
+// the floor, the bare command under the cheapest deadline of its own the runtime offers (one
+// setTimeout, cleared by the answer, rejecting the call's one promise: no AbortController, no
+// Promise.race), one call at a time and with 64 concurrent callers, in blocks of each in turn.
+// One line per measurement:
 //
-//   client-cost lang=node mode=<sequential|concurrent64> what=<raw|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
+//   client-cost lang=node mode=<sequential|concurrent64> what=<raw|floor|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
 //
 // Run after the package's build (`make dist-node`, or `node scripts/build.mjs` in clients/node):
 //
@@ -134,6 +137,28 @@ await redis.connect();
 try {
   const client = new Client(redis);
   const raw = () => redis.sendCommand(['RL.TOKENBUCKET', 'bench:raw', CAPACITY, CAPACITY, '1']);
+  // A floor call past its deadline (a loaded machine) is counted, as the client's are.
+  const late = new Error('no answer within 100 ms');
+  let floorLate = 0;
+  const deadlined = () =>
+    new Promise((ok, fail) => {
+      const timer = setTimeout(fail, 100, late);
+      redis.sendCommand(['RL.TOKENBUCKET', 'bench:floor', CAPACITY, CAPACITY, '1']).then(
+        (v) => {
+          clearTimeout(timer);
+          ok(v);
+        },
+        (e) => {
+          clearTimeout(timer);
+          fail(e);
+        },
+      );
+    });
+  const floor = () =>
+    deadlined().catch((e) => {
+      if (e !== late) throw e;
+      floorLate += 1;
+    });
   // A call Redis did not answer within the client's deadline (a loaded machine) is counted and
   // reported on stderr: its answer, the policy's, cost no round trip.
   let degraded = 0;
@@ -145,19 +170,24 @@ try {
   // Warm both paths (and the JIT) before measuring.
   for (let i = 0; i < 5000; i++) {
     await raw();
+    await floor();
     await checked();
   }
   if (client.mode !== 'module') throw new Error(`the module is not loaded (mode ${client.mode})`);
   for (const [mode, concurrency] of [['sequential', 1], ['concurrent64', CONCURRENCY]]) {
     const r = totals();
+    const f = totals();
     const c = totals();
     while (r.calls < CALLS) {
       await block(r, concurrency, raw);
+      await block(f, concurrency, floor);
       await block(c, concurrency, checked);
     }
     console.log(line(mode, 'raw', r));
+    console.log(line(mode, 'floor', f));
     console.log(line(mode, 'client', c));
   }
+  if (floorLate > 0) console.error(`client-cost lang=node: ${floorLate} floor calls past their deadline`);
   if (degraded > 0) console.error(`client-cost lang=node: ${degraded} client calls answered by the failure policy (not by Redis)`);
 } finally {
   redis.destroy();

@@ -69,31 +69,31 @@ export type Algorithm =
 export type Limit = readonly [key: string, algorithm: Algorithm];
 
 export function tokenBucket(capacity: number, refillPerSec: number): TokenBucket {
-  return { kind: 'token_bucket', capacity, refillPerSec };
+  return Object.freeze({ kind: 'token_bucket', capacity, refillPerSec });
 }
 
 export function leakyBucket(capacity: number, leakPerSec: number): LeakyBucket {
-  return { kind: 'leaky_bucket', capacity, leakPerSec };
+  return Object.freeze({ kind: 'leaky_bucket', capacity, leakPerSec });
 }
 
 export function fixedWindow(limit: number, windowSec: number): FixedWindow {
-  return { kind: 'fixed_window', limit, windowSec };
+  return Object.freeze({ kind: 'fixed_window', limit, windowSec });
 }
 
 export function slidingWindow(limit: number, windowSec: number): SlidingWindow {
-  return { kind: 'sliding_window', limit, windowSec };
+  return Object.freeze({ kind: 'sliding_window', limit, windowSec });
 }
 
 export function slidingLog(limit: number, windowSec: number): SlidingLog {
-  return { kind: 'sliding_log', limit, windowSec };
+  return Object.freeze({ kind: 'sliding_log', limit, windowSec });
 }
 
 export function gcra(maxBurst: number, countPerPeriod: number, periodSec: number): Gcra {
-  return { kind: 'gcra', maxBurst, countPerPeriod, periodSec };
+  return Object.freeze({ kind: 'gcra', maxBurst, countPerPeriod, periodSec });
 }
 
 export function concurrency(limit: number, leaseSec: number): Concurrency {
-  return { kind: 'concurrency', limit, leaseSec };
+  return Object.freeze({ kind: 'concurrency', limit, leaseSec });
 }
 
 /**
@@ -137,6 +137,22 @@ export function commandOf(a: Algorithm): string {
 /** The keyword inside `RL.ALL` and `RL.SETTLE` (`TOKENBUCKET`, `CONCURRENCY`). */
 export function keywordOf(a: Algorithm): string {
   return a.kind === 'concurrency' ? 'CONCURRENCY' : COMMANDS[a.kind].slice(3);
+}
+
+/** The parameters of the algorithms made by this module's functions (frozen), formatted once. */
+const PARAMS = new WeakMap<Algorithm, readonly string[]>();
+
+/**
+ * The parameters after the key, formatted once for an algorithm made by {@link tokenBucket} and
+ * the others (they cannot change); each time for any other object.
+ */
+export function preparedParams(a: Algorithm): readonly string[] {
+  let p = PARAMS.get(a);
+  if (p === undefined) {
+    p = paramsOf(a);
+    if (Object.isFrozen(a)) PARAMS.set(a, p);
+  }
+  return p;
 }
 
 /** The parameters after the key, without the cost (or the lease id). */

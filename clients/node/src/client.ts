@@ -13,13 +13,14 @@ import {
   commandOf,
   keywordOf,
   limitOf,
-  paramsOf,
   plainNumber,
+  preparedParams,
   signature,
 } from './algorithm.js';
 import { type BatchServer, type BatchStats, Batches, type Batching } from './batch.js';
 import { Breaker } from './breaker.js';
 import { type Connection, type ConnectionSource, RedisReplyError, type Reply, keySlot, toConnection } from './connection.js';
+import { Attempt, Sweep, afterNextPoll } from './deadline.js';
 import { DenyCache } from './deny.js';
 import { Lane } from './durable.js';
 import { Lease } from './lease.js';
@@ -125,10 +126,7 @@ export function costOf(n: number): Take {
   return { upto: false, n };
 }
 
-/** The words that end a call: the cost, or `UPTO n`. */
-function takeArgs(t: Take): string[] {
-  return t.upto ? ['UPTO', plainNumber(t.n)] : [plainNumber(t.n)];
-}
+const COST_ONE: Take = Object.freeze({ upto: false, n: 1 });
 
 /**
  * A limiter's reply: five integers, and a sixth (`granted`) for a partial grant. For a cost the
@@ -136,7 +134,7 @@ function takeArgs(t: Take): string[] {
  */
 function decisionTaken(v: Reply, take: Take): [Decision, number] {
   if (!Array.isArray(v) || v.length !== (take.upto ? 6 : 5)) throw new UnexpectedReply(v);
-  const d = decision(v.slice(0, 5));
+  const d = decision(take.upto ? v.slice(0, 5) : v);
   if (!take.upto) return [d, d.allowed ? take.n : 0];
   const granted = int(v[5]);
   if (granted < 0) throw new UnexpectedReply(v);
@@ -150,7 +148,11 @@ function isAllowed(v: Reply): boolean {
 
 function decision(v: Reply): Decision {
   if (!Array.isArray(v) || v.length !== 5) throw new UnexpectedReply(v);
-  const [allowed, remaining, retryAfterMs, resetAfterMs, limit] = v.map(int) as [number, number, number, number, number];
+  const allowed = int(v[0]);
+  const remaining = int(v[1]);
+  const retryAfterMs = int(v[2]);
+  const resetAfterMs = int(v[3]);
+  const limit = int(v[4]);
   if (remaining < 0 || resetAfterMs < 0 || limit < 0) throw new UnexpectedReply(v);
   return { allowed: allowed === 1, remaining, retryAfterMs, resetAfterMs, limit };
 }
@@ -196,35 +198,19 @@ function checkCount(what: string, n: number): void {
   if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`${what} must be an integer from 0 to 2^53-1, not ${n}`);
 }
 
+/** A call waiting for a place among the calls on their way to Redis. */
+interface Waiter {
+  readonly at: Attempt;
+  readonly resolve: () => void;
+  readonly reject: (e: unknown) => void;
+}
+
 type Guarded<T> = { ok: true; value: T } | { ok: false; cause: unknown };
 
 const USER_ABORT = Symbol('aborted by the caller');
 
 /** A call that waited for a place while the breaker opened: skipped, as the breaker skips. */
 const SKIPPED = Symbol('skipped: circuit breaker open');
-
-/**
- * One call on its way to Redis: the signal that ends it at its deadline (or the caller's abort),
- * its budget, and `outside(p)`: waits for the client's start-up work that the call shares with
- * every other caller (the connection being made, the mode's detection, a script's load), with
- * the call's deadline stopped meanwhile and counted again in full once that work is done. The
- * shared work has a deadline of its own (START_UP_FACTOR budgets of the call that began it).
- */
-interface Attempt {
-  readonly signal: AbortSignal;
-  readonly budgetMs: number;
-  outside<T>(p: Promise<T>): Promise<T>;
-}
-
-/**
- * Runs `fn` once the event loop has polled its sockets after now: a reply that came while the
- * loop was busy (a loaded machine runs the timers late, and the current poll may have begun
- * before the reply arrived) is read before `fn` decides that none came. An immediate set from
- * an immediate runs in the next turn of the loop, after its poll.
- */
-function afterNextPoll(fn: () => void): void {
-  setImmediate(() => setImmediate(fn));
-}
 
 /** `work` under a deadline of its own: rejected, and its signal aborted, after `budgetMs`. */
 function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
@@ -243,13 +229,7 @@ function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSi
   return Promise.race([work(controller.signal), expired]).finally(() => clearTimeout(timer));
 }
 
-/**
- * How long a call may wait, in budgets, while Redis keeps answering the client's other calls
- * (its own command queued behind theirs on the connection).
- */
-const WAIT_FACTOR = 10;
-
-/** The most calls of one client with a command on its way to Redis at once; the others queue. */
+/** The most calls of one client with a command on its way to Redis at once, by default; the others queue. */
 const IN_FLIGHT = 16;
 
 /**
@@ -303,12 +283,16 @@ export class Client {
   private modeValue: Mode | undefined;
   /** Calls whose command is on its way to Redis, and the calls waiting for a place among them. */
   private inFlight = 0;
-  private readonly waiting: Array<() => void> = [];
+  private readonly waiting: Waiter[] = [];
   /** When Redis last answered a call of this client (`performance.now()`). */
   private answeredAt = Number.NEGATIVE_INFINITY;
+  /** The deadlines of the calls on their way to Redis. */
+  private readonly sweep = new Sweep(() => this.answeredAt);
   /** The connection was ready once: from then on a call is sent as it comes. */
   private connected = false;
   private connecting: Promise<void> | undefined;
+  /** The cluster's slots being read again, after a call got no answer: calls meanwhile fail at once. */
+  private rediscovering: Promise<void> | undefined;
   private detecting: Promise<Mode> | undefined;
   /** Each script's `SCRIPT LOAD` in flight, by SHA-1 (and, loaded again on another node, by slot). */
   private readonly loading = new Map<string, Promise<void>>();
@@ -324,6 +308,8 @@ export class Client {
   readonly policy: FailurePolicy;
   readonly instances: number;
   readonly failClosedRetryMs: number;
+  /** The most calls with a command on their way to Redis at once. */
+  readonly maxInFlight: number;
 
   /**
    * `connection`: a node-redis client or cluster, an ioredis `Redis` or `Cluster`, or any
@@ -337,6 +323,7 @@ export class Client {
     this.policy = options.policy ?? 'fail-open';
     this.instances = Math.max(Math.trunc(options.instances ?? 1), 1);
     this.failClosedRetryMs = options.failClosedRetryMs ?? 1000;
+    this.maxInFlight = Math.max(Math.trunc(options.maxInFlight ?? IN_FLIGHT), 1);
     this.breaker = new Breaker(options.breaker);
     this.modeValue = options.mode === undefined || options.mode === 'auto' ? undefined : options.mode;
   }
@@ -486,7 +473,7 @@ export class Client {
   async loadLibrary(call?: CallOptions): Promise<void> {
     const g = await this.guarded(async (at) => {
       await this.connection(at);
-      return this.conn.send(['FUNCTION', 'LOAD', 'REPLACE', LIBRARY], undefined, at.signal);
+      return this.conn.send(['FUNCTION', 'LOAD', 'REPLACE', LIBRARY], undefined, this.signalFor(at, this.conn));
     }, call);
     if (!g.ok) throw new UnavailableError(g.cause);
   }
@@ -517,6 +504,21 @@ export class Client {
         });
     }
     return at.outside(this.connecting);
+  }
+
+  /**
+   * On a cluster, after a call got no answer in time (a master that froze sends no redirection):
+   * the slots read from the nodes again, once however many calls meet it, under a deadline of
+   * its own; the calls that come meanwhile are answered by the failure policy at once.
+   */
+  private rediscover(budgetMs: number): void {
+    const conn = this.conn;
+    if (conn.rediscover === undefined || this.rediscovering !== undefined) return;
+    this.rediscovering = underDeadline(budgetMs * START_UP_FACTOR, "the cluster's slots", () => conn.rediscover!())
+      .catch(() => undefined)
+      .finally(() => {
+        this.rediscovering = undefined;
+      });
   }
 
   /**
@@ -572,16 +574,16 @@ export class Client {
     for (const scope of [script.sha, `${script.sha}:${keySlot(keys[0] ?? '')}`]) {
       const before = this.loads.get(scope) ?? 0;
       try {
-        return await conn.send(cmd, keys[0], at.signal);
+        return await conn.send(cmd, keys[0], this.signalFor(at, conn));
       } catch (e) {
         if (!isNoScript(e)) throw e;
         this.answeredAt = performance.now();
       }
       await this.loadScript(script, keys[0], scope, before, at);
       // A call given up (its deadline, the caller's abort) sends nothing more.
-      at.signal.throwIfAborted();
+      at.throwIfGivenUp();
     }
-    return conn.send(cmd, keys[0], at.signal);
+    return conn.send(cmd, keys[0], this.signalFor(at, conn));
   }
 
   /** The one `SCRIPT LOAD` of `scope` that a caller who met `NOSCRIPT` waits for. */
@@ -613,50 +615,105 @@ export class Client {
     numkeys: boolean,
     conn: Connection = this.conn,
   ): Promise<Reply> {
-    const turn = this.turn();
-    if (turn !== undefined) {
-      // Waiting for a place is the client's queue, not Redis failing to answer: outside the
-      // deadline. Given up meanwhile (the caller's abort), or the breaker opened meanwhile (the
-      // calls ahead got no answer): nothing is sent.
-      try {
-        await at.outside(turn);
-        if (this.breaker.isOpen()) throw SKIPPED;
-      } catch (e) {
-        this.nextTurn();
-        throw e;
-      }
+    const waiting = this.turn(at);
+    if (waiting !== undefined) {
+      await waiting;
+      at.throwIfGivenUp();
     }
+    // The place is given back when the command is answered, or when the call is given up
+    // (guarded), whichever comes first.
     try {
-      switch (mode) {
-        case 'module':
-          return await conn.send([command, ...(numkeys ? [String(keys.length)] : []), ...keys, ...args], keys[0], at.signal);
-        case 'function':
-          return await conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], at.signal);
-        case 'script':
-          return await this.evalsha(script, keys, args, at, conn);
-      }
+      return await this.dispatch(mode, command, script, keys, args, at, numkeys, conn);
     } finally {
-      this.nextTurn();
+      this.endTurn(at);
     }
+  }
+
+  /** Sends the command of `mode` (a call holding a place). */
+  private dispatch(
+    mode: Mode,
+    command: string,
+    script: Script,
+    keys: readonly string[],
+    args: readonly string[],
+    at: Attempt,
+    numkeys: boolean,
+    conn: Connection,
+  ): Promise<Reply> {
+    switch (mode) {
+      case 'module': {
+        const full = [command];
+        if (numkeys) full.push(String(keys.length));
+        for (const k of keys) full.push(k);
+        for (const x of args) full.push(x);
+        return conn.send(full, keys[0], this.signalFor(at, conn));
+      }
+      case 'function':
+        return conn.send(['FCALL', functionName(command), String(keys.length), ...keys, ...args], keys[0], this.signalFor(at, conn));
+      case 'script':
+        return this.evalsha(script, keys, args, at, conn);
+    }
+  }
+
+  /** Gives back the place of `at`, if it holds one. */
+  private endTurn(at: Attempt): void {
+    if (!at.turn) return;
+    at.turn = false;
+    this.nextTurn();
   }
 
   /**
-   * A place among the calls on their way to Redis: at once while fewer than IN_FLIGHT are
-   * (undefined), else a promise of the next free place, in the order the calls came.
+   * The signal `conn.send` gets for `at`: the deadline's, made only when a command may wait in
+   * the library's queue (or on a connection of the durable lane, closed when its call is given
+   * up); else the caller's own, if any.
    */
-  private turn(): Promise<void> | undefined {
-    if (this.inFlight < IN_FLIGHT) {
-      this.inFlight += 1;
-      return undefined;
-    }
-    return new Promise((resolve) => this.waiting.push(resolve));
+  private signalFor(at: Attempt, conn: Connection): AbortSignal | undefined {
+    if (conn !== this.conn || conn.queues === undefined || conn.queues()) return at.signal();
+    return at.user;
   }
 
-  /** The place of a call that is done goes to the call that has waited longest. */
+  /**
+   * A place among the calls on their way to Redis for `at`: at once while fewer than maxInFlight
+   * hold one (undefined), else a promise of the next free place, in the order the calls came.
+   * Waiting for a place is the client's queue, not Redis failing to answer: the deadline is
+   * stopped meanwhile, and counted anew in full when the place comes.
+   */
+  private turn(at: Attempt): Promise<void> | undefined {
+    if (this.inFlight < this.maxInFlight) {
+      this.inFlight += 1;
+      at.turn = true;
+      return undefined;
+    }
+    at.stop();
+    return new Promise((resolve, reject) => this.waiting.push({ at, resolve, reject }));
+  }
+
+  /**
+   * The place of a call that is done goes to the call that has waited longest. One given up
+   * meanwhile (the caller's abort) sends nothing, nor does one whose place comes while the
+   * breaker is open (the calls ahead got no answer): it is skipped, and the place goes on.
+   */
   private nextTurn(): void {
-    const next = this.waiting.shift();
-    if (next !== undefined) next();
-    else this.inFlight -= 1;
+    for (;;) {
+      const next = this.waiting.shift();
+      if (next === undefined) {
+        this.inFlight -= 1;
+        return;
+      }
+      const at = next.at;
+      if (at.done) {
+        next.reject(at.reason);
+        continue;
+      }
+      if (this.breaker.isOpen()) {
+        next.reject(SKIPPED);
+        continue;
+      }
+      at.turn = true;
+      at.restart();
+      next.resolve();
+      return;
+    }
   }
 
   /**
@@ -664,17 +721,32 @@ export class Client {
    * (`RL.ACQUIRE` takes no cost).
    */
   private async callOne(key: string, a: Algorithm, take: Take, lease: string | undefined, at: Attempt): Promise<[Decision, number, Mode]> {
-    const mode = await this.resolveMode(at);
-    const args = paramsOf(a);
+    const known = this.resolveMode(at);
+    const mode = typeof known === 'string' ? known : await known;
+    const args = [...preparedParams(a)];
     if (a.kind === 'concurrency' && lease !== undefined) args.push(lease);
-    else args.push(...takeArgs(take));
+    else if (take.upto) args.push('UPTO', plainNumber(take.n));
+    else args.push(take.n === 1 ? '1' : plainNumber(take.n));
     const lane = this.laneFor(take, lease);
     const c = lane === undefined ? undefined : await lane.take();
     let reply: Reply;
     let acknowledged = true;
     try {
-      reply = await this.command(mode, commandOf(a), scriptFor(a), [key], args, at, false, c?.connection);
-      if (lane !== undefined && c !== undefined && isAllowed(reply)) acknowledged = await lane.acknowledged(c, key, at.signal);
+      // As command(), without a promise of its own in between.
+      const waiting = this.turn(at);
+      if (waiting !== undefined) {
+        await waiting;
+        at.throwIfGivenUp();
+      }
+      try {
+        reply = await this.dispatch(mode, commandOf(a), scriptFor(a), [key], args, at, false, c?.connection ?? this.conn);
+      } finally {
+        this.endTurn(at);
+      }
+      if (lane !== undefined && c !== undefined && isAllowed(reply)) {
+        at.throwIfGivenUp();
+        acknowledged = await lane.acknowledged(c, key, at.signal());
+      }
     } catch (e) {
       if (lane !== undefined && c !== undefined) lane.drop(c);
       throw e;
@@ -718,7 +790,7 @@ export class Client {
 
   private static limitArgs(limits: readonly Limit[]): string[] {
     const args: string[] = [];
-    for (const [, a] of limits) args.push(keywordOf(a), ...paramsOf(a));
+    for (const [, a] of limits) args.push(keywordOf(a), ...preparedParams(a));
     return args;
   }
 
@@ -736,7 +808,8 @@ export class Client {
     try {
       reply = await this.command(mode, 'RL.ALL', ALL_SCRIPT, keys, args, at, true, c?.connection);
       if (lane !== undefined && c !== undefined && Array.isArray(reply) && reply[0] === 1) {
-        acknowledged = await lane.acknowledged(c, keys[0] ?? '', at.signal);
+        at.throwIfGivenUp();
+        acknowledged = await lane.acknowledged(c, keys[0] ?? '', at.signal());
       }
     } catch (e) {
       if (lane !== undefined && c !== undefined) lane.drop(c);
@@ -769,65 +842,16 @@ export class Client {
   private async guarded<T>(fn: (at: Attempt) => Promise<T>, call: CallOptions | undefined, breaker = true): Promise<Guarded<T>> {
     const user = call?.signal;
     user?.throwIfAborted();
+    if (this.rediscovering !== undefined) return { ok: false, cause: new Error("the cluster's slots are being read again") };
     if (breaker && !this.breaker.permit()) return { ok: false, cause: new Error('circuit breaker open') };
-    const budgetMs = call?.timeoutMs ?? this.timeoutMs;
-    const began = performance.now();
-    const controller = new AbortController();
-    let timer: NodeJS.Timeout | undefined;
-    let onAbort: (() => void) | undefined;
-    let expire: (e: Error) => void = () => undefined;
-    let settled = false;
-    let latest = 0;
-    // The deadline: `budgetMs` without an answer from Redis. At its end, an answer that has
-    // arrived but is not read yet is read first (afterNextPoll); and while Redis answers the
-    // client's other calls (this one's command waits behind theirs on the connection), the call
-    // waits on, up to WAIT_FACTOR times its budget.
-    const arm = (ms = budgetMs): void => {
-      if (ms === budgetMs) latest = performance.now() + WAIT_FACTOR * budgetMs;
-      timer = setTimeout(() => {
-        afterNextPoll(() => {
-          if (settled) return;
-          const now = performance.now();
-          const quiet = now - this.answeredAt;
-          if (quiet < budgetMs && now < latest) {
-            arm(Math.max(1, Math.min(budgetMs - quiet, latest - now)));
-            return;
-          }
-          const e = new Error(`no answer within ${budgetMs} ms`);
-          controller.abort(e);
-          expire(e);
-        });
-      }, ms);
-    };
-    const at: Attempt = {
-      signal: controller.signal,
-      budgetMs,
-      async outside<U>(p: Promise<U>): Promise<U> {
-        clearTimeout(timer);
-        let value: U;
-        try {
-          value = await p;
-        } finally {
-          if (!controller.signal.aborted) arm();
-        }
-        // Given up meanwhile (the caller's abort): nothing more is sent.
-        controller.signal.throwIfAborted();
-        return value;
-      },
-    };
-    const stop = new Promise<never>((_, reject) => {
-      expire = reject;
-      arm();
-      if (user) {
-        onAbort = () => {
-          controller.abort(user.reason);
-          reject(USER_ABORT);
-        };
-        user.addEventListener('abort', onAbort, { once: true });
-      }
-    });
+    // The deadline: `budgetMs` without an answer from Redis, kept by the client's sweep (one
+    // timer for every call). At its end, an answer that has arrived but is not read yet is read
+    // first; and while Redis answers the client's other calls (this one's command waits behind
+    // theirs on the connection), the call waits on, up to WAIT_FACTOR times its budget.
+    const at = new Attempt(this.sweep, call?.timeoutMs ?? this.timeoutMs, user);
+    const began = at.began;
     try {
-      const value = await Promise.race([fn(at), stop]);
+      const value = await at.run(fn, USER_ABORT);
       this.answeredAt = performance.now();
       if (breaker) this.breaker.success();
       return { ok: true, value };
@@ -847,11 +871,10 @@ export class Client {
       // since this one began: a call that waited behind others that were answered is late, on a
       // server that is there (it still gets the policy's answer).
       if (breaker && !(this.answeredAt > began)) this.breaker.failure();
+      if (at.expired) this.rediscover(at.budgetMs);
       return { ok: false, cause: e };
     } finally {
-      settled = true;
-      clearTimeout(timer);
-      if (onAbort) user?.removeEventListener('abort', onAbort);
+      this.endTurn(at);
     }
   }
 
@@ -897,12 +920,22 @@ export class Client {
    * is only peeked at here (cost 0, through `RL.ALL`); its slots are taken with
    * {@link Client.acquire} ({@link UnsupportedError} for a cost above 0).
    */
-  async check(key: string, algorithm: Algorithm, cost = 1, call?: CallOptions): Promise<Outcome> {
-    checkCount('cost', cost);
-    if (algorithm.kind !== 'concurrency') {
-      if (cost > 0 && (this.batches !== undefined || this.denies !== undefined)) return single(await this.decideHot([[key, algorithm]], cost, this.denies, call));
-      return this.decideOne(key, algorithm, cost, undefined, call);
+  check(key: string, algorithm: Algorithm, cost = 1, call?: CallOptions): Promise<Outcome> {
+    if (algorithm.kind !== 'concurrency' && !(cost > 0 && (this.batches !== undefined || this.denies !== undefined))) {
+      // The plain check, without a promise of its own in between.
+      try {
+        checkCount('cost', cost);
+      } catch (e) {
+        return Promise.reject(e);
+      }
+      return this.decideTake(key, algorithm, cost === 1 ? COST_ONE : costOf(cost), undefined, call);
     }
+    return this.checkHot(key, algorithm, cost, call);
+  }
+
+  private async checkHot(key: string, algorithm: Algorithm, cost: number, call?: CallOptions): Promise<Outcome> {
+    checkCount('cost', cost);
+    if (algorithm.kind !== 'concurrency') return single(await this.decideHot([[key, algorithm]], cost, this.denies, call));
     const o = await this.checkAll([[key, algorithm]], cost, call);
     return single(o);
   }
@@ -1226,7 +1259,7 @@ export class Client {
     const g = await this.guarded(async (at) => {
       const mode = await this.resolveMode(at);
       if (mode !== 'module') return undefined;
-      const reply = await this.conn.send(['RL.TOP', count === undefined ? 'RESET' : plainNumber(count)], undefined, at.signal);
+      const reply = await this.conn.send(['RL.TOP', count === undefined ? 'RESET' : plainNumber(count)], undefined, this.signalFor(at, this.conn));
       return count === undefined ? [] : topEntries(reply);
     }, call);
     if (!g.ok) throw new UnavailableError(g.cause);
@@ -1241,7 +1274,7 @@ export class Client {
   async sendRaw(args: readonly string[], key: string | undefined, call?: CallOptions): Promise<Reply> {
     const g = await this.guarded(async (at) => {
       await this.connection(at);
-      return this.conn.send(args, key, at.signal);
+      return this.conn.send(args, key, this.signalFor(at, this.conn));
     }, call);
     if (!g.ok) throw new UnavailableError(g.cause);
     return g.value;

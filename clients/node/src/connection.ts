@@ -14,7 +14,21 @@ export type Reply = unknown;
  * below recognises); any other rejection means Redis did not answer.
  */
 export interface Connection {
-  send(args: readonly string[], key: string | undefined, signal: AbortSignal): Promise<Reply>;
+  /**
+   * `signal`, when given, aborts when the call is given up (its deadline, the caller's abort):
+   * a command still waiting in the library's queue then need not be sent. The client passes one
+   * only when {@link Connection.queues} says a command may wait there (every time for a
+   * connection without that method), or the caller gave one; it does not wait for the promise of
+   * a call it gave up, and ignores what it answers later.
+   */
+  send(args: readonly string[], key: string | undefined, signal?: AbortSignal): Promise<Reply>;
+  /**
+   * Whether a command sent now may wait in the client library's own queue before it is written
+   * (the connection is not ready): the client then passes `send` a signal that aborts at the
+   * call's deadline. While it answers false, no signal is made for the call (it costs an abort
+   * listener per command in node-redis). Without this method, every call gets a signal.
+   */
+  queues?(): boolean;
   /**
    * Called after a `READONLY` answer (the address now names a replica, as after a failover):
    * drops the connection so that the next command connects anew.
@@ -28,6 +42,12 @@ export interface Connection {
    * at once, as it would).
    */
   ready?(signal: AbortSignal): Promise<void> | undefined;
+  /**
+   * On a cluster: reads the slots from the nodes again. A master that froze (stopped, or cut off
+   * without its connections closing) answers nothing, so no redirection comes and the library
+   * would keep its slot map: the client calls this after a call got no answer in time.
+   */
+  rediscover?(): Promise<void>;
 }
 
 /** An error reply of Redis (`ERR ...`, `NOPERM ...`), with its text as Redis sent it. */
@@ -148,7 +168,15 @@ export interface NodeRedisClusterLike {
     options?: { abortSignal?: AbortSignal },
   ): Promise<unknown>;
   readonly masters: unknown;
+  /** The connection of the master of `key`'s slot (node-redis 6 has it; without it, `WAIT` goes through the cluster's own routing). */
+  getNodeClientForKey?(key: string, isReadonly?: boolean): Promise<{ sendCommand(args: string[], options?: { abortSignal?: AbortSignal }): Promise<unknown> }>;
 }
+
+/**
+ * Commands about the connection they are sent on (`WAIT` counts the replicas that have its
+ * writes): on a cluster they go to the master of their key, on the connection its calls took.
+ */
+const OF_THE_CONNECTION = new Set(['WAIT', 'WAITAOF']);
 
 /** ioredis's `Redis` or `Cluster`, as far as it is used here. */
 export interface IORedisLike extends Events {
@@ -157,6 +185,8 @@ export interface IORedisLike extends Events {
   disconnect(reconnect?: boolean): void;
   /** `'connecting'`, `'connect'`, `'ready'`, `'reconnecting'`, `'end'`... */
   readonly status?: string;
+  /** A `Cluster`'s: reads the slots again (the callback gets the error when no node answered). */
+  refreshSlotsCache?(callback?: (e?: Error | null) => void): void;
 }
 
 /**
@@ -172,9 +202,21 @@ export interface IORedisCommandClass {
 export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike): Connection {
   if ('masters' in client && client.masters !== undefined) {
     const cluster = client as NodeRedisClusterLike;
+    // The cluster's own queues (a node being connected) are not visible from here: every call
+    // gets its deadline's signal.
+    // node-redis's cluster sends `WAIT` to every shard (its request policy), so it goes to the
+    // connection of the key's master itself, where the call it follows went.
     return {
-      send: (args, key, signal) =>
-        cluster.sendCommand(key, false, [...args], { abortSignal: signal }).catch(normalise),
+      send: (args, key, signal) => {
+        const options = signal === undefined ? undefined : { abortSignal: signal };
+        if (key !== undefined && OF_THE_CONNECTION.has(args[0]!) && cluster.getNodeClientForKey !== undefined) {
+          return cluster
+            .getNodeClientForKey(key, false)
+            .then((node) => node.sendCommand(args as string[], options))
+            .catch(normalise);
+        }
+        return cluster.sendCommand(key, false, args as string[], options).catch(normalise);
+      },
     };
   }
   const single = client as NodeRedisClientLike;
@@ -192,7 +234,12 @@ export function fromNodeRedis(client: NodeRedisClientLike | NodeRedisClusterLike
     waitingToRetry = false;
   });
   return {
-    send: (args, _key, signal) => single.sendCommand([...args], { abortSignal: signal }).catch(refused),
+    // node-redis writes a command at once while the connection is ready (its arguments are not
+    // changed, so the client's array is passed as it is); while not, a command may wait in its
+    // offline queue, and gets the deadline's signal.
+    send: (args, _key, signal) =>
+      single.sendCommand(args as string[], signal === undefined ? undefined : { abortSignal: signal }).catch(refused),
+    queues: () => single.isReady !== true,
     // Connecting: `connect()` called (not awaited) and not ready yet.
     ready: (signal) => {
       if (single.isOpen !== true || single.isReady !== false) return undefined;
@@ -226,8 +273,19 @@ export function fromIORedis(client: IORedisLike, options: { Command?: IORedisCom
       }
       return client.call(args[0]!, ...args.slice(1)).catch(refused);
     },
-    // A cluster follows its own redirections; a single connection is made again.
-    ...(cluster ? {} : { reconnect: () => client.disconnect(true) }),
+    // ioredis takes no signal: there is nothing to abort.
+    queues: () => false,
+    // A cluster follows its own redirections, and reads its slots again when asked; a single
+    // connection is made again.
+    ...(cluster
+      ? {
+          rediscover: () =>
+            new Promise<void>((ok, fail) => {
+              if (client.refreshSlotsCache === undefined) ok();
+              else client.refreshSlotsCache((e) => (e ? fail(e) : ok()));
+            }),
+        }
+      : { reconnect: () => client.disconnect(true) }),
     ready: (signal) => {
       const status = client.status;
       if (status === 'reconnecting') return Promise.reject(failedAttempt(refusal, 'ioredis'));
@@ -247,11 +305,11 @@ export type SendCommandClusterFn = (details: {
 }) => Promise<unknown>;
 
 export function fromSendCommand(fn: SendCommandFn): Connection {
-  return { send: (args) => fn(...args).catch(normalise) };
+  return { send: (args) => fn(...args).catch(normalise), queues: () => false };
 }
 
 export function fromSendCommandCluster(fn: SendCommandClusterFn): Connection {
-  return { send: (args, key) => fn({ key, isReadOnly: false, command: [...args] }).catch(normalise) };
+  return { send: (args, key) => fn({ key, isReadOnly: false, command: [...args] }).catch(normalise), queues: () => false };
 }
 
 /** Anything the client accepts as its connection. */

@@ -63,6 +63,11 @@ export interface ClientOptions {
   mode?: 'auto' | Mode;
   /** `retryAfterMs` of the `'fail-closed'` policy's denials (default 1000). */
   failClosedRetryMs?: number;
+  /**
+   * The most calls of the client with a command on its way to Redis at once (default 16, at
+   * least 1); the others wait for a place, in order, outside their deadlines.
+   */
+  maxInFlight?: number;
 }
 
 /** What a durable client does with an admission fewer replicas acknowledged than it asked. */

@@ -5,6 +5,8 @@
  */
 
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { after, before, describe, test } from 'node:test';
 
@@ -17,7 +19,7 @@ import {
   concurrency,
   tokenBucket,
 } from '../src/index.js';
-import { type Admin, LIBRARIES, type Library, type Opened, PATIENT, Server, cmd, open, ready, sleep } from './harness.js';
+import { type Admin, LIBRARIES, type Library, type Opened, PACKAGE_ROOT, PATIENT, Server, cmd, open, ready, sleep } from './harness.js';
 
 const MODES: Mode[] = ['module', 'function', 'script'];
 const bucket = tokenBucket(5, 0.001);
@@ -254,12 +256,127 @@ describe('leases', () => {
   });
 });
 
+describe('the deadline sweep: one timer per client, no timer or signal per call', () => {
+  let server: Server;
+  before(async () => {
+    server = await Server.start();
+  });
+  after(async () => {
+    await server.stop();
+  });
+  const hundred = tokenBucket(100, 0.001);
+  const closed = { allowed: false, remaining: 0, retryAfterMs: 777, resetAfterMs: 777, limit: 100 };
+
+  /** Runs `fn` while the server is frozen (SIGSTOP: it reads and answers nothing, its connections stay open). */
+  async function frozen<T>(fn: () => Promise<T>): Promise<T> {
+    server.signal('SIGSTOP');
+    try {
+      return await fn();
+    } finally {
+      server.signal('SIGCONT');
+    }
+  }
+
+  for (const library of LIBRARIES) {
+    test(`${library}: on a frozen server each call ends at its deadline, the ones queued for a place a deadline later each round; the late replies are ignored`, async () => {
+      const a = await connect(library, server);
+      try {
+        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 80, breaker: { failures: 1000 } });
+        const key = `frozen:${library}`;
+        assert.equal((await c.check(key, hundred)).decision.remaining, 99);
+        const ended = await frozen(async () => {
+          const t0 = performance.now();
+          return Promise.all(
+            Array.from({ length: 40 }, () => c.check(key, hundred).then((o) => [o, performance.now() - t0] as const)),
+          );
+        });
+        for (const [o] of ended) assert.deepEqual([o.degraded, o.mode, o.decision], ['fail-closed', undefined, closed]);
+        const took = ended.map(([, ms]) => ms).sort((x, y) => x - y);
+        // 16 calls have a place at once and end at their deadline; each of the others waits for the
+        // place of one that ended, outside its deadline, which then counts in full: 16, 16, 8.
+        assert.ok(took[0]! >= 79, `the first ended after ${took[0]} ms`);
+        assert.ok(took[16]! >= 159 && took[32]! >= 239, `rounds ended after ${took[16]} and ${took[32]} ms`);
+        assert.ok(took[39]! < 240 + 1500, `the last ended after ${took[39]} ms`);
+        // Thawed, the server runs the 40 commands it was sent (a call given up is not taken back),
+        // and the client is answered by Redis again at once.
+        const back = await c.check(key, hundred, 1, { timeoutMs: 2000 });
+        assert.deepEqual([back.degraded, back.mode, back.decision.remaining], [undefined, 'module', 100 - 1 - 40 - 1]);
+      } finally {
+        await a.close();
+      }
+    });
+
+    test(`${library}: maxInFlight 4: on a frozen server 10 calls end in three rounds of a deadline each (4, 4, 2)`, async () => {
+      const a = await connect(library, server);
+      try {
+        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 80, maxInFlight: 4, breaker: { failures: 1000 } });
+        const key = `places:${library}`;
+        await c.check(key, hundred, 0, PATIENT);
+        const took = await frozen(async () => {
+          const t0 = performance.now();
+          return Promise.all(Array.from({ length: 10 }, () => c.check(key, hundred).then(() => performance.now() - t0)));
+        });
+        took.sort((x, y) => x - y);
+        assert.ok(took[0]! >= 79 && took[3]! < 319, `the first round ended after ${took[0]} to ${took[3]} ms`);
+        assert.ok(took[4]! >= 159 && took[8]! >= 239, `rounds ended after ${took[4]} and ${took[8]} ms`);
+        const back = await c.check(key, hundred, 1, PATIENT);
+        assert.deepEqual([back.degraded, back.decision.remaining], [undefined, 100 - 10 - 1]);
+      } finally {
+        await a.close();
+      }
+    });
+
+    test(`${library}: a shorter deadline that comes later ends first (the timer is set again for it)`, async () => {
+      const a = await connect(library, server);
+      try {
+        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, breaker: { failures: 1000 } });
+        const key = `deadlines:${library}`;
+        await c.check(key, hundred, 0, PATIENT);
+        const [long, short] = await frozen(async () => {
+          const t0 = performance.now();
+          const at = (timeoutMs: number): Promise<readonly [boolean, number]> =>
+            c.check(key, hundred, 1, { timeoutMs }).then((o) => [o.degraded === 'fail-closed', performance.now() - t0] as const);
+          const first = at(600);
+          await sleep(5);
+          return Promise.all([first, at(60)]);
+        });
+        assert.deepEqual([long[0], short[0]], [true, true]);
+        assert.ok(short[1] >= 64 && short[1] < 600, `the short one ended after ${short[1]} ms`);
+        assert.ok(long[1] >= 599, `the long one ended after ${long[1]} ms`);
+      } finally {
+        await a.close();
+      }
+    });
+  }
+
+  test("a process's last answered call does not hold it: it exits without waiting for the deadline's timer", () => {
+    const index = new URL('../src/index.js', import.meta.url).href;
+    const script = `
+      import { createRequire } from 'node:module';
+      const { createClient } = createRequire(${JSON.stringify(join(PACKAGE_ROOT, 'package.json'))})('redis');
+      const { Client, tokenBucket } = await import(${JSON.stringify(index)});
+      const redis = createClient({ url: ${JSON.stringify(server.url)} });
+      await redis.connect();
+      const c = new Client(redis, { timeoutMs: 60000 });
+      const o = await c.check('exits', tokenBucket(5, 1));
+      console.log(JSON.stringify([o.degraded ?? null, o.mode, o.decision.remaining]));
+      redis.destroy();
+    `;
+    const t0 = performance.now();
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 30000 });
+    const took = performance.now() - t0;
+    assert.equal(r.stderr, '');
+    assert.deepEqual([r.status, r.stdout.trim()], [0, JSON.stringify([null, 'module', 4])]);
+    assert.ok(took < 20000, `the process took ${took} ms to end (the deadline is 60 s)`);
+  });
+});
+
 describe('options', () => {
   test('a client with no options uses the documented defaults', () => {
     const c = new Client({ send: () => Promise.reject(new Error('unused')) });
-    assert.deepEqual([c.timeoutMs, c.policy, c.instances, c.failClosedRetryMs, c.mode], [100, 'fail-open', 1, 1000, undefined]);
-    const o: ClientOptions = { mode: 'script', policy: 'local', instances: 4, timeoutMs: 250 };
+    assert.deepEqual([c.timeoutMs, c.policy, c.instances, c.failClosedRetryMs, c.mode, c.maxInFlight], [100, 'fail-open', 1, 1000, undefined, 16]);
+    const o: ClientOptions = { mode: 'script', policy: 'local', instances: 4, timeoutMs: 250, maxInFlight: 64 };
     const d = new Client({ send: () => Promise.reject(new Error('unused')) }, o);
-    assert.deepEqual([d.timeoutMs, d.policy, d.instances, d.mode], [250, 'local', 4, 'script']);
+    assert.deepEqual([d.timeoutMs, d.policy, d.instances, d.mode, d.maxInFlight], [250, 'local', 4, 'script', 64]);
   });
 });

@@ -6,10 +6,11 @@
  */
 
 import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
 import { after, before, describe, test } from 'node:test';
 
 import { Client, type Connection, LIBRARY, type Mode, RejectedError, concurrency, fixedWindow, gcra, keySlot, tokenBucket } from '../src/index.js';
-import { Cluster, PATIENT, cmd } from './harness.js';
+import { type Admin, Cluster, PATIENT, type Server, cmd, sleep } from './harness.js';
 
 type Conn = { connection: Connection; close(): Promise<void> };
 
@@ -123,6 +124,162 @@ describe('a cluster without the module', () => {
       } finally {
         await conn.close();
       }
+    }
+  });
+});
+
+/** Waits until `node` answers `ROLE` as a master. */
+async function untilMaster(node: Server): Promise<void> {
+  const a = await node.admin();
+  try {
+    const deadline = Date.now() + 30_000;
+    while (((await cmd(a, 'ROLE')) as unknown[])[0] !== 'master') {
+      if (Date.now() > deadline) throw new Error(`${node.port} never became a master`);
+      await sleep(20);
+    }
+  } finally {
+    a.destroy();
+  }
+}
+
+/** Waits until `replica` has every write of `master` (their replication offsets equal). */
+async function caughtUp(master: Server, replica: Server): Promise<void> {
+  const m = await master.admin();
+  const r = await replica.admin();
+  const offset = async (a: Admin): Promise<string> => /master_repl_offset:(\d+)/.exec(String(await cmd(a, 'INFO', 'replication')))?.[1] ?? '';
+  try {
+    const deadline = Date.now() + 30_000;
+    while ((await offset(m)) !== (await offset(r))) {
+      if (Date.now() > deadline) throw new Error('the replica never caught up');
+      await sleep(20);
+    }
+  } finally {
+    m.destroy();
+    r.destroy();
+  }
+}
+
+/** `INFO commandstats` calls of `command` on each node. */
+async function callsOn(nodes: Server[], command: string): Promise<number[]> {
+  const out: number[] = [];
+  for (const n of nodes) {
+    const a = await n.admin();
+    const m = new RegExp(`^cmdstat_${command}:calls=(\\d+)`, 'm').exec(String(await cmd(a, 'INFO', 'commandstats')));
+    out.push(m ? Number(m[1]) : 0);
+    a.destroy();
+  }
+  return out;
+}
+
+describe('a cluster with a replica: durable admissions, then following a failover', () => {
+  const key = 'follow:{user42}';
+  let cluster: Cluster;
+  let first: Server;
+  let second: Server;
+  before(async () => {
+    cluster = await Cluster.start(true);
+    first = await cluster.masterOf(keySlot(key));
+    second = await cluster.addReplica(first);
+  });
+  after(async () => cluster.stop());
+
+  for (const library of ['node-redis', 'ioredis'] as const) {
+    test(`${library}: durable admissions: WAIT goes to the master of the call's key, on the lane's connection; a frozen replica makes the admission short (denied)`, async () => {
+      const make = (): Promise<Conn> => (library === 'node-redis' ? cluster.nodeRedis() : cluster.ioredis(true));
+      const conn = await make();
+      const lanes = new Map<Connection, Conn>();
+      const c = new Client(conn.connection, { mode: 'module', timeoutMs: 2000 }).withDurability({
+        replicas: 1,
+        timeoutMs: 300,
+        connect: async () => {
+          const l = await make();
+          lanes.set(l.connection, l);
+          return l.connection;
+        },
+        close: async (source) => lanes.get(source as Connection)?.close(),
+      });
+      const k = `${key}:${library}`;
+      try {
+        for (const n of cluster.nodes) {
+          const a = await n.admin();
+          await cmd(a, 'CONFIG', 'RESETSTAT');
+          a.destroy();
+        }
+        const limit = fixedWindow(10, 3600);
+        for (let i = 1; i <= 3; i++) {
+          const o = await c.check(k, limit);
+          assert.deepEqual([o.decision.allowed, o.decision.remaining, o.degraded], [true, 10 - i, undefined]);
+        }
+        assert.deepEqual(c.durabilityStats(), { acknowledged: 3, short: 0 });
+        second.signal('SIGSTOP');
+        try {
+          const o = await c.check(k, limit);
+          assert.deepEqual([o.decision.allowed, o.decision.remaining, o.decision.retryAfterMs, o.degraded], [false, 6, 1000, undefined]);
+        } finally {
+          second.signal('SIGCONT');
+        }
+        assert.deepEqual(c.durabilityStats(), { acknowledged: 3, short: 1 });
+        const waits = await callsOn(cluster.nodes, 'wait');
+        assert.deepEqual(waits, cluster.nodes.map((n) => (n === first ? 4 : 0)), 'every WAIT on the key\'s master');
+        assert.equal(lanes.size, 1, 'one lane connection, taken and put back');
+      } finally {
+        await c.close();
+        await conn.close();
+      }
+    });
+  }
+
+  test('ioredis: a manual CLUSTER FAILOVER (MOVED followed), then a frozen master whose replica took over (CLUSTER FAILOVER FORCE; the slots read again): the count carried on to the unit', async () => {
+    const conn = await cluster.ioredis(true);
+    try {
+      const c = new Client(conn.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 150, breaker: { failures: 1000 } });
+      const algo = tokenBucket(100, 0.0001);
+      for (let i = 1; i <= 5; i++) assert.deepEqual([(await c.check(key, algo, 1, PATIENT)).decision.remaining], [100 - i]);
+
+      // A manual failover: the replica waits for every write of the master, then takes its
+      // slots; the old master answers MOVED, which ioredis follows.
+      const a = await second.admin();
+      await cmd(a, 'CLUSTER', 'FAILOVER');
+      a.destroy();
+      await untilMaster(second);
+      const moved = await c.check(key, algo, 1, PATIENT);
+      assert.deepEqual([moved.degraded, moved.mode, moved.decision.remaining], [undefined, 'module', 94]);
+
+      // The new master freezes: it answers nothing and sends no redirection.
+      await caughtUp(second, first);
+      second.signal('SIGSTOP');
+      try {
+        const t0 = performance.now();
+        const unanswered = await c.check(key, algo);
+        const took = performance.now() - t0;
+        assert.deepEqual([unanswered.degraded, unanswered.decision.retryAfterMs], ['fail-closed', 777]);
+        assert.ok(took >= 149, `answered after ${took} ms`);
+        // The slots are being read again (ioredis asks the nodes): a call meanwhile is answered
+        // by the policy at once, and sent nowhere.
+        const t1 = performance.now();
+        const meanwhile = await c.check(key, algo);
+        assert.equal(meanwhile.degraded, 'fail-closed');
+        assert.ok(performance.now() - t1 < 100, 'answered at once');
+
+        const f = await first.admin();
+        await cmd(f, 'CLUSTER', 'FAILOVER', 'FORCE');
+        f.destroy();
+        await untilMaster(first);
+        // Each call without an answer has the slots read again, until they name the new master.
+        let answered: Awaited<ReturnType<typeof c.check>> | undefined;
+        for (let i = 0; i < 300 && answered === undefined; i++) {
+          const o = await c.check(key, algo);
+          if (o.degraded === undefined) answered = o;
+          else await sleep(20);
+        }
+        assert.ok(answered !== undefined, 'the new master never answered');
+        // The calls the frozen master was sent never reached the new one.
+        assert.deepEqual([answered.mode, answered.decision.remaining], ['module', 93]);
+      } finally {
+        second.signal('SIGCONT');
+      }
+    } finally {
+      await conn.close();
     }
   });
 });

@@ -184,6 +184,11 @@ export class Server {
     }
   }
 
+  /** Sends `signal` to the server: `SIGSTOP` freezes it (it answers nothing, its connections stay open), `SIGCONT` thaws it. */
+  signal(signal: NodeJS.Signals): void {
+    if (!this.child?.kill(signal)) throw new Error(`the server did not take ${signal}`);
+  }
+
   /** Kills the server and removes its directory. */
   async stop(): Promise<void> {
     await this.kill();
@@ -292,7 +297,74 @@ export function forced(mode: 'module' | 'function' | 'script', extra: ClientOpti
 
 /** A 3-master cluster (module on every node or not), slots assigned by `redis-cli --cluster create`. */
 export class Cluster {
+  /** Replicas added with {@link Cluster.addReplica}. */
+  readonly replicas: Server[] = [];
+
   private constructor(readonly nodes: Server[]) {}
+
+  /** The master serving `slot` now, as `CLUSTER SLOTS` on a node that answers says. */
+  async masterOf(slot: number): Promise<Server> {
+    for (const n of [...this.nodes, ...this.replicas]) {
+      let a: Admin | undefined;
+      try {
+        a = await n.admin();
+        const ranges = (await cmd(a, 'CLUSTER', 'SLOTS')) as Array<[number, number, [string, number, ...unknown[]]]>;
+        for (const [lo, hi, [, port]] of ranges) {
+          if (slot >= lo && slot <= hi) {
+            const m = [...this.nodes, ...this.replicas].find((x) => x.port === Number(port));
+            if (m) return m;
+          }
+        }
+      } catch {
+        // a node that is down or frozen: ask the next
+      } finally {
+        a?.destroy();
+      }
+    }
+    throw new Error(`no master of slot ${slot}`);
+  }
+
+  /** A new node, met by the cluster and made a replica of `master`, its link up. */
+  async addReplica(master: Server): Promise<Server> {
+    const r = await Server.start({ module: true, cluster: true });
+    this.replicas.push(r);
+    const a = await r.admin();
+    const m = await master.admin();
+    try {
+      await cmd(a, 'CLUSTER', 'MEET', '127.0.0.1', master.port);
+      const id = String(await cmd(m, 'CLUSTER', 'MYID'));
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        try {
+          await cmd(a, 'CLUSTER', 'REPLICATE', id);
+          break;
+        } catch (e) {
+          // The master is not known to the new node yet.
+          if (Date.now() > deadline) throw e;
+          await sleep(50);
+        }
+      }
+      while (!String(await cmd(a, 'INFO', 'replication')).includes('master_link_status:up')) {
+        if (Date.now() > deadline) throw new Error('the replica never synced');
+        await sleep(50);
+      }
+      for (const n of this.nodes) {
+        const b = await n.admin();
+        try {
+          while (!String(await cmd(b, 'CLUSTER', 'INFO')).includes(`cluster_known_nodes:${this.nodes.length + this.replicas.length}`)) {
+            if (Date.now() > deadline) throw new Error('the replica never became known');
+            await sleep(50);
+          }
+        } finally {
+          b.destroy();
+        }
+      }
+    } finally {
+      a.destroy();
+      m.destroy();
+    }
+    return r;
+  }
 
   static async start(module: boolean): Promise<Cluster> {
     const nodes: Server[] = [];
@@ -351,6 +423,6 @@ export class Cluster {
   }
 
   async stop(): Promise<void> {
-    for (const n of this.nodes) await n.stop();
+    for (const n of [...this.nodes, ...this.replicas]) await n.stop();
   }
 }
