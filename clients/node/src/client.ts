@@ -229,8 +229,11 @@ function underDeadline<T>(budgetMs: number, what: string, work: (signal: AbortSi
   return Promise.race([work(controller.signal), expired]).finally(() => clearTimeout(timer));
 }
 
-/** The most calls of one client with a command on its way to Redis at once, by default; the others queue. */
-const IN_FLIGHT = 16;
+/**
+ * The most calls of one client with a command on its way to Redis at once, by default: no bound.
+ * The calls share one connection, so a bound only splits what would be one pipelined write.
+ */
+const IN_FLIGHT = Number.POSITIVE_INFINITY;
 
 /**
  * The deadline of each step of the client's start-up (a connection attempt under way, the mode's

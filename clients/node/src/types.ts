@@ -64,8 +64,8 @@ export interface ClientOptions {
   /** `retryAfterMs` of the `'fail-closed'` policy's denials (default 1000). */
   failClosedRetryMs?: number;
   /**
-   * The most calls of the client with a command on its way to Redis at once (default 16, at
-   * least 1); the others wait for a place, in order, outside their deadlines.
+   * The most calls of the client with a command on its way to Redis at once (default: no bound;
+   * at least 1); the others wait for a place, in order, outside their deadlines.
    */
   maxInFlight?: number;
 }

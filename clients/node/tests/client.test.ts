@@ -281,7 +281,7 @@ describe('the deadline sweep: one timer per client, no timer or signal per call'
     test(`${library}: on a frozen server each call ends at its deadline, the ones queued for a place a deadline later each round; the late replies are ignored`, async () => {
       const a = await connect(library, server);
       try {
-        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 80, breaker: { failures: 1000 } });
+        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 80, maxInFlight: 16, breaker: { failures: 1000 } });
         const key = `frozen:${library}`;
         assert.equal((await c.check(key, hundred)).decision.remaining, 99);
         const ended = await frozen(async () => {
@@ -301,6 +301,28 @@ describe('the deadline sweep: one timer per client, no timer or signal per call'
         // and the client is answered by Redis again at once.
         const back = await c.check(key, hundred, 1, { timeoutMs: 2000 });
         assert.deepEqual([back.degraded, back.mode, back.decision.remaining], [undefined, 'module', 100 - 1 - 40 - 1]);
+      } finally {
+        await a.close();
+      }
+    });
+
+    test(`${library}: no bound by default: on a frozen server 40 calls are all sent at once and end together at their deadline`, async () => {
+      const a = await connect(library, server);
+      try {
+        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 80, breaker: { failures: 1000 } });
+        const key = `unbounded:${library}`;
+        await c.check(key, hundred, 0, PATIENT);
+        const took = await frozen(async () => {
+          const t0 = performance.now();
+          return Promise.all(Array.from({ length: 40 }, () => c.check(key, hundred).then(() => performance.now() - t0)));
+        });
+        took.sort((x, y) => x - y);
+        // One round: with any bound below 40 the calls past it would wait for a place and then a
+        // deadline of their own, 80 ms or more after the first ended.
+        assert.ok(took[0]! >= 79, `the first ended after ${took[0]} ms`);
+        assert.ok(took[39]! - took[0]! < 79, `the calls ended from ${took[0]} to ${took[39]} ms`);
+        const back = await c.check(key, hundred, 1, PATIENT);
+        assert.deepEqual([back.degraded, back.decision.remaining], [undefined, 100 - 40 - 1]);
       } finally {
         await a.close();
       }
@@ -374,7 +396,7 @@ describe('the deadline sweep: one timer per client, no timer or signal per call'
 describe('options', () => {
   test('a client with no options uses the documented defaults', () => {
     const c = new Client({ send: () => Promise.reject(new Error('unused')) });
-    assert.deepEqual([c.timeoutMs, c.policy, c.instances, c.failClosedRetryMs, c.mode, c.maxInFlight], [100, 'fail-open', 1, 1000, undefined, 16]);
+    assert.deepEqual([c.timeoutMs, c.policy, c.instances, c.failClosedRetryMs, c.mode, c.maxInFlight], [100, 'fail-open', 1, 1000, undefined, Number.POSITIVE_INFINITY]);
     const o: ClientOptions = { mode: 'script', policy: 'local', instances: 4, timeoutMs: 250, maxInFlight: 64 };
     const d = new Client({ send: () => Promise.reject(new Error('unused')) }, o);
     assert.deepEqual([d.timeoutMs, d.policy, d.instances, d.mode, d.maxInFlight], [250, 'local', 4, 'script', 64]);
