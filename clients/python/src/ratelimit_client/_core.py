@@ -199,6 +199,39 @@ def outcome_of(decision: Decision, mode: Mode, granted: int) -> Outcome:
     return o
 
 
+def take_outcome(v: Any, cost: int, mode: Mode) -> Outcome:
+    """``outcome_of(*parse_take(v, cost, False))`` with ``mode``, in one call for the reply as
+    Redis sends it (the path of every check of one limit)."""
+    if type(v) is list and len(v) == 5:
+        allowed, remaining, retry, reset, limit = v
+        if (
+            type(allowed) is int
+            and type(remaining) is int
+            and type(retry) is int
+            and type(reset) is int
+            and type(limit) is int
+            and remaining >= 0
+            and reset >= 0
+            and limit >= 0
+        ):
+            ok = allowed == 1
+            d: Decision = _new(Decision)
+            _set_allowed(d, ok)
+            _set_remaining(d, remaining)
+            _set_retry(d, retry)
+            _set_reset(d, reset)
+            _set_limit(d, limit)
+            o: Outcome = _new(Outcome)
+            _set_decision(o, d)
+            _set_degraded(o, None)
+            _set_mode(o, mode)
+            _set_granted(o, cost if ok else 0)
+            _set_locally(o, None)
+            return o
+    decision, granted = parse_take(v, cost, False)
+    return outcome_of(decision, mode, granted)
+
+
 def parse_decision(v: Any) -> Decision:
     if type(v) is list and len(v) == 5:
         allowed, remaining, retry, reset, limit = v

@@ -259,6 +259,14 @@ class Gate:
 
     async def enter_async(self) -> bool:
         """:meth:`enter` for a task: whether it opens a connection (no open one is left)."""
+        got = self.enter_or_queue()
+        if type(got) is bool:
+            return got
+        return await self.queued(got)
+
+    def enter_or_queue(self) -> bool | asyncio.Future[bool]:
+        """:meth:`enter_now`, else, under the same lock, the running task in the queue: the
+        future that :meth:`queued` waits for (no future is made when a place is free)."""
         with self._lock:
             if self._open() and not self._futures and not self._waiting:
                 self._in += 1
@@ -268,9 +276,15 @@ class Gate:
             self._futures.append((fut, time.monotonic()))
             if loop not in self._watch:
                 self._watch[loop] = loop.call_at(loop.time() + self._stall, self._sweep, loop)
+        return fut
+
+    async def queued(self, fut: asyncio.Future[bool]) -> bool:
+        """The rest of :meth:`enter_async` for a task queued by :meth:`enter_or_queue`."""
         try:
             if not await fut:
                 raise Failure
+            if self._connected is None or self._in <= self._seen:
+                return False  # what _opener() says, without the lock when it needs no count
             with self._lock:
                 return self._opener()
         except BaseException:

@@ -48,12 +48,11 @@ from ._core import (
     multi_of,
     new_lease_id,
     one_alone,
-    outcome_of,
-    parse_take,
     renewal_answer,
     return_plan,
     signature,
     single_of,
+    take_outcome,
     writes,
 )
 from ._flight import Deadline, Failure, Gate, Sweep
@@ -491,10 +490,12 @@ class AsyncClient:
         conn, gate = self._conn()
         opens: bool | None = False
         if gate is not None:
-            opens = gate.enter_now()
-            if opens is None:
+            got = gate.enter_or_queue()
+            if type(got) is bool:
+                opens = got
+            else:
                 try:
-                    opens = await gate.enter_async()
+                    opens = await gate.queued(got)
                 except Failure:
                     return core.degraded_outcome(key, algo, cost, None)
         began = time.monotonic()
@@ -511,7 +512,7 @@ class AsyncClient:
                 core.answered = now = time.monotonic()
                 if gate is not None:
                     gate.progress(now)
-                decision, granted = parse_take(reply, cost, False)
+                outcome = take_outcome(reply, cost, mode)
             except BaseException as e:
                 if deadline.end(type(e)):
                     raise TimeoutError from e
@@ -528,7 +529,7 @@ class AsyncClient:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
-        return outcome_of(decision, mode, granted)
+        return outcome
 
     async def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool, key: str) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
