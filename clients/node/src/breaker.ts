@@ -8,8 +8,11 @@ import { performance } from 'node:perf_hooks';
 
 type State = { kind: 'closed'; failures: number } | { kind: 'open'; until: number } | { kind: 'half-open' };
 
+/** The closed state without failures, shared: a success on a closed breaker makes nothing. */
+const CLOSED: State = Object.freeze({ kind: 'closed', failures: 0 });
+
 export class Breaker {
-  private state: State = { kind: 'closed', failures: 0 };
+  private state: State = CLOSED;
   private readonly failures: number;
   private readonly cooldownMs: number;
 
@@ -30,7 +33,7 @@ export class Breaker {
   }
 
   success(): void {
-    this.state = { kind: 'closed', failures: 0 };
+    this.state = CLOSED;
   }
 
   failure(): void {

@@ -157,6 +157,18 @@ function decision(v: Reply): Decision {
   return { allowed: allowed === 1, remaining, retryAfterMs, resetAfterMs, limit };
 }
 
+/** A limit's command for a cost of 1, key at index 1, made once per algorithm of the module's functions: a copy each call. */
+const COMMAND_ONE = new WeakMap<Algorithm, readonly string[]>();
+
+function commandOne(a: Algorithm): string[] {
+  let c = COMMAND_ONE.get(a);
+  if (c === undefined) {
+    c = [commandOf(a), '', ...preparedParams(a), '1'];
+    if (Object.isFrozen(a)) COMMAND_ONE.set(a, c);
+  }
+  return c.slice();
+}
+
 function decisions(v: Reply, n: number): Decision[] {
   if (!Array.isArray(v) || v.length !== n) throw new UnexpectedReply(v);
   return v.map(decision);
@@ -931,9 +943,79 @@ export class Client {
       } catch (e) {
         return Promise.reject(e);
       }
+      if (cost === 1 && call === undefined && this.modeValue === 'module' && this.connected && this.durable === undefined) {
+        const fast = this.checkOne(key, algorithm);
+        if (fast !== undefined) return fast;
+      }
       return this.decideTake(key, algorithm, cost === 1 ? COST_ONE : costOf(cost), undefined, call);
     }
     return this.checkHot(key, algorithm, cost, call);
+  }
+
+  /**
+   * {@link Client.decideTake} of a cost of 1 in the module's mode, for a caller without options,
+   * when a place among the calls on their way is free: the same steps (the breaker, the deadline,
+   * the place, the command, the answer or the failure policy) with one promise of the call's own
+   * and the command's arguments copied from the algorithm's, made once. Undefined (nothing done)
+   * when the call must take the general path.
+   */
+  private checkOne(key: string, a: Algorithm): Promise<Outcome> | undefined {
+    if (this.rediscovering !== undefined || this.inFlight >= this.maxInFlight) return undefined;
+    if (!this.breaker.permit()) return Promise.resolve(this.degradedOne(key, a));
+    const at = new Attempt(this.sweep, this.timeoutMs, undefined);
+    this.inFlight += 1;
+    at.turn = true;
+    const conn = this.conn;
+    const args = commandOne(a);
+    args[1] = key;
+    let sent: Promise<Reply>;
+    try {
+      sent = conn.send(args, key, this.signalFor(at, conn));
+    } catch (e) {
+      sent = Promise.reject(e);
+    }
+    return at.watch(sent).then(
+      (reply) => this.answeredOne(at, key, a, reply),
+      (e: unknown) => this.failedOne(at, key, a, e),
+    );
+  }
+
+  /** The answer of {@link Client.checkOne}'s command. */
+  private answeredOne(at: Attempt, key: string, a: Algorithm, reply: Reply): Outcome | Promise<Outcome> {
+    this.endTurn(at);
+    let d: Decision;
+    try {
+      d = decision(reply);
+    } catch (e) {
+      return this.failedOne(at, key, a, e);
+    }
+    this.answeredAt = performance.now();
+    this.breaker.success();
+    return { decision: d, degraded: undefined, mode: 'module', granted: d.allowed ? 1 : 0 };
+  }
+
+  /** {@link Client.checkOne}'s call without an answer (or with an error): as guarded()'s. */
+  private failedOne(at: Attempt, key: string, a: Algorithm, e: unknown): Outcome | Promise<Outcome> {
+    // The command's own end gives the place back first; a call given up, after the breaker counts it.
+    if (at.reason === undefined) this.endTurn(at);
+    if (e instanceof RedisReplyError && REJECTED.has(e.reply.split(' ', 1)[0] ?? '')) {
+      this.answeredAt = performance.now();
+      this.breaker.success();
+      this.endTurn(at);
+      const rejected = new RejectedError(e.reply);
+      if (e.reply.startsWith('READONLY')) return Promise.resolve(this.conn.reconnect?.()).then(() => Promise.reject(rejected));
+      return Promise.reject(rejected);
+    }
+    if (!(this.answeredAt > at.began)) this.breaker.failure();
+    if (at.expired) this.rediscover(at.budgetMs);
+    this.endTurn(at);
+    return this.degradedOne(key, a);
+  }
+
+  /** The failure policy's outcome for a cost of 1. */
+  private degradedOne(key: string, a: Algorithm): Outcome {
+    const [d, granted, degraded] = this.fallbackTake(key, a, COST_ONE, undefined);
+    return { decision: d, degraded, mode: undefined, granted };
   }
 
   private async checkHot(key: string, algorithm: Algorithm, cost: number, call?: CallOptions): Promise<Outcome> {

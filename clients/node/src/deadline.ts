@@ -88,11 +88,28 @@ export class Attempt {
         this.settle(undefined, e, false);
         return;
       }
-      p.then(
-        (v) => this.settle(v, undefined, true),
-        (e: unknown) => this.settle(undefined, e, false),
-      );
+      this.follow(p);
     });
+  }
+
+  /**
+   * The promise of `p`, work already begun for a call without a signal of the caller's: as
+   * {@link Attempt.run}, without a function made for the work.
+   */
+  watch<T>(p: Promise<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.resolve = resolve as (v: unknown) => void;
+      this.reject = reject;
+      this.sweep.add(this);
+      this.follow(p);
+    });
+  }
+
+  private follow(p: Promise<unknown>): void {
+    p.then(
+      (v) => this.settle(v, undefined, true),
+      (e: unknown) => this.settle(undefined, e, false),
+    );
   }
 
   private settle(v: unknown, e: unknown, ok: boolean): void {

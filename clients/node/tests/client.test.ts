@@ -15,6 +15,8 @@ import {
   type ClientOptions,
   type Connection,
   type Mode,
+  type Outcome,
+  RejectedError,
   UnsupportedError,
   concurrency,
   tokenBucket,
@@ -365,6 +367,61 @@ describe('the deadline sweep: one timer per client, no timer or signal per call'
         assert.deepEqual([long[0], short[0]], [true, true]);
         assert.ok(short[1] >= 64 && short[1] < 600, `the short one ended after ${short[1]} ms`);
         assert.ok(long[1] >= 599, `the long one ended after ${long[1]} ms`);
+      } finally {
+        await a.close();
+      }
+    });
+  }
+
+  for (const library of LIBRARIES) {
+    test(`${library}: a check of one unit without call options (one promise of the call's own) answers as the general path: decisions, a rejection, the breaker`, async () => {
+      const a = await connect(library, server);
+      try {
+        const c = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 2000, breaker: { failures: 1, cooldownMs: 60000 } });
+        const three = tokenBucket(3, 0.001);
+        const seen = async (key: string, call: object | undefined): Promise<unknown[]> => {
+          const o = call === undefined ? await c.check(key, three) : await c.check(key, three, 1, call);
+          return [o.degraded, o.mode, o.granted, o.decision.allowed, o.decision.remaining, o.decision.limit, o.decision.retryAfterMs > 0];
+        };
+        const admitted = (remaining: number) => [undefined, 'module', 1, true, remaining, 3, false];
+        const denied = [undefined, 'module', 0, false, 0, 3, true];
+        for (const [key, call] of [[`short:${library}`, undefined], [`general:${library}`, {}]] as const) {
+          assert.deepEqual(
+            [await seen(key, call), await seen(key, call), await seen(key, call), await seen(key, call)],
+            [admitted(2), admitted(1), admitted(0), denied],
+          );
+        }
+        // A key of another type: Redis refuses (no failure of Redis: the breaker stays closed).
+        const str = `list:${library}`;
+        await a.connection.send(['RPUSH', str, 'x'], str);
+        for (const call of [undefined, {}]) {
+          await assert.rejects(call === undefined ? c.check(str, three) : c.check(str, three, 1, call), (e) => e instanceof RejectedError && e.code === 'WRONGTYPE');
+          assert.equal(c.breakerOpen, false);
+        }
+        // No answer (frozen): the failure policy at the deadline, then the breaker open (one failure) skips Redis, on either path.
+        const d = new Client(a.connection, { mode: 'module', policy: 'fail-closed', failClosedRetryMs: 777, timeoutMs: 80, breaker: { failures: 1, cooldownMs: 60000 } });
+        const late = `late:${library}`;
+        assert.deepEqual(await seen(late, PATIENT), admitted(2));
+        assert.deepEqual((await d.check(late, three)).decision.remaining, 1);
+        await sleep(100);
+        const fail = { allowed: false, remaining: 0, retryAfterMs: 777, resetAfterMs: 777, limit: 3 };
+        server.signal('SIGSTOP');
+        const ended: [Outcome, number][] = [];
+        try {
+          const t0 = performance.now();
+          for (const call of [undefined, undefined, {}]) {
+            const o = call === undefined ? await d.check(late, three) : await d.check(late, three, 1, call);
+            ended.push([o, performance.now() - t0]);
+          }
+        } finally {
+          server.signal('SIGCONT');
+        }
+        for (const [o] of ended) assert.deepEqual([o.degraded, o.mode, o.granted, o.decision], ['fail-closed', undefined, 0, fail]);
+        const [first, second, third] = ended.map(([, ms]) => ms);
+        assert.ok(first! >= 79 && first! < 1500, `the first ended after ${first} ms`);
+        assert.ok(second! - first! < 40 && third! - first! < 40, `the breaker's answers came after ${second} and ${third} ms`);
+        assert.equal(d.breakerOpen, true);
+        assert.equal(c.breakerOpen, false);
       } finally {
         await a.close();
       }
