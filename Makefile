@@ -489,9 +489,10 @@ dist-python: $(PY_BUILD_READY)
 # connection (Rust: redis-rs, clients/rust/examples/client_cost.rs; Go: redigo, Python: redis-py's
 # asyncio client, Node.js: node-redis, benches/clients/), one call at a time (p50, p99) and with 64
 # concurrent callers (calls per second), with the client process's CPU per call; each bench starts
-# its own Redis 7.0 with the release module, pinned to one core and the bench to the other.
-# BENCH_CLIENT_CALLS calls per measurement, in interleaved blocks of 1,000. docs/benchmarks.md
-# has the figures.
+# its own Redis 7.0 with the release module (Python's pins it to one core and itself to the
+# other). Beside them the floor (the bare command within the language's own deadline) and, for
+# Go and Python, the client with 64 calls in flight. BENCH_CLIENT_CALLS calls per measurement, in
+# interleaved blocks. docs/benchmarks.md has the figures.
 BENCH_CLIENT_CALLS ?= 40000
 BENCH_CLIENT_ENV = RL_BENCH_CALLS=$(BENCH_CLIENT_CALLS) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
 	RL_MODULE=$(CURDIR)/$(MODULE)
