@@ -433,6 +433,47 @@ func (c *Cluster) Do(ctx context.Context, args ...interface{}) (interface{}, err
 	return reply, err
 }
 
+// DoBy is Do ending by deadline (ratelimit.DeadlineConn, which the package ratelimit calls on
+// the caller's goroutine): the command goes from a goroutine of its own, and a command with no
+// answer by deadline (or by ctx's end) has dropped the slot map by the time DoBy returns, so
+// that a call that waited for this one's place never finds the map of a master that froze.
+func (c *Cluster) DoBy(ctx context.Context, deadline time.Time, args ...interface{}) (interface{},
+	error) {
+	if len(args) == 0 {
+		return nil, ErrNoCommand
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	cl, err := c.current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	type result struct {
+		v   interface{}
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s := &session{cluster: cl, dial: c.options()}
+		defer s.close()
+		v, err := s.do(ctx, args...)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		if unanswered(r.err) {
+			c.drop(cl)
+		}
+		return r.v, r.err
+	case <-ctx.Done():
+		c.drop(cl)
+		return nil, ctx.Err()
+	}
+}
+
 // Pin lends one connection for several commands in a row (ratelimit.Pinner): the first command
 // binds it to the master of its key's slot (a redirection moves it to the node that answered),
 // and the commands after it without a key (WAIT, WAITAOF) go to that same node.

@@ -96,8 +96,11 @@ func startClusterWithReplica(t *testing.T) *withReplica {
 		}
 		return true
 	})
+	// In sync on both sides: the replica's link up, and the master counting it online (a WAIT
+	// counts only the replicas the master has online).
 	waitLong(t, "the replica in sync", func() bool {
-		return replicationField(w.replica, "master_link_status") == "up"
+		return replicationField(w.replica, "master_link_status") == "up" &&
+			strings.Contains(replicationField(w.master, "slave0"), "state=online")
 	})
 	return w
 }
