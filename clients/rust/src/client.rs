@@ -94,7 +94,8 @@ static RELEASE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua-reference/release.lua")));
 static SETTLE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua-reference/settle.lua")));
-static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
+/// One algorithm of each kind (its parameters do not matter): each has its own command and twin.
+fn one_of_each() -> [Algorithm; 7] {
     [
         Algorithm::TokenBucket {
             capacity: 1,
@@ -126,9 +127,13 @@ static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
             lease_sec: 1.0,
         }),
     ]
-    .iter()
-    .map(|a| (a.command(), Script::new(a.script())))
-    .collect()
+}
+
+static SCRIPTS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
+    one_of_each()
+        .iter()
+        .map(|a| (a.command(), Script::new(a.script())))
+        .collect()
 });
 
 fn script_for(algo: &Algorithm) -> &'static Script {
@@ -1815,40 +1820,10 @@ mod tests {
             assert_eq!(function_name(command), function);
         }
         for (command, script) in SCRIPTS.iter() {
-            let algo = [
-                Algorithm::TokenBucket {
-                    capacity: 1,
-                    refill_per_sec: 1.0,
-                },
-                Algorithm::LeakyBucket {
-                    capacity: 1,
-                    leak_per_sec: 1.0,
-                },
-                Algorithm::FixedWindow {
-                    limit: 1,
-                    window_sec: 1.0,
-                },
-                Algorithm::SlidingWindow {
-                    limit: 1,
-                    window_sec: 1.0,
-                },
-                Algorithm::SlidingLog {
-                    limit: 1,
-                    window_sec: 1.0,
-                },
-                Algorithm::Gcra {
-                    max_burst: 1,
-                    count_per_period: 1,
-                    period_sec: 1.0,
-                },
-                Algorithm::Concurrency(Concurrency {
-                    limit: 1,
-                    lease_sec: 1.0,
-                }),
-            ]
-            .into_iter()
-            .find(|a| a.command() == *command)
-            .expect("an algorithm per script");
+            let algo = one_of_each()
+                .into_iter()
+                .find(|a| a.command() == *command)
+                .expect("an algorithm per script");
             assert_eq!(script_for(&algo).get_hash(), script.get_hash(), "{command}");
         }
     }
