@@ -200,42 +200,20 @@ def outcome_of(decision: Decision, mode: Mode, granted: int) -> Outcome:
 
 
 def take_outcome(v: Any, cost: int, mode: Mode) -> Outcome:
-    """``outcome_of(*parse_take(v, cost, False))`` with ``mode``, in one call for the reply as
-    Redis sends it (the path of every check of one limit)."""
-    if type(v) is list and len(v) == 5:
-        allowed, remaining, retry, reset, limit = v
-        if (
-            type(allowed) is int
-            and type(remaining) is int
-            and type(retry) is int
-            and type(reset) is int
-            and type(limit) is int
-            and remaining >= 0
-            and reset >= 0
-            and limit >= 0
-        ):
-            ok = allowed == 1
-            d: Decision = _new(Decision)
-            _set_allowed(d, ok)
-            _set_remaining(d, remaining)
-            _set_retry(d, retry)
-            _set_reset(d, reset)
-            _set_limit(d, limit)
-            o: Outcome = _new(Outcome)
-            _set_decision(o, d)
-            _set_degraded(o, None)
-            _set_mode(o, mode)
-            _set_granted(o, cost if ok else 0)
-            _set_locally(o, None)
-            return o
+    """``outcome_of(*parse_take(v, cost, False))`` with ``mode``, for the reply as Redis sends it
+    (the path of every check of one limit)."""
+    d = _plain_decision(v)
+    if d is not None:
+        return outcome_of(d, mode, cost if d.allowed else 0)
     decision, granted = parse_take(v, cost, False)
     return outcome_of(decision, mode, granted)
 
 
-def parse_decision(v: Any) -> Decision:
+def _plain_decision(v: Any) -> Decision | None:
+    """The decision of a reply as Redis sends it (five plain integers), checked without a call
+    per field; None for any other shape, which the general parsing then reads or refuses."""
     if type(v) is list and len(v) == 5:
         allowed, remaining, retry, reset, limit = v
-        # The reply as Redis sends it (five plain integers), checked without a call per field.
         if (
             type(allowed) is int
             and type(remaining) is int
@@ -247,6 +225,13 @@ def parse_decision(v: Any) -> Decision:
             and limit >= 0
         ):
             return decided(allowed == 1, remaining, retry, reset, limit)
+    return None
+
+
+def parse_decision(v: Any) -> Decision:
+    d = _plain_decision(v)
+    if d is not None:
+        return d
     if not isinstance(v, (list, tuple)) or len(v) != 5:
         raise UnexpectedReply(repr(v))
     allowed, remaining, retry, reset, limit = (_int(x) for x in v)
