@@ -5,7 +5,7 @@
 // context.WithTimeout of the client's timeout (100 ms) around it, the reply awaited until that
 // context's deadline (redis.DoWithTimeout, as the adapter does). One line per measurement:
 //
-//	client-cost lang=go mode=<sequential|concurrent64> what=<raw|floor|client|client_inflight64> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
+//	client-cost lang=go mode=<sequential|concurrent64> what=<raw|floor|client> p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
 //
 // Run from clients/go/tests (the module that has redigo), after `make go-deps`:
 //
@@ -185,15 +185,12 @@ func run() error {
 	defer pool.Close()
 	conn := Redigo{pool}
 	client := ratelimit.New(redigoadapter.New(pool), ratelimit.Options{})
-	// The same client with as many requests in flight as the pool has connections (the default
-	// is 16): what the cap costs 64 callers, apart from the client's own work per call.
-	wide := ratelimit.New(redigoadapter.New(pool), ratelimit.Options{MaxInFlight: 64})
 	timeout := client.Options().Timeout
 	// Never empty: 10^15 tokens refilled at 10^15 per second.
 	bucket := ratelimit.TokenBucket{Capacity: 1e15, RefillPerSec: 1e15}
 	params := bucket.Params()
 	ctx := context.Background()
-	for _, cl := range []*ratelimit.Client{client, wide} {
+	for _, cl := range []*ratelimit.Client{client} {
 		if _, err := cl.Check(ctx, "warm", bucket, 1); err != nil {
 			return err
 		}
@@ -235,13 +232,12 @@ func run() error {
 		return err
 	}
 	checked := func(c int) error { return check(client, c) }
-	checkedWide := func(c int) error { return check(wide, c) }
 	const blocks = 10
 	for _, m := range []struct {
 		name    string
 		callers int
 	}{{"sequential", 1}, {"concurrent64", 64}} {
-		var r, f, c, w tally
+		var r, f, c tally
 		per := calls / blocks
 		// Warm the pool's connections for this many callers.
 		if err := block(&tally{}, m.callers, m.callers*10, raw); err != nil {
@@ -257,18 +253,10 @@ func run() error {
 			if err := block(&c, m.callers, per, checked); err != nil {
 				return err
 			}
-			if m.callers > 16 {
-				if err := block(&w, m.callers, per, checkedWide); err != nil {
-					return err
-				}
-			}
 		}
 		fmt.Println(r.line(m.name, "raw"))
 		fmt.Println(f.line(m.name, "floor"))
 		fmt.Println(c.line(m.name, "client"))
-		if m.callers > 16 {
-			fmt.Println(w.line(m.name, "client_inflight64"))
-		}
 	}
 	if late > 0 {
 		fmt.Fprintf(os.Stderr, "client-cost (go): %d bare commands of the floor outlasted the "+

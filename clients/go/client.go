@@ -139,10 +139,12 @@ type Options struct {
 	// the wait), then has its own Timeout. A deadline of the caller's context that comes sooner
 	// applies too.
 	Timeout time.Duration
-	// Requests to Redis in flight at once (default 16): a call beyond them waits for one to
+	// Requests to Redis in flight at once (default 64): a call beyond them waits for one to
 	// end before its request is sent, and its Timeout starts then; the breaker opening
-	// answers a waiting call by the policy at once. It bounds the connections a pool dials at
-	// once when every caller comes at the same moment (a cold start under a burst).
+	// answers a waiting call by the policy at once. Each holds a connection of the pool, so it
+	// bounds the connections a pool dials at once when every caller comes at the same moment
+	// (a cold start under a burst); below the callers a busy process has at once, it costs
+	// throughput (the server answers more connections per turn of its event loop).
 	MaxInFlight int
 	// What to answer when Redis cannot (default FailOpen).
 	Policy  FailurePolicy
@@ -157,7 +159,7 @@ func (o Options) withDefaults() Options {
 		o.Timeout = 100 * time.Millisecond
 	}
 	if o.MaxInFlight <= 0 {
-		o.MaxInFlight = 16
+		o.MaxInFlight = 64
 	}
 	if o.Breaker.Failures <= 0 {
 		o.Breaker.Failures = 3

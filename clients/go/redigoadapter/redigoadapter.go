@@ -1,6 +1,6 @@
 // Package redigoadapter makes a redigo pool (github.com/gomodule/redigo/redis) a ratelimit.Conn:
 //
-//	pool := &redis.Pool{MaxIdle: 16, Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
+//	pool := &redis.Pool{MaxIdle: 64, Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
 //	client := ratelimit.New(redigoadapter.New(pool), ratelimit.Options{})
 //
 // NewSentinel follows the master a set of Sentinels name, and NewCluster a Redis Cluster on
@@ -32,7 +32,7 @@ import (
 )
 
 // Pool is a redigo pool as a ratelimit.Conn. Safe for concurrent use, as the pool is; give it
-// at least as many idle connections (MaxIdle) as the client's Options.MaxInFlight (16 by
+// at least as many idle connections (MaxIdle) as the client's Options.MaxInFlight (64 by
 // default), or a burst dials and closes connections.
 type Pool struct{ *redis.Pool }
 

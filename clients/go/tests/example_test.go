@@ -64,7 +64,7 @@ func TestMain(m *testing.M) {
 // newPool is how an application makes its redigo pool.
 func newPool(addr string) *redis.Pool {
 	return &redis.Pool{
-		MaxIdle:     16,
+		MaxIdle:     64,
 		IdleTimeout: time.Minute,
 		Dial:        func() (redis.Conn, error) { return redis.Dial("tcp", addr) },
 	}

@@ -79,7 +79,7 @@ import (
 var (
 	ctx    = context.Background()
 	addr   = os.Getenv("RL_SNIPPET_ADDR")
-	pool   = &redis.Pool{MaxIdle: 16, Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
+	pool   = &redis.Pool{MaxIdle: 64, Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
 	client = ratelimit.New(redigoadapter.New(pool), ratelimit.Options{})
 	app    = nethttp.HandlerFunc(func(w nethttp.ResponseWriter, r *nethttp.Request) { fmt.Fprint(w, "ok") })
 )
