@@ -5,10 +5,8 @@ deadline (``asyncio.timeout``, the cheapest the standard library has: ``wait_for
 a call with a timeout costs at least without the client. One call at a time and with 64
 concurrent callers, in blocks of each in turn. One line per measurement:
 
-    client-cost lang=python mode=<sequential|concurrent64> what=<raw|floor|client|client_inflight64>
+    client-cost lang=python mode=<sequential|concurrent64> what=<raw|floor|client>
         p50_us=.. p99_us=.. calls_per_s=.. client_cpu_us_per_call=..
-
-(one line each; ``client_inflight64``, the client with 64 calls in flight, at 64 callers only)
 
 Run with the package's venv (``make test-python`` makes it):
 
@@ -121,22 +119,13 @@ async def block(call: Callable[[], Awaitable[object]], calls: int, callers: int,
 async def run(url: str, calls: int, size: int) -> None:
     # A deadline no run on a loaded machine reaches: the bench measures the decided path.
     client = AsyncClient.from_url(url, Options(mode=ModeChoice.MODULE, timeout=1.0))
-    # The same client on the same pool with as many calls in flight as there are callers (the
-    # default is 16): what the cap costs 64 callers, apart from the client's own work per call.
-    wide = AsyncClient(client.redis, Options(mode=ModeChoice.MODULE, timeout=1.0, max_in_flight=CALLERS))
     raw_args = ("RL.TOKENBUCKET", KEY, *BUCKET.params(), "1")
 
-    async def check_with(c: AsyncClient) -> object:
-        o = await c.check(KEY, BUCKET)
+    async def check() -> object:
+        o = await client.check(KEY, BUCKET)
         if o.degraded is not None or not o.decision.allowed:
             raise SystemExit(f"the client's check was not admitted by Redis: {o}")
         return o
-
-    async def check() -> object:
-        return await check_with(client)
-
-    async def check_wide() -> object:
-        return await check_with(wide)
 
     async def raw() -> object:
         return await client.redis.execute_command(*raw_args)
@@ -150,14 +139,12 @@ async def run(url: str, calls: int, size: int) -> None:
     for callers in (1, CALLERS):
         for call in calls_of.values():
             await block(call, 2000, callers, Tally())
-    await block(check_wide, 2000, CALLERS, Tally())
     for mode, callers in (("sequential", 1), ("concurrent64", CALLERS)):
-        these = calls_of if callers == 1 else {**calls_of, "client_inflight64": check_wide}
-        tallies = {what: Tally() for what in these}
+        tallies = {what: Tally() for what in calls_of}
         done = 0
         while done < calls:
             n = min(size, calls - done)
-            for what, call in these.items():
+            for what, call in calls_of.items():
                 await block(call, n, callers, tallies[what])
             done += n
         for what, tally in tallies.items():

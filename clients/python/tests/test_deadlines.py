@@ -59,6 +59,45 @@ def test_swept_deadlines_fail_each_call_at_its_own_time() -> None:
         asyncio.run(run(s))
 
 
+def test_checks_of_one_limit_and_of_several_share_the_sweep() -> None:
+    """Calls of one limit (watched as their task) and of two limits (a Deadline each) begun
+    in turn 20 ms apart on a frozen server: each fails at its own timeout, and once they have
+    ended the sweep holds none of them, whether it fired for them or not."""
+    two = (TokenBucket(10, 1e-6), TokenBucket(20, 1e-6))
+
+    async def both(c: AsyncClient, i: int) -> tuple[float, Degraded | None]:
+        await asyncio.sleep(0.02 * i)
+        t = time.monotonic()
+        if i % 2:
+            degraded = (await c.check_all([(f"a{i}", two[0]), (f"b{i}", two[1])])).degraded
+        else:
+            degraded = (await c.check(f"k{i}", BUCKET)).degraded
+        return time.monotonic() - t, degraded
+
+    async def run(s: Server) -> None:
+        opts = Options(timeout=0.2, mode=ModeChoice.MODULE, breaker=BreakerConfig(failures=100))
+        c = AsyncClient.from_url(s.url, opts)
+        await connections(c, 6)
+        assert (await c.check("warm", BUCKET)).degraded is None
+        assert (await c.check_all([("wa", two[0]), ("wb", two[1])])).degraded is None
+        sweep = c._sweep
+        assert not sweep._calls and not sweep._due
+        s.freeze()
+        try:
+            got = await asyncio.gather(*(both(c, i) for i in range(6)))
+        finally:
+            s.thaw()
+        assert [d for _, d in got] == [Degraded.FAIL_OPEN] * 6
+        assert all(0.2 <= took < 0.2 + LATE for took, _ in got), got
+        assert not sweep._calls and not sweep._due
+        assert (await c.check("after", BUCKET)).degraded is None
+        assert not sweep._calls and not sweep._due
+        await c.aclose()
+
+    with Server() as s:
+        asyncio.run(run(s))
+
+
 def test_a_call_on_a_second_loop_has_a_timer_of_its_own() -> None:
     """The sweep serves the first loop while it is open; a call on another loop meanwhile keeps
     its deadline on a timer of its own, exact all the same."""

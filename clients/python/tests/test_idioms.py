@@ -259,7 +259,7 @@ def test_results_print_as_what_they_hold(clock: Server) -> None:
     host = f"redis://127.0.0.1:{clock.port}/0"
     options = (
         "Options(timeout=2.0, policy=FailOpen(), breaker=BreakerConfig(failures=3, cooldown=1.0), "
-        "mode=<ModeChoice.AUTO: 'auto'>, fail_closed_retry_ms=1000, max_in_flight=16)"
+        "mode=<ModeChoice.AUTO: 'auto'>, fail_closed_retry_ms=1000, max_in_flight=64)"
     )
     assert repr(client) == f"Client({host!r}, mode=<Mode.MODULE: 'module'>, options={options})"
     from ratelimit_client import Limiter

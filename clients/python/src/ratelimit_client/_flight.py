@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 
 class Failure(Exception):
@@ -465,33 +466,60 @@ class Sweep:
     the loop lost, on a timer of its own from then on), and the timer is set for the next. A
     call that ends leaves the sweep; the timer is not moved for it.
 
+    A task has one call at a time, so the calls are kept by task, in the order they began (a
+    dict keeps it): a call of one limit (:meth:`begin`, :meth:`end`) is its task and when it
+    falls due, with no object of its own until it does; a call that may pause its deadline
+    (:meth:`start`) is a :class:`Deadline`.
+
     A sweep serves the first loop that uses it for as long as that loop is open (a deadline
-    started on another loop takes a timer of its own: :meth:`start` says which)."""
+    started on another loop takes a timer of its own: :meth:`start` and :meth:`begin` say
+    which)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._calls: deque[Deadline] = deque()
+        #: The calls watched, first begun first: per task, (when it falls due, the task's
+        #: cancellations then) or its Deadline.
+        self._calls: dict[asyncio.Task[Any], tuple[float, int] | Deadline] = {}
+        #: The calls of :meth:`begin` that fell due, on their Deadline from then on.
+        self._due: dict[asyncio.Task[Any], Deadline] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._lock = threading.Lock()
 
+    def begin(self) -> asyncio.Task[Any] | Deadline:
+        """The running task's deadline, begun: what :meth:`end` takes (the task, or on a loop
+        the sweep does not serve, a Deadline on a timer of its own)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop and not self._adopt(loop):
+            d = Deadline(self.seconds, loop)
+            d.begin()
+            return d
+        task = asyncio.current_task(loop)
+        assert task is not None
+        when = loop.time() + self.seconds
+        self._calls[task] = (when, task.cancelling())
+        if self._timer is None:
+            self._timer = loop.call_at(when, self._run)
+        return task
+
+    def end(self, call: asyncio.Task[Any] | Deadline, exc_type: type[BaseException] | None) -> bool:
+        """Stops the deadline :meth:`begin` gave; whether the call's ``CancelledError``
+        (``exc_type``) was this deadline's: the caller raises ``TimeoutError`` instead."""
+        if self._calls.pop(call, None) is not None:  # type: ignore[arg-type]
+            return False  # not due yet
+        if type(call) is Deadline:
+            return call.end(exc_type)
+        d = self._due.pop(call, None)  # type: ignore[arg-type]
+        return d is not None and d.end(exc_type)
+
     def start(self) -> Deadline:
-        """The running task's deadline, begun."""
+        """The running task's deadline, begun, as a :class:`Deadline` (one that can pause)."""
         loop = asyncio.get_running_loop()
         d = Deadline(self.seconds, loop)
         if loop is not self._loop and not self._adopt(loop):
             d.begin()
-            return d
-        # Deadline.begin(self), inline: the path of every call.
-        task = asyncio.current_task(loop)
-        assert task is not None
-        d._task = task
-        d._cancelling = task.cancelling()
-        d._when = when = loop.time() + self.seconds
-        d._sweep = self
-        self._calls.append(d)
-        if self._timer is None:
-            self._timer = loop.call_at(when, self._run)
+        else:
+            d.begin(self)
         return d
 
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> bool:
@@ -503,20 +531,23 @@ class Sweep:
                 return False
             self._loop = loop
             self._calls.clear()
+            self._due.clear()
             self._timer = None
             return True
 
     def add(self, d: Deadline) -> None:
+        task = d._task
+        assert task is not None
         d._sweep = self
-        self._calls.append(d)
+        self._calls[task] = d
         if self._timer is None:
             self._timer = d._loop.call_at(d._when, self._run)
 
     def remove(self, d: Deadline) -> None:
         d._sweep = None
-        calls = self._calls
-        while calls and calls[0]._sweep is not self:
-            calls.popleft()
+        task = d._task
+        if task is not None and self._calls.get(task) is d:
+            del self._calls[task]
 
     def _run(self) -> None:
         self._timer = None
@@ -525,13 +556,21 @@ class Sweep:
         now = loop.time()
         calls = self._calls
         while calls:
-            d = calls[0]
-            if d._sweep is not self:
-                calls.popleft()
-                continue
-            if d._when > now:
-                self._timer = loop.call_at(d._when, self._run)
-                return
-            calls.popleft()
-            d._sweep = None
+            task, call = next(iter(calls.items()))
+            if isinstance(call, tuple):
+                when, cancelling = call
+                if when > now:
+                    self._timer = loop.call_at(when, self._run)
+                    return
+                del calls[task]
+                d = Deadline(self.seconds, loop)
+                d._task, d._when, d._cancelling = task, when, cancelling
+                self._due[task] = d
+            else:
+                d = call
+                if d._when > now:
+                    self._timer = loop.call_at(d._when, self._run)
+                    return
+                del calls[task]
+                d._sweep = None
             d._due()

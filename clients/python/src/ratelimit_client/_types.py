@@ -116,7 +116,7 @@ class Options:
     #: At most this many calls on Redis at once (and no more than the pool's
     #: ``max_connections``); the others wait for their turn outside their deadline while Redis
     #: answers, rather than queue on the server inside it.
-    max_in_flight: int = 16
+    max_in_flight: int = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -502,7 +502,8 @@ class AsyncClient:
         try:
             if opens:
                 await self._open_one(conn)
-            deadline = self._sweep.start()
+            sweep = self._sweep
+            call = sweep.begin()
             try:
                 try:
                     reply = await conn.execute_command(*command)
@@ -514,12 +515,12 @@ class AsyncClient:
                     gate.progress(now)
                 outcome = take_outcome(reply, cost, mode)
             except BaseException as e:
-                if deadline.end(type(e)):
+                if sweep.end(call, type(e)):
                     raise TimeoutError from e
                 if gate is not None and isinstance(e, asyncio.CancelledError):
                     gate.recount()  # redis-py closes a connection whose reply it gave up on
                 raise
-            deadline.end(None)
+            sweep.end(call, None)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
             error, cause = await self._unanswered(e, began, gate, key)
             if isinstance(error, Failure):
