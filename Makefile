@@ -489,11 +489,13 @@ dist-python: $(PY_BUILD_READY)
 # connection (Rust: redis-rs, clients/rust/examples/client_cost.rs; Go: redigo, Python: redis-py's
 # asyncio client, Node.js: node-redis, benches/clients/), one call at a time (p50, p99) and with 64
 # concurrent callers (calls per second), with the client process's CPU per call; each bench starts
-# its own Redis 7.0 with the release module (Python's pins it to one core and itself to the
-# other). Beside them the floor (the bare command within the language's own deadline) and, for
-# Go and Python, the client with 64 calls in flight. BENCH_CLIENT_CALLS calls per measurement, in
-# interleaved blocks. docs/benchmarks.md has the figures.
+# its own Redis 7.0 with the release module on the second core, the bench on the first (the
+# Go and Node.js benches run under taskset here; Rust and Python pin themselves), so that the
+# client's CPU is the bench's one core. Beside them the floor (the bare command within the
+# language's own deadline). BENCH_CLIENT_CALLS calls per measurement, in interleaved blocks.
+# docs/benchmarks.md has the figures.
 BENCH_CLIENT_CALLS ?= 40000
+BENCH_PIN := $(if $(wildcard /usr/bin/taskset),/usr/bin/taskset -c 0)
 BENCH_CLIENT_ENV = RL_BENCH_CALLS=$(BENCH_CLIENT_CALLS) RL_REDIS_SERVER=$(SERVERS_DIR)/redis-7.0/server \
 	RL_MODULE=$(CURDIR)/$(MODULE)
 
@@ -503,10 +505,11 @@ bench-clients: build go-deps node-deps $(PY_READY)
 	$(CARGO) build --release -p ratelimit-client --example client_cost
 	$(TARGET_DIR)/release/examples/client_cost --server $(SERVERS_DIR)/redis-7.0/server \
 		--module $(CURDIR)/$(MODULE) --calls $(BENCH_CLIENT_CALLS)
-	cd clients/go/tests && $(BENCH_CLIENT_ENV) $(GO_ENV) $(GO) run ../../../benches/clients/go.go
+	cd clients/go/tests && $(GO_ENV) $(GO) build -o $(GO_BIN)/client-cost ../../../benches/clients/go.go
+	cd clients/go/tests && $(BENCH_CLIENT_ENV) $(BENCH_PIN) $(GO_BIN)/client-cost
 	$(BENCH_CLIENT_ENV) $(PY_VENV)/bin/python benches/clients/python.py
 	cd $(NODE_DIR) && node scripts/build.mjs
-	$(BENCH_CLIENT_ENV) node benches/clients/node.mjs
+	$(BENCH_CLIENT_ENV) $(BENCH_PIN) node benches/clients/node.mjs
 
 # The Node.js package (clients/node): `npm ci` of its pinned dependencies (package-lock.json),
 # the build (Lua twins bundled from lua-reference/, ES module and CommonJS with declarations),

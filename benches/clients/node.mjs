@@ -13,7 +13,8 @@
 //
 // RL_BENCH_ADDR (host:port) is a server with the module to use; without it the bench starts one
 // (RL_REDIS_SERVER, default redis-server, with RL_MODULE, default the workspace's release build)
-// on a free port and stops it at the end. RL_BENCH_CALLS is the calls per measurement (default
+// on a free port, on the second core (taskset, where there is one; make bench-clients runs the
+// bench on the first), and stops it at the end. RL_BENCH_CALLS is the calls per measurement (default
 // 100000), RL_BENCH_BLOCK the calls per block (default 1000).
 
 import { spawn } from 'node:child_process';
@@ -72,11 +73,13 @@ async function server() {
   const module = process.env.RL_MODULE || join(REPO, 'target', 'release', 'libredis_rate_limiter.so');
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), 'rl-bench-node-'));
-  const child = spawn(
+  const args = [
     process.env.RL_REDIS_SERVER || 'redis-server',
-    ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--loadmodule', module],
-    { stdio: 'ignore' },
-  );
+    ...['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--loadmodule', module],
+  ];
+  // The server on the second core (make bench-clients runs the bench on the first).
+  if (existsSync('/usr/bin/taskset')) args.unshift('/usr/bin/taskset', '-c', '1');
+  const child = spawn(args[0], args.slice(1), { stdio: 'ignore' });
   const exited = new Promise((r) => child.once('exit', r));
   const deadline = Date.now() + 10_000;
   while (!(await ping(port))) {
