@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from ratelimit_client import AsyncClient, BreakerConfig, Degraded, ModeChoice, Options, TokenBucket
 from servers import Server
@@ -92,6 +93,40 @@ def test_checks_of_one_limit_and_of_several_share_the_sweep() -> None:
         assert not sweep._calls and not sweep._due
         assert (await c.check("after", BUCKET)).degraded is None
         assert not sweep._calls and not sweep._due
+        await c.aclose()
+
+    with Server() as s:
+        asyncio.run(run(s))
+
+
+def test_at_most_max_in_flight_calls_are_on_redis_at_once() -> None:
+    """Forty tasks checking at once through a client of three places: never more than three
+    commands on their way, every check answered by Redis, exactly (capacity 30: 30 admitted),
+    and every place free after."""
+
+    async def run(s: Server) -> None:
+        c = AsyncClient.from_url(s.url, Options(timeout=1.0, mode=ModeChoice.MODULE, max_in_flight=3))
+        assert (await c.check("warm", BUCKET)).degraded is None
+        send = c.redis.execute_command
+        on_way, most = 0, 0
+
+        async def counted(*args: Any) -> object:
+            nonlocal on_way, most
+            on_way += 1
+            most = max(most, on_way)
+            try:
+                await asyncio.sleep(0.001)
+                return await send(*args)
+            finally:
+                on_way -= 1
+
+        c.redis.execute_command = counted  # type: ignore[method-assign]
+        got = await asyncio.gather(*(c.check("k", TokenBucket(30, 1e-6)) for _ in range(40)))
+        assert [o.degraded for o in got] == [None] * 40
+        assert sum(o.decision.allowed for o in got) == 30
+        assert most == 3, most
+        gate = c._gate
+        assert gate is not None and gate._in == 0 and not gate._futures
         await c.aclose()
 
     with Server() as s:

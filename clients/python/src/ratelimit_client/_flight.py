@@ -163,7 +163,11 @@ class Gate:
         connected: Callable[[], int] | None,
         refused: Callable[[], bool],
         opening: int = 2,
+        threads: bool = True,
     ) -> None:
+        #: Whether threads share the gate (a synchronous client's); else one event loop has it
+        #: (an asyncio client has a gate per loop), and a place free now is taken without the lock.
+        self._threads = threads
         self._refused = refused
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
@@ -268,6 +272,10 @@ class Gate:
     def enter_or_queue(self) -> bool | asyncio.Future[bool]:
         """:meth:`enter_now`, else, under the same lock, the running task in the queue: the
         future that :meth:`queued` waits for (no future is made when a place is free)."""
+        if not self._threads and self._in < self._seen and self._in < self._size and not self._futures:
+            # A place and an open connection for it (what _open() and _opener() would say).
+            self._in += 1
+            return False
         with self._lock:
             if self._open() and not self._futures and not self._waiting:
                 self._in += 1
@@ -331,6 +339,9 @@ class Gate:
 
     def leave(self) -> None:
         """The place is free again: to the first waiters, else to the next callers."""
+        if not self._threads and not self._futures:
+            self._in -= 1
+            return
         handed: list[asyncio.Future[bool]] = []
         with self._lock:
             self._in -= 1

@@ -116,7 +116,7 @@ class AsyncClient:
         self._denies: DenyCache | None = None
         self._batches: AsyncBatches | None = None
         self._lane: AsyncLane | None = None
-        self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open)
+        self._gate = gate_of(redis, self._core.options, self._core.breaker.is_open, threads=False)
         # ``redis`` serves the first loop that makes a call; every other loop has a copy.
         self._copy = None if isinstance(redis, redis_cluster.RedisCluster) else _copy_of(redis)
         # The loop ``redis`` serves, in a list that the copies of this client share
@@ -145,7 +145,7 @@ class AsyncClient:
             got = self._loops.get(loop)
             if got is None:
                 conn = self._copy()
-                got = (conn, gate_of(conn, self._core.options, self._core.breaker.is_open))
+                got = (conn, gate_of(conn, self._core.options, self._core.breaker.is_open, threads=False))
                 self._loops[loop] = got
             return got
 

@@ -1173,14 +1173,17 @@ def demoted(e: BaseException) -> bool:
     return isinstance(e, RedisConnectionError) and "previous master is now a slave" in str(e)
 
 
-def gate_of(conn: Any, options: Options, refused: Callable[[], bool]) -> Gate | None:
+def gate_of(conn: Any, options: Options, refused: Callable[[], bool], threads: bool = True) -> Gate | None:
     """The gate of a client on one server: ``options.max_in_flight`` places, no more than its
-    pool has connections. A cluster client has a pool per node, and no gate."""
+    pool has connections (``threads``: shared by threads, not by one event loop's tasks). A
+    cluster client has a pool per node, and no gate."""
     pool = getattr(conn, "connection_pool", None)
     size = getattr(pool, "max_connections", None)
     if not isinstance(size, int) or isinstance(conn, redis_cluster.RedisCluster):
         return None
-    return Gate(min(size, max(1, options.max_in_flight)), stall_of(options), connected_in(pool), refused)
+    return Gate(
+        min(size, max(1, options.max_in_flight)), stall_of(options), connected_in(pool), refused, threads=threads
+    )
 
 
 def address_of(conn: Any) -> str:
