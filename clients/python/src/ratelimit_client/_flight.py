@@ -489,18 +489,18 @@ class Sweep:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: The calls watched, first begun first: per task, (when it falls due, the task's
-        #: cancellations then) or its Deadline.
-        self._calls: dict[asyncio.Task[Any], tuple[float, int] | Deadline] = {}
+        #: The calls watched, first begun first: per task, when it falls due (and the task's
+        #: cancellations then, when there were any) or its Deadline.
+        self._calls: dict[asyncio.Task[Any], float | tuple[float, int] | Deadline] = {}
         #: The calls of :meth:`begin` that fell due, on their Deadline from then on.
         self._due: dict[asyncio.Task[Any], Deadline] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._lock = threading.Lock()
 
-    def begin(self) -> asyncio.Task[Any] | Deadline:
-        """The running task's deadline, begun: what :meth:`end` takes (the task, or on a loop
-        the sweep does not serve, a Deadline on a timer of its own)."""
-        loop = asyncio.get_running_loop()
+    def begin(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | Deadline:
+        """The deadline of the running task on ``loop`` (the running loop), begun: what
+        :meth:`end` takes (the task, or on a loop the sweep does not serve, a Deadline on a
+        timer of its own)."""
         if loop is not self._loop and not self._adopt(loop):
             d = Deadline(self.seconds, loop)
             d.begin()
@@ -508,7 +508,8 @@ class Sweep:
         task = asyncio.current_task(loop)
         assert task is not None
         when = loop.time() + self.seconds
-        self._calls[task] = (when, task.cancelling())
+        cancelling = task.cancelling()
+        self._calls[task] = (when, cancelling) if cancelling else when
         if self._timer is None:
             self._timer = loop.call_at(when, self._run)
         return task
@@ -568,8 +569,8 @@ class Sweep:
         calls = self._calls
         while calls:
             task, call = next(iter(calls.items()))
-            if isinstance(call, tuple):
-                when, cancelling = call
+            if not isinstance(call, Deadline):
+                when, cancelling = call if isinstance(call, tuple) else (call, 0)
                 if when > now:
                     self._timer = loop.call_at(when, self._run)
                     return

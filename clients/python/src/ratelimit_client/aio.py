@@ -131,9 +131,11 @@ class AsyncClient:
         #: A cluster client's slot map being read again (shared by the copies of this client).
         self._slots = _Slots() if self._cluster else None
 
-    def _conn(self) -> tuple[Redis, Gate | None]:
-        """The redis-py client of the running loop, and the gate of its pool."""
-        loop = asyncio.get_running_loop()
+    def _conn(self, loop: asyncio.AbstractEventLoop | None = None) -> tuple[Redis, Gate | None]:
+        """The redis-py client of the running loop (``loop``, when the caller has it), and the
+        gate of its pool."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
         home_ref = self._home[0]
         home = home_ref() if home_ref is not None else None
         if home is loop or self._copy is None:
@@ -487,7 +489,8 @@ class AsyncClient:
         core = self._core
         if not core.breaker.permit() or (self._slots is not None and self._slots.reading):
             return core.degraded_outcome(key, algo, cost, None)
-        conn, gate = self._conn()
+        loop = asyncio.get_running_loop()  # asked once: each time is a getpid() in CPython 3.11
+        conn, gate = self._conn(loop)
         opens: bool | None = False
         if gate is not None:
             got = gate.enter_or_queue()
@@ -503,7 +506,7 @@ class AsyncClient:
             if opens:
                 await self._open_one(conn)
             sweep = self._sweep
-            call = sweep.begin()
+            call = sweep.begin(loop)
             try:
                 try:
                     reply = await conn.execute_command(*command)
