@@ -37,7 +37,15 @@ from ratelimit_client import (
     Unsupported,
     load_library,
 )
-from ratelimit_client._core import classify, cost_arg, decided, new_lease_id, outcome_of, params_of, parse_decision
+from ratelimit_client._core import (
+    UnexpectedReply,
+    classify,
+    cost_arg,
+    new_lease_id,
+    params_of,
+    parse_decision,
+    take_outcome,
+)
 from ratelimit_client.algorithms import LeakyBucket, SlidingWindow, num
 from servers import SLACK, Server
 
@@ -77,12 +85,18 @@ def test_the_values_made_once_or_directly_are_the_same() -> None:
     assert params_of(TokenBucket(10, 0.0000001)) == params_of(tb)
     assert params_of(Gcra(4, 1, 2.5)) == ("4", "1", "2.5")
     assert [cost_arg(n) for n in (0, 1, 16, 17, 10**15)] == ["0", "1", "16", "17", "1000000000000000"]
-    d = decided(True, 9, 0, 100, 10)
+    d = parse_decision([1, 9, 0, 100, 10])
     assert d == Decision(True, 9, 0, 100, 10) and hash(d) == hash(Decision(True, 9, 0, 100, 10))
     assert repr(d) == "Decision(allowed=True, remaining=9, retry_after_ms=0, reset_after_ms=100, limit=10)"
     assert parse_decision([0, 0, 250, 900, 10]) == Decision(False, 0, 250, 900, 10)
-    o = outcome_of(d, Mode.MODULE, 1)
+    o = take_outcome([1, 9, 0, 100, 10], 1, Mode.MODULE)
     assert o == Outcome(d, None, Mode.MODULE, 1) and o.answered_locally is None
+    denied = take_outcome([0, 0, 250, 900, 10], 3, Mode.FUNCTION)
+    assert denied == Outcome(Decision(False, 0, 250, 900, 10), None, Mode.FUNCTION, 0)
+    # Any other shape goes through the general parsing: read, or refused.
+    assert take_outcome((1, 9, 0, 100, 10), 2, Mode.MODULE) == Outcome(d, None, Mode.MODULE, 2)
+    with pytest.raises(UnexpectedReply):
+        take_outcome([1, -1, 0, 100, 10], 1, Mode.MODULE)
     with pytest.raises(AttributeError):
         o.granted = 2  # type: ignore[misc]
 

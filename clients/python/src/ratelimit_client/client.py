@@ -46,12 +46,11 @@ from ._core import (
     multi_of,
     new_lease_id,
     one_alone,
-    outcome_of,
-    parse_take,
     renewal_answer,
     return_plan,
     signature,
     single_of,
+    take_outcome,
     writes,
 )
 from ._flight import Failure, Gate, connected_in
@@ -388,7 +387,7 @@ class Client:
             core.answered = now = time.monotonic()
             if gate is not None:
                 gate.progress(now)
-            decision, granted = parse_take(reply, cost, False)
+            outcome = take_outcome(reply, cost, mode)
         except (RedisError, RedisClusterException, OSError, UnexpectedReply) as e:
             rejected = classify(e)
             if rejected is None:
@@ -406,7 +405,7 @@ class Client:
             if gate is not None:
                 gate.leave()
         core.breaker.success()
-        return outcome_of(decision, mode, granted)
+        return outcome
 
     def _durably(self, exchange: Callable[[Durable | None], Exchange[T]], writes: bool, key: str) -> T:
         """Runs a call's exchange; one that may write, on a durable client, on a connection of
