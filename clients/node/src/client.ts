@@ -864,7 +864,6 @@ export class Client {
     // first; and while Redis answers the client's other calls (this one's command waits behind
     // theirs on the connection), the call waits on, up to WAIT_FACTOR times its budget.
     const at = new Attempt(this.sweep, call?.timeoutMs ?? this.timeoutMs, user);
-    const began = at.began;
     try {
       const value = await at.run(fn, USER_ABORT);
       this.answeredAt = performance.now();
@@ -876,21 +875,31 @@ export class Client {
         throw user?.reason;
       }
       if (e === SKIPPED) return { ok: false, cause: new Error('circuit breaker open') };
-      if (e instanceof RedisReplyError && REJECTED.has(e.reply.split(' ', 1)[0] ?? '')) {
-        this.answeredAt = performance.now();
-        if (breaker) this.breaker.success();
-        if (e.reply.startsWith('READONLY')) await this.conn.reconnect?.();
-        throw new RejectedError(e.reply);
-      }
-      // A failure of Redis for the breaker only if Redis has answered none of the client's calls
-      // since this one began: a call that waited behind others that were answered is late, on a
-      // server that is there (it still gets the policy's answer).
-      if (breaker && !(this.answeredAt > began)) this.breaker.failure();
-      if (at.expired) this.rediscover(at.budgetMs);
-      return { ok: false, cause: e };
+      const rejected = this.unanswered(at, e, breaker);
+      if (rejected === undefined) return { ok: false, cause: e };
+      if (rejected.reply.startsWith('READONLY')) await this.conn.reconnect?.();
+      throw rejected;
     } finally {
       this.endTurn(at);
     }
+  }
+
+  /**
+   * What a call's error `e` says: a rejection of the call (Redis answered it: noted as an
+   * answer, and for the breaker when `breaker`), or undefined for a failure of Redis, which the
+   * breaker counts only if Redis has answered none of the client's calls since this one began (a
+   * call that waited behind others that were answered is late, on a server that is there; it
+   * still gets the policy's answer), and after which an expired call has the slots read again.
+   */
+  private unanswered(at: Attempt, e: unknown, breaker: boolean): RejectedError | undefined {
+    if (e instanceof RedisReplyError && REJECTED.has(e.reply.split(' ', 1)[0] ?? '')) {
+      this.answeredAt = performance.now();
+      if (breaker) this.breaker.success();
+      return new RejectedError(e.reply);
+    }
+    if (breaker && !(this.answeredAt > at.began)) this.breaker.failure();
+    if (at.expired) this.rediscover(at.budgetMs);
+    return undefined;
   }
 
   private fallback(key: string, a: Algorithm, cost: number, lease: string | undefined): Fallback {
@@ -998,18 +1007,11 @@ export class Client {
   private failedOne(at: Attempt, key: string, a: Algorithm, e: unknown): Outcome | Promise<Outcome> {
     // The command's own end gives the place back first; a call given up, after the breaker counts it.
     if (at.reason === undefined) this.endTurn(at);
-    if (e instanceof RedisReplyError && REJECTED.has(e.reply.split(' ', 1)[0] ?? '')) {
-      this.answeredAt = performance.now();
-      this.breaker.success();
-      this.endTurn(at);
-      const rejected = new RejectedError(e.reply);
-      if (e.reply.startsWith('READONLY')) return Promise.resolve(this.conn.reconnect?.()).then(() => Promise.reject(rejected));
-      return Promise.reject(rejected);
-    }
-    if (!(this.answeredAt > at.began)) this.breaker.failure();
-    if (at.expired) this.rediscover(at.budgetMs);
+    const rejected = this.unanswered(at, e, true);
     this.endTurn(at);
-    return this.degradedOne(key, a);
+    if (rejected === undefined) return this.degradedOne(key, a);
+    if (rejected.reply.startsWith('READONLY')) return Promise.resolve(this.conn.reconnect?.()).then(() => Promise.reject(rejected));
+    return Promise.reject(rejected);
   }
 
   /** The failure policy's outcome for a cost of 1. */
