@@ -253,15 +253,6 @@ class Gate:
             finally:
                 self._waiting -= 1
 
-    def enter_now(self) -> bool | None:
-        """A place at once, without waiting: whether the caller opens a connection (no open one
-        is left); ``None`` when there is none now (:meth:`enter_async` waits for one)."""
-        with self._lock:
-            if self._open() and not self._futures and not self._waiting:
-                self._in += 1
-                return self._opener()
-        return None
-
     async def enter_async(self) -> bool:
         """:meth:`enter` for a task: whether it opens a connection (no open one is left)."""
         got = self.enter_or_queue()
@@ -270,8 +261,9 @@ class Gate:
         return await self.queued(got)
 
     def enter_or_queue(self) -> bool | asyncio.Future[bool]:
-        """:meth:`enter_now`, else, under the same lock, the running task in the queue: the
-        future that :meth:`queued` waits for (no future is made when a place is free)."""
+        """A place at once if there is one: whether the caller opens a connection (no open one
+        is left); else, under the same lock, the running task in the queue: the future that
+        :meth:`queued` waits for (no future is made when a place is free)."""
         if not self._threads and self._in < self._seen and self._in < self._size and not self._futures:
             # A place and an open connection for it (what _open() and _opener() would say).
             self._in += 1
