@@ -196,10 +196,8 @@ func run() error {
 	bucket := ratelimit.TokenBucket{Capacity: 1e15, RefillPerSec: 1e15}
 	params := bucket.Params()
 	ctx := context.Background()
-	for _, cl := range []*ratelimit.Client{client} {
-		if _, err := cl.Check(ctx, "warm", bucket, 1); err != nil {
-			return err
-		}
+	if _, err := client.Check(ctx, "warm", bucket, 1); err != nil {
+		return err
 	}
 	keys := make([]string, 64)
 	for i := range keys {
@@ -249,8 +247,8 @@ func run() error {
 		if err := block(&tally{}, m.callers, m.callers*10, raw); err != nil {
 			return err
 		}
-		// Each block begins with the next row: each row follows each other as often (what one
-		// leaves behind, the floor's stopped context timers, Go's runtime tidies up in the next).
+		// Each block begins with the next row, so that each row follows each other as often
+		// (which row ran before moved a row's p50 in runs where the kernel placed the bench).
 		rows := []struct {
 			t *tally
 			f func(int) error

@@ -75,7 +75,7 @@ async function server() {
   const dir = mkdtempSync(join(tmpdir(), 'rl-bench-node-'));
   const args = [
     process.env.RL_REDIS_SERVER || 'redis-server',
-    ...['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--loadmodule', module],
+    '--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--loadmodule', module,
   ];
   // The server on the second core (make bench-clients runs the bench on the first).
   if (existsSync('/usr/bin/taskset')) args.unshift('/usr/bin/taskset', '-c', '1');
