@@ -43,13 +43,13 @@ mod common;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster_port;
 use common::replicas::{
-    ClusterWithReplica, MASTER, Sentinel, force_failover, master_at, replica_of, signal,
+    ClusterWithReplica, MASTER, Sentinel, force_failover, master, replica_of, signal,
 };
 use ratelimit_client::{
     Algorithm, Client, Concurrency, Durability, FailurePolicy, Lease, ModeChoice, Options, ShortAck,
@@ -342,7 +342,7 @@ where
 /// Redis 8 closes the channel of a full sync once the RDB is sent) is closed once what it held
 /// was delivered.
 async fn lagging_proxy(
-    master_port: u16,
+    master_port: Arc<AtomicU16>,
     lag: Duration,
 ) -> (u16, tokio::task::JoinHandle<()>, Arc<AtomicBool>) {
     let gone = Arc::new(AtomicBool::new(false));
@@ -351,6 +351,7 @@ async fn lagging_proxy(
     let port = listener.local_addr().unwrap().port();
     let accepting = tokio::spawn(async move {
         while let Ok((peer, _)) = listener.accept().await {
+            let master_port = master_port.load(Ordering::Relaxed);
             let Ok(master) = TcpStream::connect(("127.0.0.1", master_port)).await else {
                 continue;
             };
@@ -562,11 +563,13 @@ async fn round(
     lag: Duration,
     idle: Duration,
 ) -> Round {
-    let master_port = cluster_port();
-    let (proxy, accepting, gone) = lagging_proxy(master_port, lag).await;
+    // The master's port, set once the master has one (the proxy takes no connection before).
+    let master_port = Arc::new(AtomicU16::new(0));
+    let (proxy, accepting, gone) = lagging_proxy(master_port.clone(), lag).await;
     let r = match setup {
         Setup::Sentinel => {
-            let mut master = master_at(master_port);
+            let mut master = master();
+            master_port.store(master.port, Ordering::Relaxed);
             let replica = replica_of(&master, proxy);
             let sentinel = Sentinel::with_failover_timeout(master.port, SENTINEL_FAILOVER_TIMEOUT);
             let connect = || Client::sentinel(&[&sentinel.url()], MASTER, options()).unwrap();
@@ -603,7 +606,9 @@ async fn round(
             r
         }
         Setup::Cluster => {
-            let mut cluster = ClusterWithReplica::start(master_port, proxy);
+            let port = cluster_port();
+            master_port.store(port, Ordering::Relaxed);
+            let mut cluster = ClusterWithReplica::start(port, proxy);
             let urls = cluster.urls(proxy);
             let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
             let connect = async || Client::cluster(&urls, options()).await.unwrap();

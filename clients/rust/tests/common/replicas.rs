@@ -56,17 +56,12 @@ pub fn caught_up(master: &Server, replica: &Server) {
     });
 }
 
-/// A master with the module, ready for replicas (no delay before a diskless sync).
+/// A master with the module, ready for replicas (no delay before a diskless sync), on a free
+/// port (another one if that port is taken before the server binds it).
 pub fn master() -> Server {
-    master_at(free_port())
-}
-
-/// [`master`] on `port`.
-pub fn master_at(port: u16) -> Server {
     Server::start_with(
         Opts {
             module: true,
-            port: Some(port),
             ..Opts::default()
         },
         &["--repl-diskless-sync-delay", "0"],
